@@ -1,0 +1,92 @@
+#pragma once
+// Checkpoint: an opened file of any supported format. Opening reads metadata only; tensor bytes
+// are read when asked for.
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ckpt/error.h"
+#include "ckpt/options.h"
+#include "ckpt/source.h"
+#include "ckpt/tensor.h"
+#include "ckpt/value.h"
+
+namespace ckpt {
+
+enum class Format { kTorchZip, kTorchLegacy, kTorchScript, kSafetensors, kTensorizer };
+const char* format_name(Format format) noexcept;  // "torch-zip", "torch-legacy", ...
+
+// One entry of a container (zip record, legacy storage), for `info` and `verify`.
+struct RecordInfo {
+  std::string name;
+  uint64_t header_offset = 0;
+  uint64_t data_offset = kNoOffset;  // kNoOffset until known
+  uint64_t size = 0;                 // uncompressed
+  uint64_t compressed_size = 0;
+  std::optional<uint32_t> crc32;     // nullopt where the file stores 0 / none
+  bool deflated = false;
+};
+
+namespace internal {
+struct CheckpointData;
+}
+
+class Checkpoint {
+ public:
+  // Opens a file, detecting its format from its first bytes. Throws Error (kNotFound, kIo,
+  // kCorrupt, kTruncated, kUnsupported, kLimitExceeded).
+  static Checkpoint open(const std::string& path, const OpenOptions& options = {});
+  static Checkpoint open(SourcePtr source, const OpenOptions& options = {});
+
+  Format format() const;
+  // Format facts: "version", "alignment", "byteorder", "serialization_id"...
+  const std::map<std::string, std::string>& properties() const;
+  const std::vector<TensorInfo>& tensors() const;
+  const std::vector<StorageInfo>& storages() const;
+  const std::vector<RecordInfo>& records() const;
+  // The object tree; tensors appear as Value::Kind::kTensor with an index into tensors().
+  const ValuePtr& root() const;
+  const ByteSource& source() const;
+  SourcePtr source_ptr() const;
+  // Index of the tensor with this name.
+  std::optional<size_t> find(std::string_view name) const;
+
+  // The storage's bytes: a view into the mapping when the source is mapped and the bytes are
+  // stored raw in native order, else read into owned memory. Storages stay shared: asking twice
+  // while the first result lives returns the same object. Throws Error.
+  StoragePtr storage(size_t index, const LoadOptions& options = {}) const;
+  // A tensor with its storage loaded (see storage()). Throws Error{kNotFound} for a bad name.
+  Tensor tensor(size_t index, const LoadOptions& options = {}) const;
+  Tensor tensor(std::string_view name, const LoadOptions& options = {}) const;
+  // Loads every tensor (or those `filter` accepts) eagerly into owned memory with a coalesced
+  // read plan and several threads. Order follows tensors().
+  std::vector<Tensor> load_all(const LoadOptions& options = {},
+                               const std::function<bool(const TensorInfo&)>& filter = {}) const;
+  // Checks every record that has a CRC32. Throws Error{kCorrupt} naming the first bad record.
+  // Returns the number of records checked.
+  size_t verify() const;
+
+  // internal
+  explicit Checkpoint(std::shared_ptr<internal::CheckpointData> data);
+  const internal::CheckpointData& data() const { return *data_; }
+
+ private:
+  std::shared_ptr<internal::CheckpointData> data_;
+};
+
+// Writes a torch.save zip checkpoint of `root`, whose kTensor nodes index into `tensors`. Tensors
+// whose storage() is the same object share one storage record. Atomic per options. Throws Error.
+void save_torch(const std::string& path, const ValuePtr& root, const std::vector<Tensor>& tensors,
+                const SaveOptions& options = {});
+// Same, into any sink (commit() is called at the end).
+void save_torch(ByteSink& sink, const ValuePtr& root, const std::vector<Tensor>& tensors,
+                const SaveOptions& options = {});
+// A state dict: an OrderedDict of name -> tensor, the way model.state_dict() saves.
+ValuePtr state_dict_value(const std::vector<Tensor>& tensors);
+
+}  // namespace ckpt

@@ -1,0 +1,59 @@
+#pragma once
+// Errors: one exception type with a code, the source (file) name, the record or tensor, the byte
+// offset, and "while ..." context added on the way up.
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace ckpt {
+
+enum class ErrorCode {
+  kIo,               // the OS refused a read, write, open, mmap...
+  kNotFound,         // a file, record, tensor or key that should exist does not
+  kTruncated,        // the data ends before a structure it declares
+  kCorrupt,          // bytes that cannot be what the format says (bad magic, bad CRC, bad opcode)
+  kUnsupported,      // valid but not handled (unknown global, unknown dtype, compression method)
+  kLimitExceeded,    // a configurable limit was hit (header bytes, tensors, dims, memo, inflate)
+  kInvalidArgument,  // the caller asked for something impossible
+  kAuth,             // a wrong key or password, or tampered ciphertext
+};
+
+// Short lower-case name of a code ("corrupt"), stable: used in CLI output and JSON.
+const char* error_code_name(ErrorCode code) noexcept;
+
+class Error : public std::runtime_error {
+ public:
+  explicit Error(ErrorCode code, std::string message, std::string source = {},
+                 std::string record = {}, std::optional<uint64_t> offset = std::nullopt);
+
+  ErrorCode code() const noexcept { return code_; }
+  // The bare message, without source/record/offset/context.
+  const std::string& message() const noexcept { return message_; }
+  const std::string& source() const noexcept { return source_; }
+  const std::string& record() const noexcept { return record_; }
+  std::optional<uint64_t> offset() const noexcept { return offset_; }
+  const std::vector<std::string>& context() const noexcept { return context_; }
+
+  // Fill in fields that are still empty (callers higher up know the file or record name).
+  Error& with_source(const std::string& source);
+  Error& with_record(const std::string& record);
+  Error& with_offset(uint64_t offset);
+  // Adds "while <what>" context (innermost first).
+  Error& add_context(std::string what);
+
+  // "<source>: <record>: at byte <offset>: <message> (while a; while b) [code]"
+  const char* what() const noexcept override { return what_.c_str(); }
+
+ private:
+  void rebuild();
+  ErrorCode code_;
+  std::string message_, source_, record_;
+  std::optional<uint64_t> offset_;
+  std::vector<std::string> context_;
+  std::string what_;
+};
+
+}  // namespace ckpt

@@ -1,0 +1,87 @@
+#pragma once
+// ByteSource: random-access bytes (a file through pread, an mmap, memory; later HTTP and S3).
+// Thread-safe: every method may be called from several threads at once.
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace ckpt {
+
+// Bytes with an owner that keeps them alive. The span stays valid as long as `owner` (or a copy
+// of it) lives.
+struct Bytes {
+  std::span<const std::byte> data;
+  std::shared_ptr<const void> owner;
+
+  size_t size() const noexcept { return data.size(); }
+  const std::byte* begin() const noexcept { return data.data(); }
+  std::string_view str() const noexcept {
+    return {reinterpret_cast<const char*>(data.data()), data.size()};
+  }
+};
+
+struct ReadRequest {
+  uint64_t offset = 0;
+  std::span<std::byte> dst;
+};
+
+// Counters that tests and benchmarks read (not reset by reads).
+struct SourceStats {
+  std::atomic<uint64_t> reads{0};
+  std::atomic<uint64_t> bytes{0};
+};
+
+class ByteSource {
+ public:
+  virtual ~ByteSource() = default;
+  virtual uint64_t size() const = 0;
+  // The name used in errors: the path, or "<memory>".
+  virtual const std::string& name() const = 0;
+
+  // Copies [offset, offset + dst.size()) into dst. Throws Error{kTruncated} when the range passes
+  // the end, Error{kIo} on an OS error. Counts one read.
+  virtual void read_into(uint64_t offset, std::span<std::byte> dst) const = 0;
+
+  // Returns the bytes of [offset, offset + len): a view into the source's own memory when it has
+  // one (mmap, memory), else a fresh buffer. Throws like read_into. Counts one read.
+  virtual Bytes read(uint64_t offset, uint64_t len) const;
+
+  // Several reads; a remote source may serve them with a few parallel requests. Default: in turn.
+  virtual void read_batch(std::span<const ReadRequest> requests) const;
+
+  // Base address when the whole source is in memory (mmap or buffer), else nullptr. Views into it
+  // live as long as `memory_owner()`.
+  virtual const std::byte* memory() const { return nullptr; }
+  virtual std::shared_ptr<const void> memory_owner() const { return nullptr; }
+
+  SourceStats& stats() const { return stats_; }
+
+ protected:
+  void count(uint64_t bytes) const {
+    stats_.reads.fetch_add(1, std::memory_order_relaxed);
+    stats_.bytes.fetch_add(bytes, std::memory_order_relaxed);
+  }
+  // Throws Error{kTruncated} naming this source if [offset, offset+len) is not inside it.
+  void check_range(uint64_t offset, uint64_t len) const;
+
+ private:
+  mutable SourceStats stats_;
+};
+
+using SourcePtr = std::shared_ptr<const ByteSource>;
+
+// A file read with pread. Throws Error{kNotFound} or Error{kIo}.
+SourcePtr open_file_source(const std::string& path);
+// A file mapped read-only with MAP_PRIVATE (PROT_READ|PROT_WRITE copy-on-write so that callers
+// may modify tensors in place without touching the file). Throws like open_file_source.
+SourcePtr open_mmap_source(const std::string& path);
+// Bytes in memory; `name` is used in errors.
+SourcePtr memory_source(std::vector<std::byte> bytes, std::string name = "<memory>");
+SourcePtr memory_source(std::string_view bytes, std::string name = "<memory>");
+
+}  // namespace ckpt

@@ -1,0 +1,111 @@
+#pragma once
+// TensorInfo (what a checkpoint says about a tensor), Storage (bytes shared by views) and Tensor.
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "ckpt/dtype.h"
+
+namespace ckpt {
+
+inline constexpr uint64_t kNoOffset = UINT64_MAX;
+
+// A storage as the checkpoint describes it: a run of bytes that tensors view.
+struct StorageInfo {
+  std::string key;       // torch record key ("0"), or the tensor name for one-storage-per-tensor formats
+  DType dtype = DType::kUInt8;  // element type of the storage (uint8 for torch.UntypedStorage)
+  uint64_t nbytes = 0;
+  uint64_t offset = kNoOffset;  // absolute byte offset in the source; kNoOffset when not stored raw
+  std::string record;    // container record name ("archive/data/0"), if any
+  std::optional<uint32_t> crc32;  // expected CRC32 of the storage bytes, if the format stores one
+  std::string device = "cpu";     // where it was saved from
+  bool byteswap = false;  // stored in the other byte order; loads swap elements of `dtype`
+  bool meta = false;      // no bytes in the file (meta tensors); loads as zeros
+};
+
+// Quantization parameters of a quantized tensor.
+struct Quantization {
+  std::string scheme;  // "per_tensor_affine", "per_channel_affine", ...
+  double scale = 0;
+  int64_t zero_point = 0;
+  int64_t axis = 0;
+  // Per-channel: indices of the scales and zero points tensors in the checkpoint's tensor table.
+  std::optional<size_t> scales_tensor, zero_points_tensor;
+};
+
+struct TensorInfo {
+  std::string name;  // dotted path in the object tree ("state.0.exp_avg", "model.layers.0.weight")
+  DType dtype = DType::kFloat32;
+  std::vector<int64_t> shape;
+  std::vector<int64_t> strides;   // in elements
+  int64_t storage_offset = 0;     // in elements
+  size_t storage = 0;             // index into Checkpoint::storages()
+  bool requires_grad = false;
+  bool is_parameter = false;
+  std::optional<Quantization> quantization;
+  std::string type;  // format-specific kind (tensorizer: "param", "buffer", "state_dict")
+
+  // Element count (0 for empty tensors, 1 for 0-d). Overflow was checked when the file was read.
+  uint64_t numel() const noexcept;
+  // Bytes the elements occupy when contiguous: numel * element size.
+  uint64_t nbytes() const noexcept;
+  bool is_contiguous() const noexcept;
+  // Byte offset of the first element within the storage.
+  uint64_t byte_offset() const noexcept;
+  // Bytes of storage the view reaches, from byte_offset(): 0 if empty, else
+  // (1 + sum((shape[i]-1)*strides[i])) * element size. Requires non-negative strides.
+  uint64_t byte_extent() const noexcept;
+};
+
+// Contiguous row-major strides for `shape`.
+std::vector<int64_t> contiguous_strides(std::span<const int64_t> shape);
+
+// Bytes that tensors view. Views of one storage share one Storage object.
+struct Storage {
+  StorageInfo info;
+  std::byte* data = nullptr;  // nbytes bytes, valid while `owner` lives
+  std::shared_ptr<const void> owner;
+
+  std::span<const std::byte> bytes() const noexcept { return {data, info.nbytes}; }
+  std::span<std::byte> mutable_bytes() noexcept { return {data, info.nbytes}; }
+};
+using StoragePtr = std::shared_ptr<Storage>;
+
+class Tensor {
+ public:
+  Tensor() = default;
+  Tensor(TensorInfo info, StoragePtr storage) : info_(std::move(info)), storage_(std::move(storage)) {}
+
+  // A contiguous tensor over caller memory (no copy). The bytes must stay valid while `owner`
+  // (may be null: then the caller keeps them alive as long as the tensor is used).
+  // Throws Error{kInvalidArgument} when bytes.size() != numel * element size.
+  static Tensor from_bytes(std::string name, DType dtype, std::vector<int64_t> shape,
+                           std::span<const std::byte> bytes, std::shared_ptr<const void> owner = {});
+  // Same, with a copy of the bytes that the tensor owns.
+  static Tensor copy_of(std::string name, DType dtype, std::vector<int64_t> shape,
+                        std::span<const std::byte> bytes);
+
+  const TensorInfo& info() const noexcept { return info_; }
+  TensorInfo& info() noexcept { return info_; }
+  const std::string& name() const noexcept { return info_.name; }
+  DType dtype() const noexcept { return info_.dtype; }
+  const std::vector<int64_t>& shape() const noexcept { return info_.shape; }
+  const StoragePtr& storage() const noexcept { return storage_; }
+  // Address of the first element (storage data + byte_offset()).
+  const std::byte* data() const noexcept;
+  // The elements' bytes when the tensor is contiguous. Throws Error{kInvalidArgument} otherwise.
+  std::span<const std::byte> bytes() const;
+  // A contiguous copy of the elements (row-major), whatever the strides.
+  std::vector<std::byte> contiguous_bytes() const;
+
+ private:
+  TensorInfo info_;
+  StoragePtr storage_;
+};
+
+}  // namespace ckpt

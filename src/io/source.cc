@@ -1,0 +1,171 @@
+#include "ckpt/source.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "ckpt/error.h"
+
+namespace ckpt {
+
+void ByteSource::check_range(uint64_t offset, uint64_t len) const {
+  if (offset > size() || len > size() - offset)
+    throw Error(ErrorCode::kTruncated,
+                "read of " + std::to_string(len) + " bytes passes the end of the file (" +
+                    std::to_string(size()) + " bytes)",
+                name(), {}, offset);
+}
+
+Bytes ByteSource::read(uint64_t offset, uint64_t len) const {
+  check_range(offset, len);
+  if (const std::byte* base = memory()) {
+    count(len);
+    return {std::span<const std::byte>(base + offset, len), memory_owner()};
+  }
+  auto buf = std::make_shared<std::vector<std::byte>>(len);
+  read_into(offset, *buf);
+  return {std::span<const std::byte>(buf->data(), buf->size()), buf};
+}
+
+void ByteSource::read_batch(std::span<const ReadRequest> requests) const {
+  for (const auto& r : requests) read_into(r.offset, r.dst);
+}
+
+namespace {
+
+[[noreturn]] void throw_errno(const std::string& what, const std::string& path, int err) {
+  throw Error(err == ENOENT ? ErrorCode::kNotFound : ErrorCode::kIo,
+              what + ": " + std::strerror(err), path);
+}
+
+struct Fd {
+  int fd = -1;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+class FileSource final : public ByteSource {
+ public:
+  FileSource(std::string path, std::shared_ptr<Fd> fd, uint64_t size)
+      : path_(std::move(path)), fd_(std::move(fd)), size_(size) {}
+  uint64_t size() const override { return size_; }
+  const std::string& name() const override { return path_; }
+  void read_into(uint64_t offset, std::span<std::byte> dst) const override {
+    check_range(offset, dst.size());
+    count(dst.size());
+    size_t done = 0;
+    while (done < dst.size()) {
+      ssize_t n = ::pread(fd_->fd, dst.data() + done, dst.size() - done,
+                          static_cast<off_t>(offset + done));
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        throw Error(ErrorCode::kIo, std::string("pread: ") + std::strerror(errno), path_, {},
+                    offset + done);
+      }
+      if (n == 0)
+        throw Error(ErrorCode::kTruncated, "file shrank while reading", path_, {}, offset + done);
+      done += static_cast<size_t>(n);
+    }
+  }
+
+ private:
+  std::string path_;
+  std::shared_ptr<Fd> fd_;
+  uint64_t size_;
+};
+
+struct Mapping {
+  void* addr = nullptr;
+  size_t len = 0;
+  ~Mapping() {
+    if (addr && len) ::munmap(addr, len);
+  }
+};
+
+class MemorySourceBase : public ByteSource {
+ public:
+  uint64_t size() const override { return size_; }
+  const std::string& name() const override { return name_; }
+  void read_into(uint64_t offset, std::span<std::byte> dst) const override {
+    check_range(offset, dst.size());
+    count(dst.size());
+    if (!dst.empty()) std::memcpy(dst.data(), base_ + offset, dst.size());
+  }
+  const std::byte* memory() const override { return base_; }
+  std::shared_ptr<const void> memory_owner() const override { return owner_; }
+
+ protected:
+  std::string name_;
+  const std::byte* base_ = nullptr;
+  uint64_t size_ = 0;
+  std::shared_ptr<const void> owner_;
+};
+
+class MmapSource final : public MemorySourceBase {
+ public:
+  MmapSource(std::string path, std::shared_ptr<Mapping> m, uint64_t size) {
+    name_ = std::move(path);
+    base_ = static_cast<const std::byte*>(m->addr);
+    size_ = size;
+    owner_ = std::move(m);
+  }
+};
+
+class BufferSource final : public MemorySourceBase {
+ public:
+  BufferSource(std::string name, std::shared_ptr<std::vector<std::byte>> buf) {
+    name_ = std::move(name);
+    base_ = buf->data();
+    size_ = buf->size();
+    owner_ = std::move(buf);
+  }
+};
+
+std::shared_ptr<Fd> open_fd(const std::string& path, uint64_t* size) {
+  auto fd = std::make_shared<Fd>();
+  fd->fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd->fd < 0) throw_errno("cannot open", path, errno);
+  struct stat st;
+  if (::fstat(fd->fd, &st) != 0) throw_errno("cannot stat", path, errno);
+  if (S_ISDIR(st.st_mode)) throw Error(ErrorCode::kInvalidArgument, "is a directory", path);
+  *size = static_cast<uint64_t>(st.st_size);
+  return fd;
+}
+
+}  // namespace
+
+SourcePtr open_file_source(const std::string& path) {
+  uint64_t size = 0;
+  auto fd = open_fd(path, &size);
+  return std::make_shared<FileSource>(path, std::move(fd), size);
+}
+
+SourcePtr open_mmap_source(const std::string& path) {
+  uint64_t size = 0;
+  auto fd = open_fd(path, &size);
+  auto m = std::make_shared<Mapping>();
+  if (size > 0) {
+    void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd->fd, 0);
+    if (p == MAP_FAILED) throw_errno("cannot mmap", path, errno);
+    m->addr = p;
+    m->len = size;
+  }
+  return std::make_shared<MmapSource>(path, std::move(m), size);
+}
+
+SourcePtr memory_source(std::vector<std::byte> bytes, std::string name) {
+  return std::make_shared<BufferSource>(
+      std::move(name), std::make_shared<std::vector<std::byte>>(std::move(bytes)));
+}
+
+SourcePtr memory_source(std::string_view bytes, std::string name) {
+  auto p = reinterpret_cast<const std::byte*>(bytes.data());
+  return memory_source(std::vector<std::byte>(p, p + bytes.size()), std::move(name));
+}
+
+}  // namespace ckpt

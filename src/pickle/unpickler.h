@@ -1,0 +1,55 @@
+#pragma once
+// A restricted pickle VM: it builds Value trees and never executes code. Globals are resolved
+// only through the caller's allow-list; calls (REDUCE, NEWOBJ, NEWOBJ_EX, OBJ, INST) and BUILD on
+// allowed globals are handed to the caller's hooks or to the few built-in semantics below.
+//
+// Opcodes: protocols 0-5 as checkpoints use them (see docs/formats.md "pickle"); any other opcode
+// is Error{kUnsupported} naming it and its offset.
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+
+#include "ckpt/options.h"
+#include "ckpt/value.h"
+
+namespace ckpt::internal {
+
+struct UnpicklerHooks {
+  // Is module.name allowed as a GLOBAL / STACK_GLOBAL / INST / OBJ class? Not allowed ->
+  // Error{kUnsupported, "global 'os.system' is not allowed"} at the opcode's offset.
+  std::function<bool(const std::string& module, const std::string& name)> allow_global;
+  // REDUCE / NEWOBJ / NEWOBJ_EX / INST / OBJ of an allowed global `callable` with `args` (a tuple
+  // Value). Return the result, or nullptr to get the built-in handling (below) or, failing that,
+  // a kObject Value recording the call. May throw Error.
+  std::function<ValuePtr(const Value& callable, const ValuePtr& args)> call;
+  // BUILD: set `state` on `obj`. Return true if handled; false -> built-in handling: kDict/kObject
+  // get `state` stored in Value::state (dict state items of a plain kDict are not merged).
+  std::function<bool(const ValuePtr& obj, const ValuePtr& state)> build;
+  // BINPERSID / PERSID: map a persistent id (any Value) to a Value. Unset -> Error{kUnsupported}.
+  std::function<ValuePtr(const ValuePtr& pid)> persistent_load;
+};
+
+// Built-in call semantics (applied when `call` returns nullptr), for allowed globals only:
+//   collections.OrderedDict() -> ordered kDict;  builtins.set/frozenset(iterable) -> kSet;
+//   builtins.complex(re, im) -> kComplex;  builtins.bytearray(x) -> kBytes with bytearray=true;
+//   _codecs.encode(str, 'latin1'/'latin-1'/'utf-8') -> kBytes;  builtins.bytes(...) -> kBytes.
+// APPEND/APPENDS onto kList (and kSet via ADDITEMS), SETITEM/SETITEMS onto kDict; anything else
+// is Error{kCorrupt}.
+
+struct UnpickleOptions {
+  std::string source;   // names the file in errors
+  std::string record;   // names the record ("archive/data.pkl")
+  uint64_t base_offset = 0;  // absolute offset of data[0] in the file, for error offsets
+  Limits limits;        // max_pickle_memo, max_pickle_stack, max_pickle_depth, max_metadata_bytes
+};
+
+// Runs the pickle in `data` to its STOP and returns the result. `consumed`, if given, receives
+// the number of bytes read (the legacy format has several pickles back to back). Throws Error:
+// kTruncated, kCorrupt (stack underflow, bad memo index, unknown opcode byte...), kUnsupported
+// (disallowed global, opcode not supported), kLimitExceeded (memo/stack/nesting limits).
+ValuePtr unpickle(std::span<const std::byte> data, const UnpicklerHooks& hooks,
+                  const UnpickleOptions& options, size_t* consumed = nullptr);
+
+}  // namespace ckpt::internal

@@ -1,0 +1,68 @@
+#include "ckpt/error.h"
+
+namespace ckpt {
+
+const char* error_code_name(ErrorCode code) noexcept {
+  switch (code) {
+    case ErrorCode::kIo: return "io";
+    case ErrorCode::kNotFound: return "not_found";
+    case ErrorCode::kTruncated: return "truncated";
+    case ErrorCode::kCorrupt: return "corrupt";
+    case ErrorCode::kUnsupported: return "unsupported";
+    case ErrorCode::kLimitExceeded: return "limit_exceeded";
+    case ErrorCode::kInvalidArgument: return "invalid_argument";
+    case ErrorCode::kAuth: return "auth";
+  }
+  return "unknown";
+}
+
+Error::Error(ErrorCode code, std::string message, std::string source, std::string record,
+             std::optional<uint64_t> offset)
+    : std::runtime_error(message),
+      code_(code),
+      message_(std::move(message)),
+      source_(std::move(source)),
+      record_(std::move(record)),
+      offset_(offset) {
+  rebuild();
+}
+
+Error& Error::with_source(const std::string& source) {
+  if (source_.empty()) source_ = source;
+  rebuild();
+  return *this;
+}
+Error& Error::with_record(const std::string& record) {
+  if (record_.empty()) record_ = record;
+  rebuild();
+  return *this;
+}
+Error& Error::with_offset(uint64_t offset) {
+  if (!offset_) offset_ = offset;
+  rebuild();
+  return *this;
+}
+Error& Error::add_context(std::string what) {
+  context_.push_back(std::move(what));
+  rebuild();
+  return *this;
+}
+
+void Error::rebuild() {
+  std::string s;
+  if (!source_.empty()) s += source_ + ": ";
+  if (!record_.empty()) s += record_ + ": ";
+  if (offset_) s += "at byte " + std::to_string(*offset_) + ": ";
+  s += message_;
+  if (!context_.empty()) {
+    s += " (";
+    for (size_t i = 0; i < context_.size(); ++i) s += (i ? "; while " : "while ") + context_[i];
+    s += ")";
+  }
+  s += " [";
+  s += error_code_name(code_);
+  s += "]";
+  what_ = std::move(s);
+}
+
+}  // namespace ckpt

@@ -1,0 +1,87 @@
+#pragma once
+// Zip reader for torch archives and zips made by other tools.
+//
+// Byte layout (APPNOTE 6.3.x; torch specifics in docs/formats.md and
+// ../shared/formats/pytorch.md §1): [local header 30 B + name + extra + data (+ data descriptor)]*,
+// central directory (46 B + name + extra + comment per entry), optional zip64 end record (56 B)
+// and locator (20 B), end record (22 B + comment).
+//
+// Opening reads the tail (end records) and the central directory: one read when the tail read
+// already covers the directory, else two. It never reads a local header at open.
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ckpt/options.h"
+#include "ckpt/source.h"
+
+namespace ckpt::internal {
+
+struct ZipEntry {
+  std::string name;               // full name as stored ("archive/data/0")
+  uint64_t header_offset = 0;     // local header offset
+  uint64_t data_offset = UINT64_MAX;  // UINT64_MAX until resolved
+  uint64_t compressed_size = 0;
+  uint64_t size = 0;              // uncompressed
+  uint32_t crc32 = 0;             // 0 may mean "not computed" (torch compute_crc32=False)
+  uint16_t method = 0;            // 0 stored, 8 deflate
+  uint16_t flags = 0;             // general purpose flags
+};
+
+class ZipReader {
+ public:
+  // Reads and validates the end records and central directory. Throws Error: kCorrupt (no end
+  // record, bad signatures, entries out of range or overlapping, duplicate names, names with
+  // ".." components or absolute paths), kTruncated, kLimitExceeded (more than limits.max_records).
+  ZipReader(SourcePtr source, const Limits& limits);
+
+  const ByteSource& source() const { return *source_; }
+  const std::vector<ZipEntry>& entries() const { return entries_; }
+  // Index of the entry with this full name.
+  std::optional<size_t> find(std::string_view name) const;
+  // The folder every entry lives under, with its trailing '/' ("archive/"), or "" if entries are
+  // not all under one folder.
+  const std::string& prefix() const { return prefix_; }
+
+  // Data offset of entry i. Computed without I/O when the layout allows it (entries are
+  // contiguous and each entry's data offset agrees with torch's padding formula for a power-of-two
+  // alignment, given the next entry's header offset); else one read of the local header (cached;
+  // thread-safe). Throws Error{kCorrupt} when the local header disagrees with the directory.
+  uint64_t data_offset(size_t i) const;
+  // True if data_offset(i) needs no I/O.
+  bool offset_is_computed(size_t i) const;
+
+  // The uncompressed bytes of entry i: a view into the source for stored entries of mapped
+  // sources, else a fresh buffer; deflated entries are inflated (libdeflate) with a cap of
+  // limits.max_inflated_bytes (kLimitExceeded past it). Verifies CRC32 if `verify` and the stored
+  // CRC is not 0 (kCorrupt on mismatch, naming the entry). `max_size` caps entry size
+  // (kLimitExceeded) before anything is allocated.
+  Bytes read(size_t i, bool verify = false, uint64_t max_size = UINT64_MAX) const;
+
+  // Reads local header + data of a stored entry in one read of [header_offset, data end) and
+  // checks that the local header agrees with the computed data offset (used for the first record
+  // read so that computed offsets are validated at no extra read). Same contract as read().
+  Bytes read_checked(size_t i, bool verify = false, uint64_t max_size = UINT64_MAX) const;
+
+ private:
+  SourcePtr source_;
+  Limits limits_;
+  std::vector<ZipEntry> entries_;
+  std::vector<uint8_t> computed_;
+  std::vector<size_t> sorted_;  // indices sorted by name, for find()
+  std::string prefix_;
+  mutable std::unique_ptr<struct ZipOffsetCache> cache_;
+};
+
+// torch's data offset for a record whose local header is at `header_offset` (the getOffset
+// formula of caffe2/serialize/inline_container.cc, restated): start = header_offset + 30 +
+// name_len + 4 (FB extra header), plus 4 + 16/8 for zip64 extras when size or header_offset
+// >= 0xFFFFFFFF; data = round_up(start, alignment).
+uint64_t torch_data_offset(uint64_t header_offset, size_t name_len, uint64_t size,
+                           uint32_t alignment) noexcept;
+
+}  // namespace ckpt::internal

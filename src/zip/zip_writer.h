@@ -1,0 +1,64 @@
+#pragma once
+// Zip writer that produces torch's exact layout (PyTorchStreamWriter + miniz in zip64 mode):
+// stored entries; local header with version-needed 0 (20 when deflated), flags 0x0808 (0x0800 for
+// empty records), fixed DOS time/date (deterministic output), crc and sizes 0; zip64 local extra
+// only when size or header offset >= 0xFFFFFFFF; the "FB" padding extra ('F','B', u16 len, 'Z'*len)
+// aligning data to `alignment`; data descriptor (16 bytes, or 24 with zip64) after non-empty data;
+// central directory without the FB extra; zip64 end record + locator + end record.
+// See ../shared/formats/pytorch.md §1.2 and docs/formats.md.
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ckpt/sink.h"
+
+namespace ckpt::internal {
+
+class ZipWriter {
+ public:
+  // `prefix` is the folder ("archive/"), prepended to every record name. alignment: power of two
+  // in [1, 65536). Throws Error{kInvalidArgument} otherwise.
+  ZipWriter(ByteSink& sink, std::string prefix, uint32_t alignment = 64);
+
+  // A whole stored record. CRC32 computed. Duplicate names: Error{kInvalidArgument}.
+  void add(std::string_view name, std::span<const std::byte> data);
+  void add(std::string_view name, std::string_view data);
+  // A record streamed in pieces: begin with its exact size, write pieces (CRC computed as they
+  // pass), end. Error{kInvalidArgument} if the pieces do not add up to `size`.
+  void begin(std::string_view name, uint64_t size);
+  void write(std::span<const std::byte> piece);
+  void end();
+  // A deflated record (TorchScript code/ and debug_pkl records), compressed with libdeflate.
+  void add_deflated(std::string_view name, std::span<const std::byte> data, int level = 6);
+
+  // Data offset the next record of this name and size would get (for planning).
+  uint64_t next_data_offset(std::string_view name, uint64_t size) const;
+  // Writes the central directory and end records. No record may be added after.
+  void finish();
+
+  // Names (without prefix) and CRC32s of records written so far, in order.
+  const std::vector<std::pair<std::string, uint32_t>>& written() const { return written_; }
+
+ private:
+  struct Central;
+  ByteSink& sink_;
+  std::string prefix_;
+  uint32_t alignment_;
+  std::vector<Central*> central_;  // owned; freed in destructor
+  std::vector<std::pair<std::string, uint32_t>> written_;
+  // state of the record being streamed
+  bool open_ = false;
+  uint64_t open_size_ = 0, open_written_ = 0;
+  uint32_t open_crc_ = 0;
+  bool finished_ = false;
+
+ public:
+  ~ZipWriter();
+  ZipWriter(const ZipWriter&) = delete;
+  ZipWriter& operator=(const ZipWriter&) = delete;
+};
+
+}  // namespace ckpt::internal

@@ -1,0 +1,149 @@
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "ckpt/dtype.h"
+#include "ckpt/error.h"
+#include "ckpt/sink.h"
+#include "ckpt/source.h"
+#include "ckpt/tensor.h"
+#include "ckpt/value.h"
+#include "test_util.h"
+#include "util/bytes.h"
+#include "util/crc32.h"
+
+namespace ckpt {
+namespace {
+
+TEST(DType, TableLookups) {
+  EXPECT_EQ(dtype_from_name("float32"), DType::kFloat32);
+  EXPECT_EQ(dtype_from_name("torch.bfloat16"), DType::kBFloat16);
+  EXPECT_EQ(dtype_from_name("half"), DType::kFloat16);
+  EXPECT_EQ(dtype_from_storage_class("FloatStorage"), DType::kFloat32);
+  EXPECT_EQ(dtype_from_storage_class("torch.BFloat16Storage"), DType::kBFloat16);
+  EXPECT_EQ(dtype_from_storage_class("ComplexHalfStorage"), DType::kComplex32);
+  EXPECT_EQ(dtype_from_storage_class("Float8_e4m3fnStorage"), DType::kFloat8_e4m3fn);
+  EXPECT_EQ(dtype_from_safetensors("BF16"), DType::kBFloat16);
+  EXPECT_EQ(dtype_from_safetensors("F8_E4M3"), DType::kFloat8_e4m3fn);
+  EXPECT_EQ(dtype_from_numpy("<f2"), DType::kFloat16);
+  EXPECT_EQ(dtype_from_numpy("|b1"), DType::kBool);
+  EXPECT_EQ(dtype_from_numpy("<u1"), DType::kUInt8);
+  EXPECT_FALSE(dtype_from_name("float31"));
+  EXPECT_FALSE(dtype_from_storage_class("EvilStorage"));
+}
+
+TEST(DType, SizesAndSubByte) {
+  EXPECT_EQ(dtype_size(DType::kComplex128), 16u);
+  EXPECT_EQ(dtype_size(DType::kComplex32), 4u);
+  EXPECT_EQ(dtype_size(DType::kBool), 1u);
+  EXPECT_EQ(dtype_size(DType::kFloat4_e2m1), 0u);
+  EXPECT_EQ(dtype_nbytes(DType::kFloat4_e2m1, 4), 2u);
+  EXPECT_FALSE(dtype_nbytes(DType::kFloat4_e2m1, 3));  // ends mid-byte
+  EXPECT_EQ(dtype_nbytes(DType::kFloat6_e2m3, 4), 3u);
+  EXPECT_FALSE(dtype_nbytes(DType::kFloat64, UINT64_MAX / 2));  // overflow
+  for (int i = 0; i < kNumDTypes; ++i) {
+    auto& info = dtype_info(static_cast<DType>(i));
+    EXPECT_EQ(dtype_from_name(info.name), info.dtype) << info.name;
+  }
+}
+
+TEST(Error, MessageNamesEverything) {
+  Error e(ErrorCode::kCorrupt, "bad magic", "a.pt", "archive/data.pkl", 42);
+  e.add_context("reading data.pkl");
+  std::string w = e.what();
+  EXPECT_NE(w.find("a.pt"), std::string::npos);
+  EXPECT_NE(w.find("archive/data.pkl"), std::string::npos);
+  EXPECT_NE(w.find("at byte 42"), std::string::npos);
+  EXPECT_NE(w.find("while reading data.pkl"), std::string::npos);
+  EXPECT_NE(w.find("[corrupt]"), std::string::npos);
+}
+
+TEST(Crc32, KnownValueAndFusedCopy) {
+  auto b = test::to_bytes("123456789");
+  EXPECT_EQ(internal::crc32(b), 0xCBF43926u);
+  std::vector<std::byte> big(1 << 20);
+  for (size_t i = 0; i < big.size(); ++i) big[i] = std::byte(i * 7);
+  std::vector<std::byte> dst(big.size());
+  EXPECT_EQ(internal::copy_crc32(0, dst.data(), big), internal::crc32(big));
+  EXPECT_EQ(dst, big);
+}
+
+TEST(Cursor, BoundsChecked) {
+  auto b = test::to_bytes("\x01\x02\x03");
+  internal::Cursor c(b, "f", "r", 100);
+  EXPECT_EQ(c.get<uint16_t>(), 0x0201);
+  auto e = test::capture_error([&] { c.get<uint16_t>(); });
+  EXPECT_EQ(e.code(), ErrorCode::kTruncated);
+  EXPECT_EQ(e.offset(), 102u);
+}
+
+TEST(Sources, FileMmapMemoryAgree) {
+  test::TempDir dir;
+  std::string path = dir.file("x.bin");
+  auto bytes = test::to_bytes("hello, checkpoint");
+  test::write_file(path, bytes);
+  for (auto src : {open_file_source(path), open_mmap_source(path), memory_source(bytes)}) {
+    EXPECT_EQ(src->size(), bytes.size());
+    auto r = src->read(7, 5);
+    EXPECT_EQ(test::to_string(r.data), "check");
+    EXPECT_CKPT_ERROR(src->read(10, 100), ErrorCode::kTruncated);
+    EXPECT_GE(src->stats().reads.load(), 1u);
+  }
+  EXPECT_CKPT_ERROR(open_file_source(dir.file("missing")), ErrorCode::kNotFound);
+}
+
+TEST(Sinks, AtomicFileSinkCommitsOrLeavesNothing) {
+  test::TempDir dir;
+  std::string path = dir.file("out.bin");
+  {
+    auto s = create_file_sink(path);
+    s->write(std::string_view("abc"));
+    // destroyed without commit
+  }
+  EXPECT_FALSE(std::filesystem::exists(path));
+  EXPECT_TRUE(std::filesystem::is_empty(dir.path()));
+  {
+    auto s = create_file_sink(path);
+    s->write(std::string_view("abcdef"));
+    s->patch(0, test::to_bytes("X"));
+    EXPECT_CKPT_ERROR(s->patch(5, test::to_bytes("YY")), ErrorCode::kInvalidArgument);
+    s->commit();
+  }
+  EXPECT_EQ(test::to_string(test::read_file(path)), "Xbcdef");
+}
+
+TEST(Tensor, ViewsAndContiguity) {
+  std::vector<float> data = {0, 1, 2, 3, 4, 5};
+  auto t = Tensor::from_bytes("t", DType::kFloat32, {2, 3},
+                              std::as_bytes(std::span<const float>(data)));
+  EXPECT_TRUE(t.info().is_contiguous());
+  EXPECT_EQ(t.info().nbytes(), 24u);
+  TensorInfo tr = t.info();  // transpose view
+  tr.shape = {3, 2};
+  tr.strides = {1, 3};
+  Tensor tt(tr, t.storage());
+  EXPECT_FALSE(tt.info().is_contiguous());
+  auto c = tt.contiguous_bytes();
+  const float* f = reinterpret_cast<const float*>(c.data());
+  EXPECT_EQ(f[1], 3.0f);
+  EXPECT_EQ(f[2], 1.0f);
+  EXPECT_CKPT_ERROR(Tensor::from_bytes("bad", DType::kFloat32, {5},
+                                       std::as_bytes(std::span<const float>(data))),
+                    ErrorCode::kInvalidArgument);
+}
+
+TEST(Value, DictAndRepr) {
+  auto d = Value::ordered_dict();
+  d->set("a", Value::integer(1));
+  d->set(Value::integer(3), Value::string("x"));
+  d->set("a", Value::real(0.5));
+  EXPECT_EQ(d->entries.size(), 2u);
+  EXPECT_EQ(d->get("a")->f, 0.5);
+  EXPECT_EQ(d->get(3)->s, "x");
+  EXPECT_EQ(Value::real(0.1)->repr(), "0.1");
+  EXPECT_EQ(Value::real(2)->repr(), "2.0");
+  EXPECT_EQ(Value::tuple({Value::integer(1)})->repr(), "(1,)");
+}
+
+}  // namespace
+}  // namespace ckpt
