@@ -12,6 +12,7 @@
 
 #include "ckpt/error.h"
 #include "ckpt/options.h"
+#include "ckpt/sink.h"
 #include "ckpt/source.h"
 #include "ckpt/tensor.h"
 #include "ckpt/value.h"

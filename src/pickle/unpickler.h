@@ -3,8 +3,17 @@
 // only through the caller's allow-list; calls (REDUCE, NEWOBJ, NEWOBJ_EX, OBJ, INST) and BUILD on
 // allowed globals are handed to the caller's hooks or to the few built-in semantics below.
 //
-// Opcodes: protocols 0-5 as checkpoints use them (see docs/formats.md "pickle"); any other opcode
-// is Error{kUnsupported} naming it and its offset.
+// Opcodes: protocols 0-5 as checkpoints use them (see docs/formats.md "pickle"; the list opens
+// unpickler.cc). EXT1/2/4 and out-of-band buffers are Error{kUnsupported}; a byte that is no
+// opcode is Error{kCorrupt}; both name the offset.
+//
+// Values: ints beyond int64 keep their decimal text in Value::s (i = 0); LONG payloads above
+// 2048 bytes are Error{kUnsupported}. Python 2 str opcodes (STRING, BINSTRING, SHORT_BINSTRING)
+// give kString: the bytes as they are when valid UTF-8 (torch.load's encoding='utf-8'), else
+// read as latin-1. Protocol 0-2 names are renamed to Python 3 ones (__builtin__ -> builtins)
+// before allow_global sees them, as CPython's fix_imports does. None, booleans, () and ints in
+// [-5, 256] are shared Values within one result, as in CPython: do not mutate them in place.
+// Dict entries are appended in pickle order, duplicate keys included.
 
 #include <cstdint>
 #include <functional>
@@ -39,10 +48,10 @@ struct UnpicklerHooks {
 // is Error{kCorrupt}.
 
 struct UnpickleOptions {
-  std::string source;   // names the file in errors
-  std::string record;   // names the record ("archive/data.pkl")
+  std::string source;        // names the file in errors
+  std::string record;        // names the record ("archive/data.pkl")
   uint64_t base_offset = 0;  // absolute offset of data[0] in the file, for error offsets
-  Limits limits;        // max_pickle_memo, max_pickle_stack, max_pickle_depth, max_metadata_bytes
+  Limits limits;  // max_pickle_memo, max_pickle_stack, max_pickle_depth, max_metadata_bytes
 };
 
 // Runs the pickle in `data` to its STOP and returns the result. `consumed`, if given, receives

@@ -8,6 +8,8 @@
 namespace ckpt::internal {
 
 uint32_t crc32(uint32_t crc, std::span<const std::byte> data) noexcept {
+  // libdeflate returns its initial value for a null buffer, whatever `crc` is.
+  if (data.empty()) return crc;
   return libdeflate_crc32(crc, data.data(), data.size());
 }
 

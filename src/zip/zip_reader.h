@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -22,14 +23,15 @@
 namespace ckpt::internal {
 
 struct ZipEntry {
-  std::string name;               // full name as stored ("archive/data/0")
-  uint64_t header_offset = 0;     // local header offset
-  uint64_t data_offset = UINT64_MAX;  // UINT64_MAX until resolved
+  std::string name;                   // full name as stored ("archive/data/0")
+  uint64_t header_offset = 0;         // local header offset
+  uint64_t data_offset = UINT64_MAX;  // set at open when computed, else UINT64_MAX (see
+                                      // ZipReader::data_offset())
   uint64_t compressed_size = 0;
-  uint64_t size = 0;              // uncompressed
-  uint32_t crc32 = 0;             // 0 may mean "not computed" (torch compute_crc32=False)
-  uint16_t method = 0;            // 0 stored, 8 deflate
-  uint16_t flags = 0;             // general purpose flags
+  uint64_t size = 0;    // uncompressed
+  uint32_t crc32 = 0;   // 0 may mean "not computed" (torch compute_crc32=False)
+  uint16_t method = 0;  // 0 stored, 8 deflate
+  uint16_t flags = 0;   // general purpose flags
 };
 
 class ZipReader {
@@ -68,13 +70,23 @@ class ZipReader {
   Bytes read_checked(size_t i, bool verify = false, uint64_t max_size = UINT64_MAX) const;
 
  private:
+  void parse_directory(std::span<const std::byte> cd, uint64_t cd_offset, uint64_t count);
+  void validate_and_compute(uint64_t cd_offset);
+  uint64_t read_local_header(size_t i) const;
+  Bytes inflate(size_t i, uint64_t data_offset) const;
+  void check_crc(size_t i, std::span<const std::byte> data) const;
+  void check_readable(size_t i, uint64_t max_size) const;
+
   SourcePtr source_;
   Limits limits_;
   std::vector<ZipEntry> entries_;
   std::vector<uint8_t> computed_;
-  std::vector<size_t> sorted_;  // indices sorted by name, for find()
+  std::vector<uint64_t> end_limit_;  // where entry i's bytes must end: next header or the directory
+  std::vector<size_t> sorted_;       // indices sorted by name, for find()
   std::string prefix_;
-  mutable std::unique_ptr<struct ZipOffsetCache> cache_;
+  // Local-header offsets resolved lazily; shared_ptr so that ZipReader stays movable with an
+  // incomplete type and the cache is shared by copies (they read the same source).
+  std::shared_ptr<struct ZipOffsetCache> cache_;
 };
 
 // torch's data offset for a record whose local header is at `header_offset` (the getOffset

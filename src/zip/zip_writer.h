@@ -11,6 +11,8 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "ckpt/sink.h"
@@ -43,11 +45,22 @@ class ZipWriter {
   const std::vector<std::pair<std::string, uint32_t>>& written() const { return written_; }
 
  private:
-  struct Central;
+  // What the central directory needs about one record.
+  struct Central {
+    std::string name;  // full name, with the prefix
+    uint64_t header_offset = 0, size = 0, compressed_size = 0;
+    uint32_t crc = 0;
+    uint16_t method = 0, flags = 0;
+  };
+  std::string full_name(std::string_view name) const;
+  void start_record(std::string full, uint64_t size, uint16_t method);
+  void end_record(uint32_t crc, uint64_t compressed_size);
+
   ByteSink& sink_;
   std::string prefix_;
   uint32_t alignment_;
-  std::vector<Central*> central_;  // owned; freed in destructor
+  std::vector<Central> central_;
+  std::unordered_set<std::string> names_;  // full names, for the duplicate check
   std::vector<std::pair<std::string, uint32_t>> written_;
   // state of the record being streamed
   bool open_ = false;

@@ -1,0 +1,44 @@
+#pragma once
+// Writing safetensors files (reading goes through Checkpoint::open). Format: docs/formats,
+// shared/formats/safetensors.md.
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "ckpt/sink.h"
+#include "ckpt/tensor.h"
+
+namespace ckpt {
+
+struct SafetensorsSaveOptions {
+  // The JSON header is padded with spaces so that the data buffer starts at a multiple of this
+  // (a power of two, 1 ... 1 GiB). 8 matches the reference writer; 4096 gives page-aligned data.
+  // Each tensor then stays aligned to its element size because tensors are ordered by descending
+  // dtype alignment.
+  uint64_t alignment = 8;
+  // Tensors that share one Storage (tied weights) are refused unless this is true; then each is
+  // written as a separate copy (the format has no way to express sharing).
+  bool copy_shared = false;
+  bool atomic = true;  // file overload: temporary file + rename
+  bool fsync = true;   // file overload: fsync file and folder on commit
+};
+
+// Writes `tensors` (names must be unique and non-empty of dtype with a safetensors code) and the
+// string-to-string `metadata` as "__metadata__". Tensors are ordered like the reference writer
+// (descending dtype alignment, then name); non-contiguous tensors are written contiguous. Tensor
+// bytes are written from the tensors' memory; only small tensors pass through a write buffer.
+// The file overload is atomic: nothing appears under `path` unless the call succeeds.
+// Throws Error: kInvalidArgument (duplicate/empty name, shared storage without copy_shared, bad
+// alignment, missing bytes), kUnsupported (dtype without a safetensors code), kLimitExceeded
+// (header over 100,000,000 bytes), kIo.
+void save_safetensors(const std::string& path, const std::vector<Tensor>& tensors,
+                      const std::map<std::string, std::string>& metadata = {},
+                      const SafetensorsSaveOptions& options = {});
+// Same into a sink (not committed: the caller commits).
+void save_safetensors(ByteSink& sink, const std::vector<Tensor>& tensors,
+                      const std::map<std::string, std::string>& metadata = {},
+                      const SafetensorsSaveOptions& options = {});
+
+}  // namespace ckpt

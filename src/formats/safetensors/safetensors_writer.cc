@@ -1,0 +1,222 @@
+// safetensors writer (layout: see safetensors_reader.cc and shared/formats/safetensors.md).
+//
+// The header is compact JSON ("__metadata__" first, then the tensors in data order) padded with
+// trailing spaces so that 8 + N is a multiple of the alignment. Tensors are ordered like the
+// reference writer (descending dtype alignment rank, then name), so with an 8-aligned buffer
+// start every tensor begins at a multiple of its element size.
+
+#include <algorithm>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <unordered_set>
+
+#include "ckpt/error.h"
+#include "ckpt/safetensors.h"
+#include "util/bytes.h"
+
+namespace ckpt {
+namespace {
+
+constexpr uint64_t kMaxHeaderBytes = 100'000'000;
+// Small tensors are gathered into one buffer so a file sink sees few, large writes; big ones go
+// straight from the tensor's memory.
+constexpr size_t kGatherBytes = 1 << 20;
+
+// The reference `Dtype` enum order (safetensors.md §2.1), which its writer sorts by (descending).
+int alignment_rank(DType d) {
+  switch (d) {
+    case DType::kBool:
+      return 0;
+    case DType::kFloat4_e2m1:
+      return 1;
+    case DType::kFloat6_e2m3:
+      return 2;
+    case DType::kFloat6_e3m2:
+      return 3;
+    case DType::kUInt8:
+      return 4;
+    case DType::kInt8:
+      return 5;
+    case DType::kFloat8_e5m2:
+      return 6;
+    case DType::kFloat8_e4m3fn:
+      return 7;
+    case DType::kFloat8_e8m0fnu:
+      return 8;
+    case DType::kFloat8_e4m3fnuz:
+      return 9;
+    case DType::kFloat8_e5m2fnuz:
+      return 10;
+    case DType::kInt16:
+      return 11;
+    case DType::kUInt16:
+      return 12;
+    case DType::kFloat16:
+      return 13;
+    case DType::kBFloat16:
+      return 14;
+    case DType::kInt32:
+      return 15;
+    case DType::kUInt32:
+      return 16;
+    case DType::kFloat32:
+      return 17;
+    case DType::kComplex64:
+      return 18;
+    case DType::kFloat64:
+      return 19;
+    case DType::kInt64:
+      return 20;
+    case DType::kUInt64:
+      return 21;
+    default:
+      return -1;
+  }
+}
+
+class Gather {
+ public:
+  explicit Gather(ByteSink& sink) : sink_(sink) {}
+  void write(std::span<const std::byte> b) {
+    if (b.size() >= kGatherBytes) {
+      flush();
+      sink_.write(b);
+      return;
+    }
+    if (buf_.size() + b.size() > kGatherBytes) flush();
+    buf_.insert(buf_.end(), b.begin(), b.end());
+  }
+  void flush() {
+    if (!buf_.empty()) sink_.write(buf_);
+    buf_.clear();
+  }
+
+ private:
+  ByteSink& sink_;
+  std::vector<std::byte> buf_;
+};
+
+}  // namespace
+
+void save_safetensors(ByteSink& sink, const std::vector<Tensor>& tensors,
+                      const std::map<std::string, std::string>& metadata,
+                      const SafetensorsSaveOptions& options) {
+  const uint64_t align = options.alignment;
+  if (align == 0 || (align & (align - 1)) != 0 || align > (1ull << 30))
+    throw Error(ErrorCode::kInvalidArgument,
+                "alignment must be a power of two up to 1 GiB, got " + std::to_string(align),
+                sink.name());
+
+  struct Item {
+    const Tensor* t;
+    uint64_t nbytes;
+  };
+  std::vector<Item> items;
+  items.reserve(tensors.size());
+  std::unordered_set<std::string> names;
+  std::unordered_set<const void*> storages;
+  for (const Tensor& t : tensors) {
+    const std::string& name = t.name();
+    if (name.empty() || name == "__metadata__")
+      throw Error(ErrorCode::kInvalidArgument, "tensor name \"" + name + "\" is not allowed",
+                  sink.name(), name);
+    if (!names.insert(name).second)
+      throw Error(ErrorCode::kInvalidArgument, "duplicate tensor name", sink.name(), name);
+    if (!dtype_info(t.dtype()).safetensors)
+      throw Error(ErrorCode::kUnsupported,
+                  "dtype " + std::string(dtype_name(t.dtype())) + " has no safetensors code",
+                  sink.name(), name);
+    auto nbytes = dtype_nbytes(t.dtype(), t.info().numel());
+    if (!nbytes)
+      throw Error(ErrorCode::kInvalidArgument,
+                  "element count does not fill whole bytes for a sub-byte dtype", sink.name(),
+                  name);
+    if (dtype_size(t.dtype()) == 0 && !t.info().is_contiguous())
+      throw Error(ErrorCode::kInvalidArgument, "a sub-byte tensor must be contiguous", sink.name(),
+                  name);
+    if (*nbytes > 0 && !t.data())
+      throw Error(ErrorCode::kInvalidArgument, "tensor has no bytes loaded", sink.name(), name);
+    if (t.storage() && !options.copy_shared) {
+      // Identity of the Storage, and of its memory (two Storage objects over one buffer).
+      bool shared = !storages.insert(t.storage().get()).second;
+      if (t.storage()->data && t.storage()->info.nbytes > 0)
+        shared |= !storages.insert(t.storage()->data).second;
+      if (shared)
+        throw Error(ErrorCode::kInvalidArgument,
+                    "tensor shares its storage with another tensor; safetensors cannot express "
+                    "sharing: pass SafetensorsSaveOptions::copy_shared = true to write separate "
+                    "copies",
+                    sink.name(), name);
+    }
+    items.push_back({&t, *nbytes});
+  }
+  std::stable_sort(items.begin(), items.end(), [](const Item& a, const Item& b) {
+    int ra = alignment_rank(a.t->dtype()), rb = alignment_rank(b.t->dtype());
+    if (ra != rb) return ra > rb;
+    return a.t->name() < b.t->name();
+  });
+
+  std::string json = "{";
+  if (!metadata.empty()) {
+    json += "\"__metadata__\":{";
+    bool first = true;
+    for (const auto& [k, v] : metadata) {
+      if (!first) json += ',';
+      first = false;
+      json += nlohmann::json(k).dump() + ":" + nlohmann::json(v).dump();
+    }
+    json += "}";
+  }
+  uint64_t offset = 0;
+  for (size_t i = 0; i < items.size(); ++i) {
+    const Tensor& t = *items[i].t;
+    if (i || !metadata.empty()) json += ',';
+    json += nlohmann::json(t.name()).dump();
+    json += ":{\"dtype\":\"";
+    json += dtype_info(t.dtype()).safetensors;
+    json += "\",\"shape\":[";
+    for (size_t d = 0; d < t.shape().size(); ++d) {
+      if (d) json += ',';
+      json += std::to_string(t.shape()[d]);
+    }
+    uint64_t end = offset + items[i].nbytes;
+    json += "],\"data_offsets\":[" + std::to_string(offset) + "," + std::to_string(end) + "]}";
+    offset = end;
+  }
+  json += "}";
+  const uint64_t padded = internal::round_up(8 + json.size(), std::max<uint64_t>(align, 1)) - 8;
+  json.append(padded - json.size(), ' ');
+  if (json.size() > kMaxHeaderBytes)
+    throw Error(ErrorCode::kLimitExceeded,
+                "JSON header of " + std::to_string(json.size()) +
+                    " bytes exceeds the safetensors maximum of 100000000",
+                sink.name());
+
+  Gather out(sink);
+  std::byte len[8];
+  internal::store_le<uint64_t>(len, json.size());
+  out.write(len);
+  out.write(internal::as_bytes(json));
+  for (const Item& it : items) {
+    const Tensor& t = *it.t;
+    if (it.nbytes == 0) continue;
+    if (t.info().is_contiguous()) {
+      out.write({t.data(), it.nbytes});
+    } else {
+      std::vector<std::byte> c = t.contiguous_bytes();
+      out.write(c);
+    }
+  }
+  out.flush();
+}
+
+void save_safetensors(const std::string& path, const std::vector<Tensor>& tensors,
+                      const std::map<std::string, std::string>& metadata,
+                      const SafetensorsSaveOptions& options) {
+  auto sink = create_file_sink(path, FileSinkOptions{options.atomic, options.fsync});
+  save_safetensors(*sink, tensors, metadata, options);
+  sink->commit();
+}
+
+}  // namespace ckpt

@@ -1,0 +1,47 @@
+#pragma once
+// Turns a torch data.pkl into a Value tree, a storage table and a tensor table, through the
+// restricted pickle VM: the allow-list mirrors torch's weights_only unpickler
+// (../shared/formats/pytorch.md §2.3) and the rebuild functions (§3) are interpreted, never run.
+
+#include <functional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "ckpt/options.h"
+#include "ckpt/tensor.h"
+#include "ckpt/value.h"
+
+namespace ckpt::internal {
+
+// A storage named by a persistent id: ('storage', <storage class>, key, location, numel[, view]).
+struct PidStorage {
+  std::string key;
+  DType dtype = DType::kUInt8;
+  uint64_t numel = 0;  // elements of dtype (bytes for UntypedStorage)
+  std::string location;
+};
+
+struct TorchPickle {
+  ValuePtr root;
+  std::vector<StorageInfo> storages;  // key, dtype, nbytes, device filled; offsets left to caller
+  std::vector<TensorInfo> tensors;    // names filled (dotted paths), `storage` indexes storages
+};
+
+struct TorchUnpickleOptions {
+  std::string source, record;
+  uint64_t base_offset = 0;
+  Limits limits;
+  bool torchscript = false;  // also allow __torch__.* classes and torch.jit._pickle helpers
+};
+
+// Throws Error (kUnsupported for a global outside the allow-list, naming it; kCorrupt for a
+// malformed persistent id or rebuild call).
+TorchPickle unpickle_torch(std::span<const std::byte> data, const TorchUnpickleOptions& options,
+                           size_t* consumed = nullptr);
+
+// Assigns each tensor the dotted path where the tree first reaches it (depth-first, insertion
+// order); tensors the tree does not reach keep their name or get "<unnamed>.N".
+void name_tensors(const ValuePtr& root, std::vector<TensorInfo>& tensors, uint32_t max_depth);
+
+}  // namespace ckpt::internal

@@ -1,0 +1,206 @@
+// torch.save zip checkpoints (and TorchScript archives, which share the container).
+//
+// Layout (../shared/formats/pytorch.md §1, docs/formats.md): a zip whose entries all live under one
+// folder: data.pkl (the pickled object), optional .format_version / .storage_alignment / byteorder,
+// data/<key> (raw storage bytes, one per storage, 64-byte aligned), version (or .data/version),
+// optional .data/serialization_id. TorchScript archives add constants.pkl, constants/, code/.
+//
+// Opening reads the zip tail and central directory, then data.pkl and the small records; storage
+// data offsets are computed from the directory (ZipReader), never found by a read per record.
+
+#include <algorithm>
+#include <charconv>
+#include <cstring>
+
+#include "ckpt/error.h"
+#include "formats/torch/torch_unpickle.h"
+#include "load/checkpoint_data.h"
+#include "util/crc32.h"
+#include "zip/zip_reader.h"
+
+namespace ckpt::internal {
+namespace {
+
+class ZipStorageDecoder final : public StorageDecoder {
+ public:
+  ZipStorageDecoder(std::shared_ptr<ZipReader> zip, std::vector<size_t> entry_of_storage)
+      : zip_(std::move(zip)), entry_(std::move(entry_of_storage)) {}
+  void read(size_t index, std::span<std::byte> dst, bool verify) const override {
+    Bytes b = zip_->read(entry_[index], verify);
+    if (b.size() != dst.size())
+      throw Error(ErrorCode::kCorrupt, "record size differs from its storage size",
+                  zip_->source().name(), zip_->entries()[entry_[index]].name);
+    if (!dst.empty()) std::memcpy(dst.data(), b.begin(), dst.size());
+  }
+
+ private:
+  std::shared_ptr<ZipReader> zip_;
+  std::vector<size_t> entry_;
+};
+
+std::string trim(std::string_view s) {
+  while (!s.empty() && (s.back() == '\n' || s.back() == '\r' || s.back() == ' ')) s.remove_suffix(1);
+  return std::string(s);
+}
+
+}  // namespace
+
+std::shared_ptr<CheckpointData> open_torch_zip(SourcePtr source, const OpenOptions& options) {
+  auto zip = std::make_shared<ZipReader>(source, options.limits);
+  const std::string& prefix = zip->prefix();
+  const std::string& src = source->name();
+  auto data = std::make_shared<CheckpointData>();
+  data->source = source;
+  data->options = options;
+
+  auto pkl = zip->find(prefix + "data.pkl");
+  if (!pkl)
+    throw Error(ErrorCode::kCorrupt,
+                "no data.pkl record" + (prefix.empty() ? std::string(" (and no common folder)")
+                                                       : " under " + prefix),
+                src);
+  bool torchscript = zip->find(prefix + "constants.pkl").has_value();
+  data->format = torchscript ? Format::kTorchScript : Format::kTorchZip;
+  data->properties["archive"] = prefix.empty() ? "" : prefix.substr(0, prefix.size() - 1);
+
+  auto small_record = [&](const std::string& name) -> std::optional<std::string> {
+    auto i = zip->find(prefix + name);
+    if (!i) return std::nullopt;
+    const ZipEntry& e = zip->entries()[*i];
+    if (e.size > 4096)
+      throw Error(ErrorCode::kCorrupt, "record is " + std::to_string(e.size) + " bytes; expected a "
+                                       "short text", src, e.name);
+    return std::string(zip->read(*i).str());
+  };
+
+  // Version: torch requires it; tolerate its absence in archives made by other tools.
+  std::optional<std::string> version = small_record(".data/version");
+  if (!version) version = small_record("version");
+  if (version) {
+    std::string v = trim(*version);
+    uint64_t n = 0;
+    auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+    if (ec != std::errc() || p != v.data() + v.size())
+      throw Error(ErrorCode::kCorrupt, "version record is not a number: '" + v + "'", src,
+                  prefix + "version");
+    if (n < 1 || n > 10)
+      throw Error(ErrorCode::kUnsupported,
+                  "file format version " + v + " (supported: 1 to 10)", src, prefix + "version");
+    data->properties["version"] = v;
+  }
+  if (auto fv = small_record(".format_version")) data->properties["format_version"] = trim(*fv);
+  uint32_t alignment = 64;
+  if (auto al = small_record(".storage_alignment")) {
+    std::string a = trim(*al);
+    data->properties["alignment"] = a;
+    std::from_chars(a.data(), a.data() + a.size(), alignment);
+  }
+  bool big_endian = false;
+  if (auto bo = small_record("byteorder")) {
+    std::string b = trim(*bo);
+    if (b != "little" && b != "big")
+      throw Error(ErrorCode::kCorrupt, "byteorder record says '" + b + "'", src,
+                  prefix + "byteorder");
+    data->properties["byteorder"] = b;
+    big_endian = b == "big";
+  }
+  if (auto sid = small_record(".data/serialization_id"))
+    data->properties["serialization_id"] = trim(*sid);
+
+  const ZipEntry& pe = zip->entries()[*pkl];
+  if (pe.size > options.limits.max_metadata_bytes)
+    throw Error(ErrorCode::kLimitExceeded,
+                "data.pkl is " + std::to_string(pe.size) + " bytes; Limits::max_metadata_bytes is " +
+                    std::to_string(options.limits.max_metadata_bytes),
+                src, pe.name);
+  Bytes pkl_bytes = pe.method == 0 && zip->offset_is_computed(*pkl)
+                        ? zip->read_checked(*pkl, false, options.limits.max_metadata_bytes)
+                        : zip->read(*pkl, false, options.limits.max_metadata_bytes);
+
+  TorchUnpickleOptions uo;
+  uo.source = src;
+  uo.record = pe.name;
+  uo.base_offset = pe.method == 0 ? zip->data_offset(*pkl) : 0;
+  uo.limits = options.limits;
+  uo.torchscript = torchscript;
+  TorchPickle tp = unpickle_torch(pkl_bytes.data, uo);
+
+  std::vector<size_t> entry_of(tp.storages.size(), SIZE_MAX);
+  bool any_deflated = false;
+  for (size_t s = 0; s < tp.storages.size(); ++s) {
+    StorageInfo& st = tp.storages[s];
+    if (st.meta) continue;
+    std::string rec = prefix + "data/" + st.key;
+    auto i = zip->find(rec);
+    if (!i) throw Error(ErrorCode::kCorrupt, "data.pkl names storage " + st.key +
+                                             " but the archive has no record " + rec, src);
+    const ZipEntry& e = zip->entries()[*i];
+    if (e.size != st.nbytes)
+      throw Error(ErrorCode::kCorrupt,
+                  "record holds " + std::to_string(e.size) + " bytes but its storage needs " +
+                      std::to_string(st.nbytes),
+                  src, e.name);
+    st.record = e.name;
+    if (e.crc32 != 0 || e.size == 0) st.crc32 = e.crc32;
+    st.byteswap = big_endian && dtype_info(st.dtype).bits > 8;
+    entry_of[s] = *i;
+    if (e.method == 0) {
+      st.offset = e.size == 0 ? 0 : zip->data_offset(*i);
+    } else {
+      any_deflated = true;
+    }
+  }
+
+  for (size_t i = 0; i < zip->entries().size(); ++i) {
+    const ZipEntry& e = zip->entries()[i];
+    RecordInfo r;
+    r.name = e.name;
+    r.header_offset = e.header_offset;
+    r.data_offset = e.method == 0 && zip->offset_is_computed(i) ? zip->data_offset(i) : kNoOffset;
+    r.size = e.size;
+    r.compressed_size = e.compressed_size;
+    if (e.crc32 != 0 || e.size == 0) r.crc32 = e.crc32;
+    r.deflated = e.method != 0;
+    data->records.push_back(std::move(r));
+  }
+  data->properties["records"] = std::to_string(zip->entries().size());
+  if (any_deflated) data->decoder = std::make_shared<ZipStorageDecoder>(zip, entry_of);
+
+  // Verification reads every record through the zip layer (stored ones in slices).
+  data->verify = [zip]() {
+    size_t checked = 0;
+    const ByteSource& s = zip->source();
+    std::vector<std::byte> buf;
+    for (size_t i = 0; i < zip->entries().size(); ++i) {
+      const ZipEntry& e = zip->entries()[i];
+      if (e.crc32 == 0 && e.size != 0) continue;  // written without CRC
+      if (e.method != 0) {
+        zip->read(i, true);
+      } else {
+        uint64_t off = zip->data_offset(i);
+        uint32_t crc = 0;
+        constexpr uint64_t kPiece = 4 << 20;
+        for (uint64_t done = 0; done < e.size; done += kPiece) {
+          uint64_t n = std::min(kPiece, e.size - done);
+          Bytes b = s.read(off + done, n);
+          crc = crc32(crc, b.data);
+        }
+        if (crc != e.crc32) {
+          char buf2[64];
+          std::snprintf(buf2, sizeof buf2, "CRC32 mismatch: stored %08x, computed %08x", e.crc32,
+                        crc);
+          throw Error(ErrorCode::kCorrupt, buf2, s.name(), e.name, off);
+        }
+      }
+      ++checked;
+    }
+    return checked;
+  };
+
+  data->root = std::move(tp.root);
+  data->storages = std::move(tp.storages);
+  data->tensors = std::move(tp.tensors);
+  return data;
+}
+
+}  // namespace ckpt::internal

@@ -1,0 +1,20 @@
+#pragma once
+// Large destination buffers backed by huge pages where the kernel allows (madvise MADV_HUGEPAGE):
+// on this class of machine first-touch faults of 4 KiB pages dominate load time.
+
+#include <cstddef>
+#include <memory>
+
+namespace ckpt::internal {
+
+// An uninitialised buffer of `size` bytes, 2 MiB-aligned when large. Pages are not touched here:
+// the readers fault them in in parallel as they write. Throws Error{kIo} when out of memory.
+std::shared_ptr<std::byte> allocate_arena(size_t size);
+
+// Swaps each element of `elem_size` bytes (2, 4, 8, 16: complex types swap each half).
+void byteswap_elements(std::byte* data, size_t nbytes, size_t elem_size, bool complex);
+
+// Threads to use for parallel reads/copies on this machine when the caller says 0.
+int default_threads();
+
+}  // namespace ckpt::internal

@@ -1,0 +1,1 @@
+// Keeps the target non-empty while the layer grows.

@@ -1,0 +1,484 @@
+// Zip reader. Byte layouts: zip_format.h; torch's layout: ../shared/formats/pytorch.md §1.
+//
+// Open: one read of the tail (end record, zip64 locator and end record, and often the whole
+// central directory), then at most one more read for a directory the tail did not cover. Every
+// count, size and offset is checked against the file and the limits before it is used.
+//
+// Data offsets: torch pads each local header with an "FB" extra field so that the data lands on
+// an aligned offset, and writes records back to back. Given the next record's header offset (or
+// the directory's), the data offset of a record follows without reading its local header, and
+// the padding formula tells whether the guess is right. Other writers fall back to one cached
+// read of the local header.
+
+#include "zip/zip_reader.h"
+
+#include <libdeflate.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <numeric>
+
+#include "ckpt/error.h"
+#include "util/bytes.h"
+#include "util/crc32.h"
+#include "zip/zip_format.h"
+
+namespace ckpt::internal {
+
+using namespace zipfmt;  // NOLINT: the record constants are this file's vocabulary
+
+struct ZipOffsetCache {
+  explicit ZipOffsetCache(size_t n) : offsets(new std::atomic<uint64_t>[n]) {
+    for (size_t i = 0; i < n; ++i) offsets[i].store(UINT64_MAX, std::memory_order_relaxed);
+  }
+  // UINT64_MAX until the local header was read. Two threads may both read it; they store the
+  // same value, so a lock would only add contention.
+  std::unique_ptr<std::atomic<uint64_t>[]> offsets;
+};
+
+namespace {
+
+// The tail read covers the largest end-record comment plus both zip64 records, and a central
+// directory of a few thousand records, so that most checkpoints open in one read.
+constexpr uint64_t kTailRead = 256 << 10;
+static_assert(kTailRead >= kMaxComment + kEndSize + kZip64LocatorSize + kZip64EndSize);
+
+[[noreturn]] void fail(ErrorCode code, std::string message, const std::string& source,
+                       const std::string& record, uint64_t offset) {
+  throw Error(code, std::move(message), source, record, offset);
+}
+
+std::string hex32(uint32_t v) {
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "%08x", v);
+  return buf;
+}
+
+libdeflate_decompressor* thread_decompressor() {
+  struct Free {
+    void operator()(libdeflate_decompressor* d) const { libdeflate_free_decompressor(d); }
+  };
+  thread_local std::unique_ptr<libdeflate_decompressor, Free> d(libdeflate_alloc_decompressor());
+  if (!d) throw std::bad_alloc();
+  return d.get();
+}
+
+// A read on behalf of an entry: I/O errors name the entry too.
+Bytes read_for(const ByteSource& src, const std::string& record, uint64_t offset, uint64_t len) {
+  try {
+    return src.read(offset, len);
+  } catch (Error& e) {
+    e.with_record(record);
+    throw;
+  }
+}
+
+// Where the end records say the central directory is.
+struct Directory {
+  uint64_t count = 0, size = 0, offset = 0;
+  uint64_t end_limit = 0;  // the directory must end at or before this offset
+};
+
+}  // namespace
+
+uint64_t torch_data_offset(uint64_t header_offset, size_t name_len, uint64_t size,
+                           uint32_t alignment) noexcept {
+  uint64_t start = header_offset + kLocalSize + name_len + kFbHeaderSize;
+  if (torch_needs_zip64(header_offset, size)) {
+    start += 4;  // zip64 extra header
+    if (size >= kMax32) start += 16;
+    if (header_offset >= kMax32) start += 8;
+  }
+  return round_up(start, alignment);
+}
+
+ZipReader::ZipReader(SourcePtr source, const Limits& limits)
+    : source_(std::move(source)), limits_(limits) {
+  if (!source_) throw Error(ErrorCode::kInvalidArgument, "ZipReader needs a source");
+  const std::string& src = source_->name();
+  const uint64_t file_size = source_->size();
+  if (file_size < kEndSize)
+    fail(ErrorCode::kCorrupt,
+         "not a zip file: " + std::to_string(file_size) + " bytes cannot hold an end record", src,
+         {}, 0);
+
+  const uint64_t tail_len = std::min(file_size, kTailRead);
+  const uint64_t tail_off = file_size - tail_len;
+  const Bytes tail = source_->read(tail_off, tail_len);
+  const std::byte* t = tail.data.data();
+
+  // The last end-record signature whose comment fits in the file. Scanning from the end finds
+  // the real record before any signature-like bytes inside an earlier comment.
+  const size_t last = tail_len - kEndSize;
+  const size_t first = last > kMaxComment ? last - kMaxComment : 0;
+  std::optional<size_t> eocd;
+  for (size_t p = last + 1; p-- > first;) {
+    if (load_le<uint32_t>(t + p) == kEndSig &&
+        p + kEndSize + load_le<uint16_t>(t + p + 20) <= tail_len) {
+      eocd = p;
+      break;
+    }
+  }
+  if (!eocd)
+    fail(ErrorCode::kCorrupt, "no end-of-central-directory record (not a zip file, or truncated)",
+         src, {}, file_size);
+  const std::byte* e = t + *eocd;
+  const uint64_t eocd_abs = tail_off + *eocd;
+
+  Directory dir;
+  uint32_t disk = load_le<uint16_t>(e + 4), cd_disk = load_le<uint16_t>(e + 6);
+  uint64_t on_disk = load_le<uint16_t>(e + 8);
+  dir.count = load_le<uint16_t>(e + 10);
+  dir.size = load_le<uint32_t>(e + 12);
+  dir.offset = load_le<uint32_t>(e + 16);
+  dir.end_limit = eocd_abs;
+
+  // Zip64: the locator sits right before the end record and points at the zip64 end record,
+  // whose 64-bit fields replace the saturated classic ones (torch always writes both).
+  if (*eocd >= kZip64LocatorSize && load_le<uint32_t>(e - kZip64LocatorSize) == kZip64LocatorSig) {
+    const std::byte* loc = e - kZip64LocatorSize;
+    const uint64_t loc_abs = eocd_abs - kZip64LocatorSize;
+    const uint64_t z_off = load_le<uint64_t>(loc + 8);
+    if (loc_abs < kZip64EndSize || z_off > loc_abs - kZip64EndSize)
+      fail(ErrorCode::kCorrupt,
+           "zip64 end record offset " + std::to_string(z_off) + " is out of range", src, {},
+           loc_abs + 8);
+    Bytes z_read;
+    const std::byte* z;
+    if (z_off >= tail_off) {
+      z = t + (z_off - tail_off);
+    } else {  // an extensible data sector pushed it out of the tail: rare
+      z_read = source_->read(z_off, kZip64EndSize);
+      z = z_read.data.data();
+    }
+    if (load_le<uint32_t>(z) != kZip64EndSig)
+      fail(ErrorCode::kCorrupt, "bad zip64 end record signature", src, {}, z_off);
+    const uint64_t rec_size = load_le<uint64_t>(z + 4);
+    if (rec_size < kZip64EndSize - 12 || rec_size > loc_abs - z_off - 12)
+      fail(ErrorCode::kCorrupt, "zip64 end record size " + std::to_string(rec_size) + " is invalid",
+           src, {}, z_off + 4);
+    disk = load_le<uint32_t>(z + 16);
+    cd_disk = load_le<uint32_t>(z + 20);
+    on_disk = load_le<uint64_t>(z + 24);
+    dir.count = load_le<uint64_t>(z + 32);
+    dir.size = load_le<uint64_t>(z + 40);
+    dir.offset = load_le<uint64_t>(z + 48);
+    dir.end_limit = z_off;
+  }
+  if (disk != 0 || cd_disk != 0 || on_disk != dir.count)
+    fail(ErrorCode::kUnsupported, "multi-disk zip archives are not supported", src, {}, eocd_abs);
+
+  if (dir.count > limits_.max_records)
+    fail(ErrorCode::kLimitExceeded,
+         std::to_string(dir.count) + " zip entries exceed limits.max_records (" +
+             std::to_string(limits_.max_records) + ")",
+         src, {}, eocd_abs);
+  auto cd_end = checked_add(dir.offset, dir.size);
+  if (!cd_end || *cd_end > dir.end_limit)
+    fail(ErrorCode::kCorrupt,
+         "central directory (" + std::to_string(dir.size) + " bytes at " +
+             std::to_string(dir.offset) + ") passes its end record at " +
+             std::to_string(dir.end_limit),
+         src, {}, eocd_abs);
+  if (dir.count > dir.size / kCentralSize)
+    fail(ErrorCode::kCorrupt,
+         std::to_string(dir.count) + " entries cannot fit in a central directory of " +
+             std::to_string(dir.size) + " bytes",
+         src, {}, eocd_abs);
+  if (dir.size > limits_.max_metadata_bytes)
+    fail(ErrorCode::kLimitExceeded,
+         "central directory of " + std::to_string(dir.size) +
+             " bytes exceeds limits.max_metadata_bytes",
+         src, {}, dir.offset);
+
+  if (dir.offset >= tail_off) {
+    parse_directory(tail.data.subspan(dir.offset - tail_off, dir.size), dir.offset, dir.count);
+  } else {
+    const Bytes cd = source_->read(dir.offset, dir.size);
+    parse_directory(cd.data, dir.offset, dir.count);
+  }
+  validate_and_compute(dir.offset);
+
+  if (!entries_.empty()) {
+    const std::string& n0 = entries_[0].name;
+    const size_t slash = n0.find('/');
+    if (slash != std::string::npos) {
+      std::string p = n0.substr(0, slash + 1);
+      if (std::all_of(entries_.begin(), entries_.end(),
+                      [&](const ZipEntry& x) { return x.name.starts_with(p); }))
+        prefix_ = std::move(p);
+    }
+  }
+  cache_ = std::make_shared<ZipOffsetCache>(entries_.size());
+}
+
+void ZipReader::parse_directory(std::span<const std::byte> cd, uint64_t cd_offset, uint64_t count) {
+  const std::string& src = source_->name();
+  Cursor c(cd, src, {}, cd_offset);
+  entries_.reserve(count);
+  for (uint64_t i = 0; i < count; ++i) {
+    const uint64_t at = c.abs_pos();
+    c.need(kCentralSize);
+    if (c.get<uint32_t>() != kCentralSig)
+      fail(ErrorCode::kCorrupt, "bad central directory signature (entry " + std::to_string(i) + ")",
+           src, {}, at);
+    ZipEntry e;
+    c.get<uint16_t>();  // version made by
+    c.get<uint16_t>();  // version needed
+    e.flags = c.get<uint16_t>();
+    e.method = c.get<uint16_t>();
+    c.get<uint32_t>();  // time, date
+    e.crc32 = c.get<uint32_t>();
+    const uint32_t csize32 = c.get<uint32_t>(), size32 = c.get<uint32_t>();
+    const uint16_t name_len = c.get<uint16_t>(), extra_len = c.get<uint16_t>();
+    const uint16_t comment_len = c.get<uint16_t>();
+    c.get<uint16_t>();  // disk
+    c.get<uint16_t>();  // internal attributes
+    c.get<uint32_t>();  // external attributes
+    const uint32_t offset32 = c.get<uint32_t>();
+    e.name = std::string(c.take_str(name_len));
+    const uint64_t extra_at = c.abs_pos();
+    const std::span<const std::byte> extra = c.take(extra_len);
+    c.take(comment_len);
+
+    e.size = size32;
+    e.compressed_size = csize32;
+    e.header_offset = offset32;
+    // The zip64 extra holds, in this order, only the fields whose 32-bit copy is saturated.
+    const bool need_size = size32 == kMax32, need_csize = csize32 == kMax32,
+               need_offset = offset32 == kMax32;
+    if (need_size || need_csize || need_offset) {
+      bool found = false;
+      size_t p = 0;
+      while (p + 4 <= extra.size()) {
+        const uint16_t id = load_le<uint16_t>(extra.data() + p);
+        const uint16_t len = load_le<uint16_t>(extra.data() + p + 2);
+        if (len > extra.size() - p - 4)
+          fail(ErrorCode::kCorrupt, "extra field passes the end of its entry", src, e.name,
+               extra_at + p);
+        if (id == kZip64ExtraId) {
+          const std::byte* f = extra.data() + p + 4;
+          const size_t want = 8 * (need_size + need_csize + need_offset);
+          if (len < want)
+            fail(ErrorCode::kCorrupt,
+                 "zip64 extra field has " + std::to_string(len) + " bytes, needs " +
+                     std::to_string(want),
+                 src, e.name, extra_at + p);
+          if (need_size) e.size = load_le<uint64_t>(f), f += 8;
+          if (need_csize) e.compressed_size = load_le<uint64_t>(f), f += 8;
+          if (need_offset) e.header_offset = load_le<uint64_t>(f);
+          found = true;
+          break;
+        }
+        p += 4 + len;
+      }
+      if (!found)
+        fail(ErrorCode::kCorrupt, "saturated size or offset without a zip64 extra field", src,
+             e.name, at);
+    }
+    if (const char* problem = name_problem(e.name))
+      fail(ErrorCode::kCorrupt, problem, src, e.name, at);
+    entries_.push_back(std::move(e));
+  }
+}
+
+void ZipReader::validate_and_compute(uint64_t cd_offset) {
+  const std::string& src = source_->name();
+  const size_t n = entries_.size();
+
+  sorted_.resize(n);
+  std::iota(sorted_.begin(), sorted_.end(), size_t{0});
+  std::sort(sorted_.begin(), sorted_.end(),
+            [&](size_t a, size_t b) { return entries_[a].name < entries_[b].name; });
+  for (size_t k = 1; k < n; ++k) {
+    const ZipEntry& e = entries_[sorted_[k]];
+    if (e.name == entries_[sorted_[k - 1]].name)
+      fail(ErrorCode::kCorrupt, "duplicate entry name", src, e.name, e.header_offset);
+  }
+
+  std::vector<size_t> by_offset(n);
+  std::iota(by_offset.begin(), by_offset.end(), size_t{0});
+  std::sort(by_offset.begin(), by_offset.end(), [&](size_t a, size_t b) {
+    return entries_[a].header_offset < entries_[b].header_offset;
+  });
+  end_limit_.assign(n, cd_offset);
+  computed_.assign(n, 0);
+  for (size_t k = 0; k < n; ++k) {
+    const size_t i = by_offset[k];
+    ZipEntry& e = entries_[i];
+    // The least an entry can occupy: a local header with the same name, no extra, its data.
+    auto min_end = checked_add(e.header_offset, kLocalSize + e.name.size());
+    if (min_end) min_end = checked_add(*min_end, e.compressed_size);
+    if (!min_end || *min_end > cd_offset)
+      fail(ErrorCode::kCorrupt,
+           "entry (" + std::to_string(e.compressed_size) +
+               " bytes) passes the start of the central directory at " + std::to_string(cd_offset),
+           src, e.name, e.header_offset);
+    const uint64_t next = k + 1 < n ? entries_[by_offset[k + 1]].header_offset : cd_offset;
+    if (*min_end > next)
+      fail(ErrorCode::kCorrupt, "entry overlaps entry '" + entries_[by_offset[k + 1]].name + "'",
+           src, e.name, next);
+    end_limit_[i] = next;
+
+    const uint64_t d =
+        (e.flags & kFlagDescriptor) && e.compressed_size != 0
+            ? (torch_needs_zip64(e.header_offset, e.size) ? kDescriptorSize64 : kDescriptorSize32)
+            : 0;
+    if (next < e.compressed_size + d) continue;  // no room for a descriptor: not torch's layout
+    const uint64_t guess = next - e.compressed_size - d;
+    for (uint32_t a = 1; a <= 32768; a <<= 1) {
+      if (torch_data_offset(e.header_offset, e.name.size(), e.size, a) == guess) {
+        e.data_offset = guess;
+        computed_[i] = 1;
+        break;
+      }
+    }
+  }
+}
+
+std::optional<size_t> ZipReader::find(std::string_view name) const {
+  auto it = std::lower_bound(sorted_.begin(), sorted_.end(), name,
+                             [&](size_t i, std::string_view v) { return entries_[i].name < v; });
+  if (it == sorted_.end() || entries_[*it].name != name) return std::nullopt;
+  return *it;
+}
+
+bool ZipReader::offset_is_computed(size_t i) const { return i < computed_.size() && computed_[i]; }
+
+uint64_t ZipReader::data_offset(size_t i) const {
+  if (i >= entries_.size())
+    throw Error(ErrorCode::kInvalidArgument, "entry index " + std::to_string(i) + " out of range",
+                source_->name());
+  if (computed_[i]) return entries_[i].data_offset;
+  uint64_t v = cache_->offsets[i].load(std::memory_order_acquire);
+  if (v != UINT64_MAX) return v;
+  v = read_local_header(i);
+  cache_->offsets[i].store(v, std::memory_order_release);
+  return v;
+}
+
+uint64_t ZipReader::read_local_header(size_t i) const {
+  const ZipEntry& e = entries_[i];
+  const std::string& src = source_->name();
+  // Validation guaranteed header + 30 + name + data <= end_limit_[i] <= file size.
+  const Bytes h = read_for(*source_, e.name, e.header_offset, kLocalSize + e.name.size());
+  const std::byte* p = h.data.data();
+  if (load_le<uint32_t>(p) != kLocalSig)
+    fail(ErrorCode::kCorrupt, "bad local header signature", src, e.name, e.header_offset);
+  const uint16_t name_len = load_le<uint16_t>(p + kLocalNameLenOfs);
+  const uint16_t extra_len = load_le<uint16_t>(p + kLocalExtraLenOfs);
+  if (name_len != e.name.size() || std::memcmp(p + kLocalSize, e.name.data(), name_len) != 0)
+    fail(ErrorCode::kCorrupt, "local header name disagrees with the central directory", src, e.name,
+         e.header_offset + kLocalNameLenOfs);
+  const uint64_t data = e.header_offset + kLocalSize + name_len + extra_len;
+  if (data + e.compressed_size > end_limit_[i])
+    fail(ErrorCode::kCorrupt,
+         "local extra field (" + std::to_string(extra_len) +
+             " bytes) pushes the data past the next entry",
+         src, e.name, e.header_offset + kLocalExtraLenOfs);
+  return data;
+}
+
+void ZipReader::check_readable(size_t i, uint64_t max_size) const {
+  if (i >= entries_.size())
+    throw Error(ErrorCode::kInvalidArgument, "entry index " + std::to_string(i) + " out of range",
+                source_->name());
+  const ZipEntry& e = entries_[i];
+  const std::string& src = source_->name();
+  if (e.flags & kFlagEncrypted)
+    fail(ErrorCode::kUnsupported, "encrypted zip entries are not supported", src, e.name,
+         e.header_offset);
+  if (e.method != kMethodStored && e.method != kMethodDeflate)
+    fail(ErrorCode::kUnsupported,
+         "compression method " + std::to_string(e.method) +
+             " is not supported (only stored, deflate)",
+         src, e.name, e.header_offset);
+  if (e.size > max_size)
+    fail(ErrorCode::kLimitExceeded,
+         "entry of " + std::to_string(e.size) + " bytes exceeds the cap of " +
+             std::to_string(max_size),
+         src, e.name, e.header_offset);
+  if (e.method == kMethodDeflate && e.size > limits_.max_inflated_bytes)
+    fail(ErrorCode::kLimitExceeded,
+         "entry inflates to " + std::to_string(e.size) +
+             " bytes, more than limits.max_inflated_bytes (" +
+             std::to_string(limits_.max_inflated_bytes) + ")",
+         src, e.name, e.header_offset);
+  if (e.method == kMethodStored && e.compressed_size != e.size)
+    fail(ErrorCode::kCorrupt,
+         "stored entry has compressed size " + std::to_string(e.compressed_size) + " but size " +
+             std::to_string(e.size),
+         src, e.name, e.header_offset);
+}
+
+void ZipReader::check_crc(size_t i, std::span<const std::byte> data) const {
+  const ZipEntry& e = entries_[i];
+  if (e.crc32 == 0) return;  // torch with compute_crc32=False writes 0
+  const uint32_t got = crc32(data);
+  if (got != e.crc32)
+    fail(ErrorCode::kCorrupt,
+         "CRC32 mismatch: directory says " + hex32(e.crc32) + ", data has " + hex32(got),
+         source_->name(), e.name, e.header_offset);
+}
+
+Bytes ZipReader::inflate(size_t i, uint64_t data_offset) const {
+  const ZipEntry& e = entries_[i];
+  const Bytes in = read_for(*source_, e.name, data_offset, e.compressed_size);
+  // Sized by the directory and capped by check_readable(); never zero-filled.
+  std::shared_ptr<std::byte[]> out(new std::byte[std::max<uint64_t>(e.size, 1)]);
+  size_t produced = 0;
+  const libdeflate_result r = libdeflate_deflate_decompress(
+      thread_decompressor(), in.data.data(), in.size(), out.get(), e.size, &produced);
+  if (r == LIBDEFLATE_INSUFFICIENT_SPACE)
+    fail(ErrorCode::kCorrupt,
+         "deflate stream inflates to more than the declared " + std::to_string(e.size) + " bytes",
+         source_->name(), e.name, data_offset);
+  if (r != LIBDEFLATE_SUCCESS)
+    fail(ErrorCode::kCorrupt, "corrupt deflate stream", source_->name(), e.name, data_offset);
+  if (produced != e.size)
+    fail(ErrorCode::kCorrupt,
+         "deflate stream inflates to " + std::to_string(produced) + " bytes, not the declared " +
+             std::to_string(e.size),
+         source_->name(), e.name, data_offset);
+  return Bytes{std::span<const std::byte>(out.get(), e.size), out};
+}
+
+Bytes ZipReader::read(size_t i, bool verify, uint64_t max_size) const {
+  check_readable(i, max_size);
+  const uint64_t off = data_offset(i);
+  Bytes b = entries_[i].method == kMethodStored
+                ? read_for(*source_, entries_[i].name, off, entries_[i].size)
+                : inflate(i, off);
+  if (verify) check_crc(i, b.data);
+  return b;
+}
+
+Bytes ZipReader::read_checked(size_t i, bool verify, uint64_t max_size) const {
+  check_readable(i, max_size);
+  const ZipEntry& e = entries_[i];
+  if (e.method != kMethodStored || !computed_[i]) return read(i, verify, max_size);
+  const std::string& src = source_->name();
+  const uint64_t head = e.data_offset - e.header_offset;
+  const Bytes b = read_for(*source_, e.name, e.header_offset, head + e.size);
+  const std::byte* p = b.data.data();
+  if (load_le<uint32_t>(p) != kLocalSig)
+    fail(ErrorCode::kCorrupt, "bad local header signature", src, e.name, e.header_offset);
+  const uint16_t name_len = load_le<uint16_t>(p + kLocalNameLenOfs);
+  const uint16_t extra_len = load_le<uint16_t>(p + kLocalExtraLenOfs);
+  if (name_len != e.name.size() || std::memcmp(p + kLocalSize, e.name.data(), name_len) != 0)
+    fail(ErrorCode::kCorrupt, "local header name disagrees with the central directory", src, e.name,
+         e.header_offset + kLocalNameLenOfs);
+  if (kLocalSize + name_len + extra_len != head)
+    fail(ErrorCode::kCorrupt,
+         "local header puts the data at " +
+             std::to_string(e.header_offset + kLocalSize + name_len + extra_len) +
+             ", not at the computed " + std::to_string(e.data_offset),
+         src, e.name, e.header_offset + kLocalExtraLenOfs);
+  Bytes out{b.data.subspan(head, e.size), b.owner};
+  if (verify) check_crc(i, out.data);
+  return out;
+}
+
+}  // namespace ckpt::internal

@@ -1,0 +1,123 @@
+// ckpt extract FILE DIR: one .npy per tensor plus index.json. dtypes numpy lacks are written as
+// their raw bit pattern (an unsigned or signed integer of the same width), said in the index.
+
+#include <sys/stat.h>
+
+#include <cctype>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <set>
+
+#include "common.h"
+
+namespace ckpt::cli {
+namespace {
+
+// The .npy descr for a dtype, and whether it is the raw bit pattern.
+std::pair<std::string, bool> npy_descr(DType d) {
+  const auto& info = dtype_info(d);
+  if (info.numpy) return {info.numpy, false};
+  switch (d) {
+    case DType::kQInt8: return {"|i1", true};
+    case DType::kQInt32: return {"<i4", true};
+    default: break;
+  }
+  switch (info.bits) {
+    case 16: return {"<u2", true};
+    case 32: return {"<u4", true};
+    case 64: return {"<u8", true};
+    default: return {"|u1", true};
+  }
+}
+
+std::string npy_header(const std::string& descr, const std::vector<int64_t>& shape) {
+  std::string dict = "{'descr': '" + descr + "', 'fortran_order': False, 'shape': (";
+  for (size_t i = 0; i < shape.size(); ++i) dict += std::to_string(shape[i]) + ", ";
+  if (shape.size() > 1) dict.resize(dict.size() - 2);
+  if (shape.size() == 1) dict.resize(dict.size() - 1);
+  dict += "), }";
+  size_t total = 10 + dict.size() + 1;
+  size_t pad = (64 - total % 64) % 64;
+  dict.append(pad, ' ');
+  dict += '\n';
+  std::string h = "\x93NUMPY";
+  h += '\x01';
+  h += '\x00';
+  h += static_cast<char>(dict.size() & 0xff);
+  h += static_cast<char>(dict.size() >> 8);
+  return h + dict;
+}
+
+std::string safe_name(const std::string& name) {
+  std::string s;
+  for (char ch : name) s += (std::isalnum(static_cast<unsigned char>(ch)) || ch == '.' || ch == '_' || ch == '-') ? ch : '_';
+  if (s.empty() || s[0] == '.') s = "_" + s;
+  return s;
+}
+
+}  // namespace
+
+void add_extract(CLI::App& app) {
+  struct Opts {
+    std::string file, dir;
+    Common common;
+  };
+  auto o = std::make_shared<Opts>();
+  auto* cmd = app.add_subcommand("extract", "write one .npy per tensor and index.json");
+  cmd->add_option("FILE", o->file, "checkpoint")->required();
+  cmd->add_option("DIR", o->dir, "output folder (created)")->required();
+  add_common(*cmd, o->common);
+  cmd->callback([o] {
+    Checkpoint c = open_checkpoint(o->file, o->common);
+    if (::mkdir(o->dir.c_str(), 0777) != 0 && errno != EEXIST)
+      throw Error(ErrorCode::kIo, std::string("cannot create folder: ") + std::strerror(errno),
+                  o->dir);
+    nlohmann::ordered_json index;
+    index["format"] = format_name(c.format());
+    index["source"] = o->file;
+    index["tensors"] = nlohmann::ordered_json::array();
+    std::set<std::string> used;
+    uint64_t total = 0;
+    for (size_t i = 0; i < c.tensors().size(); ++i) {
+      const TensorInfo& info = c.tensors()[i];
+      if (!listed(info)) continue;
+      Tensor t = c.tensor(i);
+      auto [descr, raw] = npy_descr(info.dtype);
+      std::string file = safe_name(info.name);
+      for (int k = 2; used.count(file); ++k) file = safe_name(info.name) + "~" + std::to_string(k);
+      used.insert(file);
+      file += ".npy";
+      std::vector<int64_t> shape = info.shape;
+      if (dtype_size(info.dtype) == 0) shape = {static_cast<int64_t>(info.nbytes())};
+      auto bytes = t.contiguous_bytes();
+      auto sink = create_file_sink(o->dir + "/" + file, {.atomic = false, .fsync = false});
+      sink->write(npy_header(descr, shape));
+      sink->write(bytes);
+      sink->commit();
+      total += bytes.size();
+      nlohmann::ordered_json r;
+      r["name"] = info.name;
+      r["file"] = file;
+      r["dtype"] = dtype_name(info.dtype);
+      r["shape"] = info.shape;
+      r["numpy_dtype"] = descr;
+      r["raw_bits"] = raw;
+      if (info.quantization) {
+        r["qscheme"] = info.quantization->scheme;
+        if (!info.quantization->scales_tensor) {
+          r["scale"] = info.quantization->scale;
+          r["zero_point"] = info.quantization->zero_point;
+        }
+      }
+      index["tensors"].push_back(std::move(r));
+    }
+    auto sink = create_file_sink(o->dir + "/index.json", {.atomic = true, .fsync = false});
+    sink->write(index.dump(1) + "\n");
+    sink->commit();
+    std::printf("wrote %zu tensors (%s) to %s\n", index["tensors"].size(),
+                human_bytes(total).c_str(), o->dir.c_str());
+  });
+}
+
+}  // namespace ckpt::cli

@@ -1,0 +1,103 @@
+// ckpt info FILE [--json]: format, version, records, alignment, tensor totals, non-tensor summary.
+
+#include <cstdio>
+#include <map>
+#include <set>
+
+#include "common.h"
+
+namespace ckpt::cli {
+namespace {
+
+void count_values(const ValuePtr& v, std::map<std::string, size_t>& kinds, std::set<const Value*>& seen,
+                  int depth) {
+  if (!v || depth > 200 || !seen.insert(v.get()).second) return;
+  switch (v->kind) {
+    case Value::Kind::kTensor: return;
+    case Value::Kind::kDict:
+      kinds[v->name.empty() ? "dict" : v->name]++;
+      for (auto& [k, val] : v->entries) count_values(val, kinds, seen, depth + 1);
+      return;
+    case Value::Kind::kList: kinds["list"]++; break;
+    case Value::Kind::kTuple: kinds["tuple"]++; break;
+    case Value::Kind::kSet: kinds["set"]++; break;
+    case Value::Kind::kObject: kinds[v->module + "." + v->name]++; break;
+    case Value::Kind::kNone: kinds["None"]++; return;
+    case Value::Kind::kBool: kinds["bool"]++; return;
+    case Value::Kind::kInt: kinds["int"]++; return;
+    case Value::Kind::kFloat: kinds["float"]++; return;
+    case Value::Kind::kString: kinds["str"]++; return;
+    case Value::Kind::kBytes: kinds["bytes"]++; return;
+    default: kinds[v->repr(30)]++; return;
+  }
+  for (auto& it : v->items) count_values(it, kinds, seen, depth + 1);
+  if (v->state) count_values(v->state, kinds, seen, depth + 1);
+}
+
+}  // namespace
+
+void add_info(CLI::App& app) {
+  struct Opts {
+    std::string file;
+    bool json = false;
+    Common common;
+  };
+  auto o = std::make_shared<Opts>();
+  auto* cmd = app.add_subcommand("info", "format, version, records, tensor totals");
+  cmd->add_option("FILE", o->file, "checkpoint")->required();
+  cmd->add_flag("--json", o->json, "machine-readable output");
+  add_common(*cmd, o->common);
+  cmd->callback([o] {
+    double t0 = now_seconds();
+    Checkpoint c = open_checkpoint(o->file, o->common);
+    double open_s = now_seconds() - t0;
+    uint64_t tensor_bytes = 0, storage_bytes = 0;
+    size_t count = 0;
+    std::map<std::string, std::pair<size_t, uint64_t>> by_dtype;
+    for (const TensorInfo& t : c.tensors()) {
+      if (!listed(t)) continue;
+      ++count;
+      tensor_bytes += t.nbytes();
+      auto& d = by_dtype[std::string(dtype_name(t.dtype))];
+      d.first++;
+      d.second += t.nbytes();
+    }
+    for (const StorageInfo& s : c.storages()) storage_bytes += s.nbytes;
+    std::map<std::string, size_t> kinds;
+    std::set<const Value*> seen;
+    count_values(c.root(), kinds, seen, 0);
+    nlohmann::ordered_json j;
+    j["file"] = o->file;
+    j["format"] = format_name(c.format());
+    j["file_bytes"] = c.source().size();
+    for (auto& [k, v] : c.properties()) j["properties"][k] = v;
+    j["records"] = c.records().size();
+    j["tensors"] = count;
+    j["tensor_bytes"] = tensor_bytes;
+    j["storages"] = c.storages().size();
+    j["storage_bytes"] = storage_bytes;
+    for (auto& [k, v] : by_dtype) j["dtypes"][k] = {{"tensors", v.first}, {"bytes", v.second}};
+    for (auto& [k, v] : kinds) j["values"][k] = v;
+    j["open_seconds"] = open_s;
+    if (o->json) {
+      std::printf("%s\n", j.dump(1).c_str());
+      return;
+    }
+    std::printf("file:      %s (%s)\n", o->file.c_str(), human_bytes(c.source().size()).c_str());
+    std::printf("format:    %s\n", format_name(c.format()));
+    for (auto& [k, v] : c.properties()) std::printf("  %-16s %s\n", (k + ":").c_str(), v.c_str());
+    std::printf("records:   %zu\n", c.records().size());
+    std::printf("tensors:   %zu (%s), storages: %zu (%s)\n", count,
+                human_bytes(tensor_bytes).c_str(), c.storages().size(),
+                human_bytes(storage_bytes).c_str());
+    for (auto& [k, v] : by_dtype)
+      std::printf("  %-16s %zu tensors, %s\n", k.c_str(), v.first, human_bytes(v.second).c_str());
+    if (!kinds.empty()) {
+      std::printf("non-tensor values:\n");
+      for (auto& [k, v] : kinds) std::printf("  %-30s %zu\n", k.c_str(), v);
+    }
+    std::printf("opened in %.3f ms\n", open_s * 1e3);
+  });
+}
+
+}  // namespace ckpt::cli

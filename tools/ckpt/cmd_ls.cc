@@ -1,0 +1,67 @@
+// ckpt ls FILE [--json]: one row per tensor.
+
+#include <cstdio>
+
+#include "common.h"
+
+namespace ckpt::cli {
+
+void add_ls(CLI::App& app) {
+  struct Opts {
+    std::string file;
+    bool json = false;
+    Common common;
+  };
+  auto o = std::make_shared<Opts>();
+  auto* cmd = app.add_subcommand("ls", "list tensors: name, dtype, shape, bytes, file offset");
+  cmd->add_option("FILE", o->file, "checkpoint")->required();
+  cmd->add_flag("--json", o->json, "machine-readable output");
+  add_common(*cmd, o->common);
+  cmd->callback([o] {
+    Checkpoint c = open_checkpoint(o->file, o->common);
+    if (o->json) {
+      nlohmann::ordered_json j;
+      j["format"] = format_name(c.format());
+      j["tensors"] = nlohmann::ordered_json::array();
+      for (const TensorInfo& t : c.tensors()) {
+        if (!listed(t)) continue;
+        nlohmann::ordered_json r;
+        r["name"] = t.name;
+        r["dtype"] = dtype_name(t.dtype);
+        r["shape"] = t.shape;
+        r["strides"] = t.strides;
+        r["storage_offset"] = t.storage_offset;
+        r["nbytes"] = t.nbytes();
+        auto off = file_offset(c, t);
+        r["offset"] = off ? nlohmann::ordered_json(*off) : nlohmann::ordered_json(nullptr);
+        r["storage"] = c.storages()[t.storage].key;
+        if (t.requires_grad) r["requires_grad"] = true;
+        if (!t.type.empty()) r["type"] = t.type;
+        if (c.storages()[t.storage].meta) r["meta"] = true;
+        j["tensors"].push_back(std::move(r));
+      }
+      std::printf("%s\n", j.dump(1).c_str());
+      return;
+    }
+    size_t wname = 4, wdtype = 5, wshape = 5;
+    std::vector<std::array<std::string, 5>> rows;
+    for (const TensorInfo& t : c.tensors()) {
+      if (!listed(t)) continue;
+      std::string shape = shape_str(t.shape);
+      if (!t.is_contiguous()) shape += " strides " + shape_str(t.strides);
+      auto off = file_offset(c, t);
+      rows.push_back({t.name, std::string(dtype_name(t.dtype)), shape, std::to_string(t.nbytes()),
+                      off ? std::to_string(*off) : (c.storages()[t.storage].meta ? "meta" : "-")});
+      wname = std::max(wname, t.name.size());
+      wdtype = std::max(wdtype, rows.back()[1].size());
+      wshape = std::max(wshape, shape.size());
+    }
+    std::printf("%-*s  %-*s  %-*s  %12s  %12s\n", int(wname), "name", int(wdtype), "dtype",
+                int(wshape), "shape", "bytes", "offset");
+    for (auto& r : rows)
+      std::printf("%-*s  %-*s  %-*s  %12s  %12s\n", int(wname), r[0].c_str(), int(wdtype),
+                  r[1].c_str(), int(wshape), r[2].c_str(), r[3].c_str(), r[4].c_str());
+  });
+}
+
+}  // namespace ckpt::cli

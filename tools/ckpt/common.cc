@@ -1,0 +1,91 @@
+#include "common.h"
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+namespace ckpt::cli {
+
+int exit_code(ErrorCode code) {
+  switch (code) {
+    case ErrorCode::kNotFound: return 2;
+    case ErrorCode::kIo: return 3;
+    case ErrorCode::kTruncated: return 4;
+    case ErrorCode::kCorrupt: return 5;
+    case ErrorCode::kUnsupported: return 6;
+    case ErrorCode::kLimitExceeded: return 7;
+    case ErrorCode::kInvalidArgument: return 8;
+    case ErrorCode::kAuth: return 9;
+  }
+  return 1;
+}
+
+void add_common(CLI::App& cmd, Common& c) {
+  cmd.add_flag("--no-mmap", c.no_mmap, "read with pread instead of mapping the file");
+  cmd.add_option("--decrypt-key", c.key_file, "tensorizer: file with the raw key (hex or binary)");
+  cmd.add_option("--decrypt-password-file", c.password_file,
+                 "tensorizer: file whose first line is the password");
+}
+
+namespace {
+std::string slurp(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw Error(ErrorCode::kNotFound, "cannot read key/password file", path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+}  // namespace
+
+Checkpoint open_checkpoint(const std::string& path, const Common& c) {
+  OpenOptions o;
+  o.mmap = !c.no_mmap;
+  if (!c.key_file.empty()) {
+    std::string k = slurp(c.key_file);
+    while (!k.empty() && (k.back() == '\n' || k.back() == '\r' || k.back() == ' ')) k.pop_back();
+    o.decrypt_key = k;
+  }
+  if (!c.password_file.empty()) {
+    std::string p = slurp(c.password_file);
+    auto nl = p.find('\n');
+    if (nl != std::string::npos) p.resize(nl);
+    if (!p.empty() && p.back() == '\r') p.pop_back();
+    o.decrypt_password = p;
+  }
+  return Checkpoint::open(path, o);
+}
+
+std::string shape_str(const std::vector<int64_t>& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s + "]";
+}
+
+std::string human_bytes(uint64_t n) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(n);
+  int u = 0;
+  while (v >= 1024 && u < 4) {
+    v /= 1024;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", v, units[u]);
+  return buf;
+}
+
+bool listed(const TensorInfo& t) { return t.type != "qparams"; }
+
+std::optional<uint64_t> file_offset(const Checkpoint& c, const TensorInfo& t) {
+  const StorageInfo& s = c.storages()[t.storage];
+  if (s.offset == kNoOffset || s.meta) return std::nullopt;
+  return s.offset + t.byte_offset();
+}
+
+double now_seconds() {
+  using namespace std::chrono;
+  return duration<double>(steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace ckpt::cli
