@@ -13,6 +13,7 @@
 #include <bit>
 #include <cstring>
 #include <unordered_map>
+#include <vector>
 
 #include "ckpt/error.h"
 #include "ckpt/options.h"
@@ -25,6 +26,47 @@ namespace {
 
 using Kind = Value::Kind;
 constexpr size_t kBatch = 1000;  // CPython's BATCHSIZE for APPENDS/SETITEMS
+
+// Value address -> memo id, open addressing: a pickle of a large state dict looks up about a
+// million addresses, and std::unordered_map's node per entry made that a cache miss each.
+class IdentityMemo {
+ public:
+  IdentityMemo() : slots_(1024) {}
+  const uint32_t* find(const Value* key) const {
+    for (size_t i = hash(key);; i = (i + 1) & (slots_.size() - 1)) {
+      if (slots_[i].key == key) return &slots_[i].id;
+      if (!slots_[i].key) return nullptr;
+    }
+  }
+  void insert(const Value* key, uint32_t id) {
+    if (2 * (size_ + 1) > slots_.size()) grow();
+    place(key, id);
+    ++size_;
+  }
+
+ private:
+  struct Slot {
+    const Value* key = nullptr;
+    uint32_t id = 0;
+  };
+  size_t hash(const Value* key) const {
+    uint64_t h = reinterpret_cast<uintptr_t>(key) * 0x9E3779B97F4A7C15ull;
+    return static_cast<size_t>(h >> 32) & (slots_.size() - 1);
+  }
+  void place(const Value* key, uint32_t id) {
+    size_t i = hash(key);
+    while (slots_[i].key && slots_[i].key != key) i = (i + 1) & (slots_.size() - 1);
+    slots_[i] = {key, id};
+  }
+  void grow() {
+    std::vector<Slot> old(slots_.size() * 2);
+    old.swap(slots_);
+    for (const Slot& s : old)
+      if (s.key) place(s.key, s.id);
+  }
+  std::vector<Slot> slots_;
+  size_t size_ = 0;
+};
 
 [[noreturn]] void invalid(const std::string& msg) {
   throw Error(ErrorCode::kInvalidArgument, "pickle: " + msg);
@@ -77,10 +119,10 @@ class Pickler {
   // Memoizes `v` (null: an object CPython creates on the fly, which only consumes an id).
   void memoize(const Value* v) {
     uint32_t id = next_id();
-    if (v) memo_.emplace(v, id);
+    if (v) memo_.insert(v, id);
     write_put(id);
   }
-  bool memo_has(const Value* v) const { return memo_.count(v) != 0; }
+  bool memo_has(const Value* v) const { return memo_.find(v) != nullptr; }
 
   // --- atoms -------------------------------------------------------------------------------
 
@@ -223,7 +265,7 @@ class Pickler {
       } else {
         for (size_t k = 0; k < n; ++k) put(op::kPop);
       }
-      return write_get(memo_.at(self));
+      return write_get(*memo_.find(self));
     }
     put(n == 1 ? op::kTuple1 : n == 2 ? op::kTuple2 : n == 3 ? op::kTuple3 : op::kTuple);
     memoize(self);
@@ -234,7 +276,7 @@ class Pickler {
   bool reduce_done(const Value* self) {
     if (self && memo_has(self)) {
       put(op::kPop);
-      write_get(memo_.at(self));
+      write_get(*memo_.find(self));
       return false;
     }
     memoize(self);
@@ -255,7 +297,7 @@ class Pickler {
         write_unicode("latin1");
         memoize(latin1_.get());
       } else {
-        write_get(memo_.at(latin1_.get()));
+        write_get(*memo_.find(latin1_.get()));
       }
       put(op::kTuple2);
       memoize(nullptr);
@@ -280,7 +322,7 @@ class Pickler {
 
   std::string& out_;
   const PicklerHooks& hooks_;
-  std::unordered_map<const Value*, uint32_t> memo_;
+  IdentityMemo memo_;
   // module -> name -> memo id; looked up without building a key string (torch pickles name a
   // rebuild function per tensor).
   struct StrHash {
@@ -324,7 +366,7 @@ void Pickler::save(const ValuePtr& vp, bool persistent_ok) {
     default:
       break;
   }
-  if (auto it = memo_.find(&v); it != memo_.end()) return write_get(it->second);
+  if (const uint32_t* id = memo_.find(&v)) return write_get(*id);
   if (v.kind == Kind::kString) {
     if (!pickle_text::is_utf8(v.s)) invalid("str is not valid UTF-8");
     write_unicode(v.s);

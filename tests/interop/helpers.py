@@ -272,7 +272,9 @@ class ScanUnpickler(pickle.Unpickler):
             "torch._utils._rebuild_parameter": _rebuild_param,
             "torch._utils._rebuild_parameter_with_state": _rebuild_param,
             "torch.nn.parameter.Parameter": _Global(full),
-            "_codecs.encode": lambda s, enc: s.encode(enc),
+            "_codecs.encode": lambda s, enc: s.encode(enc),  # protocol 2: bytes(x) = encode(x.decode('latin1'), 'latin1')
+            "__builtin__.bytes": bytes,  # protocol 2 pickles b"" as __builtin__.bytes + EMPTY_TUPLE + REDUCE
+            "builtins.bytes": bytes,
             "builtins.set": set, "builtins.frozenset": frozenset, "builtins.complex": complex,
             "builtins.bytearray": bytearray, "torch.Size": tuple,
         }
@@ -318,7 +320,8 @@ def scan_legacy(buf):
         ref = u.storages[key]
         esize = ELEMENT_SIZE[_STORAGE_DTYPE[ref.type_name]]
         out[key] = (ref, f.tell())
-        f.seek(count * esize, io.SEEK_CUR)
+        if len(f.read(count * esize)) != count * esize:
+            raise ValueError(f"storage {key}: truncated")
     return tree, out
 
 

@@ -257,7 +257,9 @@ void expect_round_trip(const std::vector<Tensor>& ts, uint64_t alignment) {
     EXPECT_EQ(it->shape, t.shape());
     const StorageInfo& s = d->storages[it->storage];
     auto sz = dtype_size(t.dtype());
-    if (sz) EXPECT_EQ(s.offset % sz, 0u) << t.name();
+    if (sz) {
+      EXPECT_EQ(s.offset % sz, 0u) << t.name();
+    }
     auto got = storage_bytes(*d, it->storage);
     auto want = t.contiguous_bytes();
     if (!sz) want.assign(t.data(), t.data() + t.info().nbytes());

@@ -15,8 +15,6 @@
 //
 // Tensor order: the index order (the order tensorizer wrote them, also the data order).
 
-#include <sodium.h>
-
 #include <algorithm>
 #include <cstring>
 #include <map>
