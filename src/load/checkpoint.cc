@@ -100,14 +100,26 @@ Checkpoint Checkpoint::open(const std::string& path, const OpenOptions& options)
 Checkpoint Checkpoint::open(SourcePtr source, const OpenOptions& options) {
   std::byte head[16] = {};
   size_t n = static_cast<size_t>(std::min<uint64_t>(sizeof head, source->size()));
-  if (source->memory())
-    std::memcpy(head, source->memory(), n);
-  else
-    source->read_into(0, std::span<std::byte>(head, n));
-  auto h = reinterpret_cast<const unsigned char*>(head);
   std::shared_ptr<CheckpointData> data;
+  std::optional<Error> zip_error;
+  if (source->memory()) {
+    std::memcpy(head, source->memory(), n);
+  } else {
+    // Try the zip layout first: its first read (the tail) is one the zip reader needs anyway,
+    // so a torch zip opens in at most three reads. Other formats pay one read more.
+    try {
+      data = internal::open_torch_zip(source, options);
+    } catch (const Error& e) {
+      zip_error = e;
+    }
+    if (!data) source->read_into(0, std::span<std::byte>(head, n));
+  }
+  auto h = reinterpret_cast<const unsigned char*>(head);
   try {
-    if (n >= 4 && h[0] == 'P' && h[1] == 'K' && h[2] == 3 && h[3] == 4) {
+    if (data) {
+      // opened as a zip above
+    } else if (n >= 4 && h[0] == 'P' && h[1] == 'K' && h[2] == 3 && h[3] == 4) {
+      if (zip_error) throw *zip_error;
       data = internal::open_torch_zip(source, options);
     } else if (n >= 4 && h[0] == 0x80 && h[1] == 0x02 && h[2] == 0x8a) {
       data = internal::open_torch_legacy(source, options);

@@ -66,6 +66,9 @@ libdeflate_decompressor* thread_decompressor() {
 }
 
 // A read on behalf of an entry: I/O errors name the entry too.
+// Bytes read before the directory when the directory needs a read of its own.
+constexpr uint64_t kDirectorySlack = 4096;
+
 Bytes read_for(const ByteSource& src, const std::string& record, uint64_t offset, uint64_t len) {
   try {
     return src.read(offset, len);
@@ -107,6 +110,7 @@ ZipReader::ZipReader(SourcePtr source, const Limits& limits)
   const uint64_t tail_len = std::min(file_size, kTailRead);
   const uint64_t tail_off = file_size - tail_len;
   const Bytes tail = source_->read(tail_off, tail_len);
+  held_.push_back({tail_off, tail});
   const std::byte* t = tail.data.data();
 
   // The last end-record signature whose comment fits in the file. Scanning from the end finds
@@ -196,8 +200,12 @@ ZipReader::ZipReader(SourcePtr source, const Limits& limits)
   if (dir.offset >= tail_off) {
     parse_directory(tail.data.subspan(dir.offset - tail_off, dir.size), dir.offset, dir.count);
   } else {
-    const Bytes cd = source_->read(dir.offset, dir.size);
-    parse_directory(cd.data, dir.offset, dir.count);
+    // Start a little before the directory so that the small records torch writes last (version,
+    // .data/serialization_id) come with it and need no read of their own.
+    const uint64_t start = dir.offset > kDirectorySlack ? dir.offset - kDirectorySlack : 0;
+    const Bytes cd = source_->read(start, dir.offset + dir.size - start);
+    held_.push_back({start, cd});
+    parse_directory(cd.data.subspan(dir.offset - start), dir.offset, dir.count);
   }
   validate_and_compute(dir.offset);
 
@@ -445,11 +453,23 @@ Bytes ZipReader::inflate(size_t i, uint64_t data_offset) const {
   return Bytes{std::span<const std::byte>(out.get(), e.size), out};
 }
 
+std::optional<Bytes> ZipReader::held(uint64_t offset, uint64_t len) const {
+  for (const auto& [start, b] : held_)
+    if (offset >= start && len <= b.size() && offset - start <= b.size() - len)
+      return Bytes{b.data.subspan(offset - start, len), b.owner};
+  return std::nullopt;
+}
+
+Bytes ZipReader::read_range(const std::string& record, uint64_t offset, uint64_t len) const {
+  if (auto h = held(offset, len)) return *h;
+  return read_for(*source_, record, offset, len);
+}
+
 Bytes ZipReader::read(size_t i, bool verify, uint64_t max_size) const {
   check_readable(i, max_size);
   const uint64_t off = data_offset(i);
   Bytes b = entries_[i].method == kMethodStored
-                ? read_for(*source_, entries_[i].name, off, entries_[i].size)
+                ? read_range(entries_[i].name, off, entries_[i].size)
                 : inflate(i, off);
   if (verify) check_crc(i, b.data);
   return b;
@@ -459,10 +479,22 @@ Bytes ZipReader::read_checked(size_t i, bool verify, uint64_t max_size) const {
   check_readable(i, max_size);
   const ZipEntry& e = entries_[i];
   if (e.method != kMethodStored || !computed_[i]) return read(i, verify, max_size);
+  const uint64_t head = e.data_offset - e.header_offset;
+  const Bytes b = read_range(e.name, e.header_offset, head + e.size);
+  Bytes out{b.data.subspan(head, e.size), b.owner};
+  check_local_header(i, b.data);
+  if (verify) check_crc(i, out.data);
+  return out;
+}
+
+void ZipReader::check_local_header(size_t i, std::span<const std::byte> from_header) const {
+  const ZipEntry& e = entries_[i];
   const std::string& src = source_->name();
   const uint64_t head = e.data_offset - e.header_offset;
-  const Bytes b = read_for(*source_, e.name, e.header_offset, head + e.size);
-  const std::byte* p = b.data.data();
+  if (from_header.size() < head || head < kLocalSize)
+    fail(ErrorCode::kCorrupt, "local header does not fit before the computed data offset", src,
+         e.name, e.header_offset);
+  const std::byte* p = from_header.data();
   if (load_le<uint32_t>(p) != kLocalSig)
     fail(ErrorCode::kCorrupt, "bad local header signature", src, e.name, e.header_offset);
   const uint16_t name_len = load_le<uint16_t>(p + kLocalNameLenOfs);
@@ -476,8 +508,40 @@ Bytes ZipReader::read_checked(size_t i, bool verify, uint64_t max_size) const {
              std::to_string(e.header_offset + kLocalSize + name_len + extra_len) +
              ", not at the computed " + std::to_string(e.data_offset),
          src, e.name, e.header_offset + kLocalExtraLenOfs);
-  Bytes out{b.data.subspan(head, e.size), b.owner};
-  if (verify) check_crc(i, out.data);
+}
+
+std::vector<Bytes> ZipReader::read_many(std::span<const size_t> which, uint64_t max_gap) const {
+  std::vector<Bytes> out(which.size());
+  std::vector<size_t> order;  // positions in `which` of stored entries with computed offsets
+  for (size_t k = 0; k < which.size(); ++k) {
+    size_t i = which[k];
+    check_readable(i, UINT64_MAX);
+    if (entries_[i].method == kMethodStored && computed_[i])
+      order.push_back(k);
+    else
+      out[k] = read(i);
+  }
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return entries_[which[a]].header_offset < entries_[which[b]].header_offset;
+  });
+  for (size_t g = 0; g < order.size();) {
+    // A group: entries whose gaps are at most max_gap, read as one range.
+    size_t h = g + 1;
+    uint64_t start = entries_[which[order[g]]].header_offset;
+    uint64_t end = entries_[which[order[g]]].data_offset + entries_[which[order[g]]].size;
+    while (h < order.size() && entries_[which[order[h]]].header_offset <= end + max_gap) {
+      end = std::max(end, entries_[which[order[h]]].data_offset + entries_[which[order[h]]].size);
+      ++h;
+    }
+    const Bytes b = read_range(entries_[which[order[g]]].name, start, end - start);
+    for (size_t k = g; k < h; ++k) {
+      size_t i = which[order[k]];
+      const ZipEntry& e = entries_[i];
+      check_local_header(i, b.data.subspan(e.header_offset - start));
+      out[order[k]] = Bytes{b.data.subspan(e.data_offset - start, e.size), b.owner};
+    }
+    g = h;
+  }
   return out;
 }
 

@@ -69,10 +69,19 @@ class ZipReader {
   // read so that computed offsets are validated at no extra read). Same contract as read().
   Bytes read_checked(size_t i, bool verify = false, uint64_t max_size = UINT64_MAX) const;
 
+  // The uncompressed bytes of several entries with as few reads as possible: stored entries with
+  // computed offsets whose gaps are at most `max_gap` bytes are read as one range (none at all
+  // when the bytes were already read at open: the tail, the directory), and each one's local
+  // header is checked on the way; other entries are read one by one. Same errors as read().
+  std::vector<Bytes> read_many(std::span<const size_t> entries, uint64_t max_gap = 64 << 10) const;
+
  private:
   void parse_directory(std::span<const std::byte> cd, uint64_t cd_offset, uint64_t count);
   void validate_and_compute(uint64_t cd_offset);
   uint64_t read_local_header(size_t i) const;
+  std::optional<Bytes> held(uint64_t offset, uint64_t len) const;
+  Bytes read_range(const std::string& record, uint64_t offset, uint64_t len) const;
+  void check_local_header(size_t i, std::span<const std::byte> from_header) const;
   Bytes inflate(size_t i, uint64_t data_offset) const;
   void check_crc(size_t i, std::span<const std::byte> data) const;
   void check_readable(size_t i, uint64_t max_size) const;
@@ -80,6 +89,7 @@ class ZipReader {
   SourcePtr source_;
   Limits limits_;
   std::vector<ZipEntry> entries_;
+  std::vector<std::pair<uint64_t, Bytes>> held_;  // (offset, bytes) read at open, served again
   std::vector<uint8_t> computed_;
   std::vector<uint64_t> end_limit_;  // where entry i's bytes must end: next header or the directory
   std::vector<size_t> sorted_;       // indices sorted by name, for find()

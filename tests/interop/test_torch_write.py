@@ -76,7 +76,11 @@ def check_records(path, alignment):
     _, keys = helpers.scan_pickle(helpers.zip_read(path, "data.pkl"))
     assert keys == [str(k) for k in range(len(keys))], f"storage keys not 0..N-1 in pickle order: {keys}"
     data = names[i:i + len(keys)]
-    assert data == [f"data/{k}" for k in keys], f"data records {data} != pickle order"
+    want = [f"data/{k}" for k in keys]
+    if data != want:
+        at = next((j for j, (x, y) in enumerate(zip(data, want)) if x != y), min(len(data), len(want)))
+        pytest.fail(f"data records not in pickle order: record #{at} is {data[at:at + 3]}, want {want[at:at + 3]} "
+                    f"({len(data)} data records, {len(want)} storages)")
     tail = names[i + len(keys):]
     assert tail in VERSION_TAILS, f"unexpected trailing records {tail}"
 

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cstring>
+#include <map>
 
 #include "ckpt/error.h"
 #include "formats/torch/torch_unpickle.h"
@@ -63,14 +64,34 @@ std::shared_ptr<CheckpointData> open_torch_zip(SourcePtr source, const OpenOptio
   data->format = torchscript ? Format::kTorchScript : Format::kTorchZip;
   data->properties["archive"] = prefix.empty() ? "" : prefix.substr(0, prefix.size() - 1);
 
-  auto small_record = [&](const std::string& name) -> std::optional<std::string> {
-    auto i = zip->find(prefix + name);
-    if (!i) return std::nullopt;
-    const ZipEntry& e = zip->entries()[*i];
-    if (e.size > 4096)
-      throw Error(ErrorCode::kCorrupt, "record is " + std::to_string(e.size) + " bytes; expected a "
-                                       "short text", src, e.name);
-    return std::string(zip->read(*i).str());
+  // data.pkl and the small records: one or two reads in all (torch writes the small records right
+  // after data.pkl and right before the directory, which the zip layer already holds).
+  const char* kSmall[] = {".data/version", "version", ".format_version", ".storage_alignment",
+                          "byteorder", ".data/serialization_id"};
+  std::vector<size_t> want = {*pkl};
+  std::map<std::string, size_t> slot;
+  for (const char* n : kSmall) {
+    if (auto i = zip->find(prefix + n)) {
+      const ZipEntry& e = zip->entries()[*i];
+      if (e.size > 4096)
+        throw Error(ErrorCode::kCorrupt,
+                    "record is " + std::to_string(e.size) + " bytes; expected a short text", src,
+                    e.name);
+      slot[n] = want.size();
+      want.push_back(*i);
+    }
+  }
+  const ZipEntry& pe = zip->entries()[*pkl];
+  if (pe.size > options.limits.max_metadata_bytes)
+    throw Error(ErrorCode::kLimitExceeded,
+                "data.pkl is " + std::to_string(pe.size) + " bytes; Limits::max_metadata_bytes is " +
+                    std::to_string(options.limits.max_metadata_bytes),
+                src, pe.name);
+  std::vector<Bytes> got = zip->read_many(want);
+  auto small_record = [&](const char* name) -> std::optional<std::string> {
+    auto it = slot.find(name);
+    if (it == slot.end()) return std::nullopt;
+    return std::string(got[it->second].str());
   };
 
   // Version: torch requires it; tolerate its absence in archives made by other tools.
@@ -89,12 +110,7 @@ std::shared_ptr<CheckpointData> open_torch_zip(SourcePtr source, const OpenOptio
     data->properties["version"] = v;
   }
   if (auto fv = small_record(".format_version")) data->properties["format_version"] = trim(*fv);
-  uint32_t alignment = 64;
-  if (auto al = small_record(".storage_alignment")) {
-    std::string a = trim(*al);
-    data->properties["alignment"] = a;
-    std::from_chars(a.data(), a.data() + a.size(), alignment);
-  }
+  if (auto al = small_record(".storage_alignment")) data->properties["alignment"] = trim(*al);
   bool big_endian = false;
   if (auto bo = small_record("byteorder")) {
     std::string b = trim(*bo);
@@ -106,16 +122,7 @@ std::shared_ptr<CheckpointData> open_torch_zip(SourcePtr source, const OpenOptio
   }
   if (auto sid = small_record(".data/serialization_id"))
     data->properties["serialization_id"] = trim(*sid);
-
-  const ZipEntry& pe = zip->entries()[*pkl];
-  if (pe.size > options.limits.max_metadata_bytes)
-    throw Error(ErrorCode::kLimitExceeded,
-                "data.pkl is " + std::to_string(pe.size) + " bytes; Limits::max_metadata_bytes is " +
-                    std::to_string(options.limits.max_metadata_bytes),
-                src, pe.name);
-  Bytes pkl_bytes = pe.method == 0 && zip->offset_is_computed(*pkl)
-                        ? zip->read_checked(*pkl, false, options.limits.max_metadata_bytes)
-                        : zip->read(*pkl, false, options.limits.max_metadata_bytes);
+  const Bytes& pkl_bytes = got[0];
 
   TorchUnpickleOptions uo;
   uo.source = src;
