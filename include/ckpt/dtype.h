@@ -46,6 +46,12 @@ inline size_t dtype_size(DType dtype) noexcept {
   auto b = dtype_info(dtype).bits;
   return b % 8 == 0 ? b / 8 : 0;
 }
+// Bytes per element of a storage of this dtype: torch counts packed sub-byte storages
+// (quint4x2, quint2x4) in bytes, so this is 1 for them.
+inline size_t storage_element_size(DType dtype) noexcept {
+  auto b = dtype_info(dtype).bits;
+  return b < 8 ? 1 : b / 8;
+}
 // Bytes needed for `numel` elements; nullopt on overflow or when sub-byte elements do not end on a
 // byte boundary.
 std::optional<uint64_t> dtype_nbytes(DType dtype, uint64_t numel) noexcept;

@@ -26,7 +26,7 @@ bool TensorInfo::is_contiguous() const noexcept {
 }
 
 uint64_t TensorInfo::byte_offset() const noexcept {
-  return static_cast<uint64_t>(storage_offset) * dtype_size(dtype);
+  return dtype_nbytes(dtype, static_cast<uint64_t>(storage_offset)).value_or(0);
 }
 
 uint64_t TensorInfo::byte_extent() const noexcept {

@@ -45,8 +45,8 @@ def test_convert_roundtrip(cache, file_id):
 def test_convert_roundtrip_weights_only(cache, file_id):
     """Where torch 1.13's weights-only unpickler takes the original, it takes ckpt's file too.
 
-    (1.13's allowlist is narrow: no floats, bytes, quantized tensors, bool/bfloat16
-    dtype globals; most corpus files are out of its reach.)"""
+    (1.13's weights-only unpickler has no BINFLOAT opcode and no _rebuild_qtensor, so
+    files holding Python floats or quantized tensors are skipped here.)"""
     src = cache.path(file_id)
     a = _weights_only(src)
     if isinstance(a, Exception):

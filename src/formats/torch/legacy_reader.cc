@@ -128,7 +128,7 @@ std::shared_ptr<CheckpointData> open_torch_legacy(SourcePtr source, const OpenOp
       source->read_batch(reqs);
       for (size_t i = 0; i < counts.size(); ++i) {
         const StorageInfo& st = tp.storages[counts[i].second];
-        size_t es = std::max<size_t>(1, dtype_size(st.dtype));
+        size_t es = storage_element_size(st.dtype);
         if (got[i] < 0 || static_cast<uint64_t>(got[i]) * es != st.nbytes)
           throw Error(ErrorCode::kCorrupt,
                       "element count " + std::to_string(got[i]) + " disagrees with the pickle's " +

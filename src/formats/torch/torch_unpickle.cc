@@ -15,6 +15,7 @@
 
 #include "ckpt/error.h"
 #include "pickle/unpickler.h"
+#include "util/bytes.h"
 
 namespace ckpt::internal {
 namespace {
@@ -151,7 +152,7 @@ class Builder {
     if (numel < 0) fail(ErrorCode::kCorrupt, "negative storage size");
     if (pid->items.size() > 5 && !pid->items[5]->is_none())
       fail(ErrorCode::kUnsupported, "legacy storage views (view_metadata) are not supported");
-    auto nbytes = dtype_nbytes(dtype, static_cast<uint64_t>(numel));
+    auto nbytes = checked_mul(static_cast<uint64_t>(numel), storage_element_size(dtype));
     if (!nbytes) fail(ErrorCode::kCorrupt, "storage size overflows");
 
     size_t index;
