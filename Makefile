@@ -11,7 +11,7 @@ PY := /usr/bin/python3
 DEMO_DIR ?= demo-out
 
 DEB_PACKAGES := cmake ninja-build g++ pkg-config libgtest-dev libgmock-dev libbenchmark-dev \
-  libdeflate-dev zlib1g-dev libsodium-dev libssl-dev nlohmann-json3-dev libcli11-dev \
+  libdeflate-dev libisal-dev zlib1g-dev libsodium-dev libssl-dev nlohmann-json3-dev libcli11-dev \
   python3 python3-torch python3-numpy python3-pytest
 
 .PHONY: all deps build demo test unit interop asan clean

@@ -3,6 +3,7 @@
 // are read when asked for.
 
 #include <functional>
+#include <span>
 #include <map>
 #include <memory>
 #include <optional>
@@ -68,6 +69,26 @@ class Checkpoint {
   // read plan and several threads. Order follows tensors().
   std::vector<Tensor> load_all(const LoadOptions& options = {},
                                const std::function<bool(const TensorInfo&)>& filter = {}) const;
+  // Copies tensor `index`'s elements (row-major, contiguous) into `dst`, which must hold exactly
+  // nbytes() bytes: for raw storages one positional read straight into dst. Throws Error
+  // (kInvalidArgument for a wrong size, kCorrupt with options.verify on a CRC mismatch).
+  void read_into(size_t index, std::span<std::byte> dst, const LoadOptions& options = {}) const;
+
+  // Streams the tensors (or those `filter` accepts) to `fn` in file order, storage by storage,
+  // with at most `budget_bytes` of storage bytes in memory at once: a reader thread fills a ring
+  // buffer of that size while `fn` runs. The tensor passed to `fn` (and its storage) is valid only
+  // during the call: copy what you keep. Tensors sharing a storage are handed one after another
+  // while it is loaded. Throws Error{kInvalidArgument} when one storage is larger than the budget,
+  // and whatever `fn` or a read throws. Peak memory: budget + a small constant.
+  void stream(uint64_t budget_bytes, const std::function<void(const Tensor&)>& fn,
+              const LoadOptions& options = {},
+              const std::function<bool(const TensorInfo&)>& filter = {}) const;
+
+  // Asks the kernel to read ahead the bytes of these tensors (all when empty), for zero-copy use
+  // of a mapped file: madvise(MADV_WILLNEED) over their storages. With `populate`, also faults
+  // the pages in now (MADV_POPULATE_READ where the kernel has it). No-op for unmapped sources.
+  void prefetch(std::span<const size_t> tensors = {}, bool populate = false) const;
+
   // Checks every record that has a CRC32. Throws Error{kCorrupt} naming the first bad record.
   // Returns the number of records checked.
   size_t verify() const;

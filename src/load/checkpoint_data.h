@@ -14,6 +14,8 @@
 
 namespace ckpt::internal {
 
+struct TorchScriptModel;  // src/formats/torch/torchscript_reader.h
+
 // Turns stored bytes into storage bytes when they are not raw at StorageInfo::offset (encrypted,
 // deflated, legacy layouts). Thread-safe.
 class StorageDecoder {
@@ -39,11 +41,20 @@ struct CheckpointData {
   bool decode_all = false;
   // Format-specific verification (tensorizer hashes); null = CRC32 of records / storages.
   std::function<size_t()> verify;
+  // TorchScript archives: code, constants, debug info (null for other formats).
+  std::shared_ptr<const TorchScriptModel> torchscript;
 
   // Filled by finalize().
   std::unordered_map<std::string, size_t> by_name;
   mutable std::mutex mu;
   mutable std::vector<std::weak_ptr<Storage>> cache;
+
+  // The source to copy bytes from: a pread source over the same file when `source` is a mapping
+  // of a file (copying out of the mapping would make the file's pages resident beside the copy,
+  // doubling the memory an eager or streaming load holds), else `source`.
+  SourcePtr copy_source() const;
+  mutable std::once_flag copy_once;
+  mutable SourcePtr copy_source_;
 
   // Builds by_name and the cache; checks every tensor's view fits its storage (Error{kCorrupt}
   // naming the tensor otherwise) and every raw storage fits in the source.

@@ -99,6 +99,7 @@ std::vector<Tensor> Checkpoint::load_all(
   for (size_t s : raw) starts.push_back(d.storages[s].offset);
 
   std::vector<std::vector<Piece>> pieces(chunks.size());
+  SourcePtr src = d.copy_source();
   std::atomic<size_t> next_chunk{0}, next_decoded{0};
   std::exception_ptr failure;
   std::mutex failure_mu;
@@ -110,7 +111,7 @@ std::vector<Tensor> Checkpoint::load_all(
           uint64_t n = std::min(kSlice, ch.len - done);
           uint64_t f0 = ch.file_off + done, f1 = f0 + n;
           std::byte* dst = base + ch.arena_off + done;
-          d.source->read_into(f0, std::span<std::byte>(dst, n));
+          src->read_into(f0, std::span<std::byte>(dst, n));
           if (!options.verify) continue;
           // CRC of each storage's part of this slice, merged into the chunk's pieces.
           size_t k = std::upper_bound(starts.begin(), starts.end(), f0) - starts.begin();

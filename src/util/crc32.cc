@@ -1,6 +1,6 @@
 #include "util/crc32.h"
 
-#include <libdeflate.h>
+#include <isa-l/crc.h>
 
 #include <algorithm>
 #include <cstring>
@@ -8,9 +8,8 @@
 namespace ckpt::internal {
 
 uint32_t crc32(uint32_t crc, std::span<const std::byte> data) noexcept {
-  // libdeflate returns its initial value for a null buffer, whatever `crc` is.
   if (data.empty()) return crc;
-  return libdeflate_crc32(crc, data.data(), data.size());
+  return crc32_gzip_refl(crc, reinterpret_cast<const unsigned char*>(data.data()), data.size());
 }
 
 uint32_t copy_crc32(uint32_t crc, std::byte* dst, std::span<const std::byte> src) noexcept {
@@ -18,7 +17,7 @@ uint32_t copy_crc32(uint32_t crc, std::byte* dst, std::span<const std::byte> src
   for (size_t off = 0; off < src.size(); off += kBlock) {
     size_t n = std::min(kBlock, src.size() - off);
     std::memcpy(dst + off, src.data() + off, n);
-    crc = libdeflate_crc32(crc, dst + off, n);
+    crc = crc32_gzip_refl(crc, reinterpret_cast<const unsigned char*>(dst + off), n);
   }
   return crc;
 }

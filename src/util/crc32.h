@@ -1,5 +1,7 @@
 #pragma once
-// CRC32 (zip/IEEE polynomial) through libdeflate's carry-less-multiply implementation.
+// CRC32 (zip/IEEE polynomial) through ISA-L's carry-less-multiply kernels (crc32_gzip_refl picks
+// the widest the CPU has: VPCLMULQDQ/AVX-512 here, ~8 GB/s per core on cache-hot slices against
+// libdeflate 1.14's ~4.7 GB/s; see docs/benchmarks.md).
 
 #include <cstddef>
 #include <cstdint>

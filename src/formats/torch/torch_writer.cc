@@ -220,7 +220,7 @@ void save_torch(ByteSink& sink, const ValuePtr& root, const std::vector<Tensor>&
   for (size_t k = 0; k < storages.size(); ++k) {
     const Storage* st = storages[k];
     zip.begin("data/" + std::to_string(k), st->info.nbytes);
-    constexpr uint64_t kPiece = 16 << 20;
+    constexpr uint64_t kPiece = 1 << 20;  // CRC then write while the piece is in L2
     for (uint64_t done = 0; done < st->info.nbytes; done += kPiece)
       zip.write(std::span<const std::byte>(st->data + done,
                                            std::min(kPiece, st->info.nbytes - done)));

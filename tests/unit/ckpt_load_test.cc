@@ -1,0 +1,152 @@
+// Load paths: eager (coalesced plan, threads), streaming under a budget, reads into caller
+// buffers, prefetch; every path bit-exact against the bytes that were saved.
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <thread>
+
+#include "ckpt/ckpt.h"
+#include "test_util.h"
+
+namespace ckpt {
+namespace {
+
+struct Fixture {
+  test::TempDir dir;
+  std::string path;
+  std::vector<std::vector<float>> data;
+  std::vector<Tensor> tensors;
+  explicit Fixture(size_t n = 40, size_t elems = 50000) {
+    path = dir.file("f.pt");
+    for (size_t i = 0; i < n; ++i) {
+      std::vector<float> v(elems + i);
+      for (size_t k = 0; k < v.size(); ++k) v[k] = static_cast<float>(i * 1000003 + k);
+      data.push_back(v);
+      tensors.push_back(Tensor::copy_of("t" + std::to_string(i), DType::kFloat32,
+                                        {static_cast<int64_t>(v.size())},
+                                        std::as_bytes(std::span<const float>(v))));
+    }
+    // A view sharing t0's storage.
+    TensorInfo view = tensors[0].info();
+    view.name = "t0_tail";
+    view.shape = {10};
+    view.storage_offset = 5;
+    tensors.emplace_back(view, tensors[0].storage());
+    SaveOptions so;
+    so.fsync = false;
+    save_torch(path, state_dict_value(tensors), tensors, so);
+  }
+  bool same(const Tensor& t) const {
+    size_t i = std::stoul(t.name().substr(1));
+    if (t.name() == "t0_tail")
+      return std::memcmp(t.data(), data[0].data() + 5, 40) == 0;
+    return t.info().nbytes() == data[i].size() * 4 &&
+           std::memcmp(t.data(), data[i].data(), data[i].size() * 4) == 0;
+  }
+};
+
+TEST(Load, EagerEveryThreadCountAndFilter) {
+  Fixture f;
+  for (bool mmap : {true, false})
+    for (int threads : {1, 2, 5}) {
+      OpenOptions o;
+      o.mmap = mmap;
+      Checkpoint c = Checkpoint::open(f.path, o);
+      LoadOptions lo;
+      lo.threads = threads;
+      lo.verify = threads == 2;
+      auto all = c.load_all(lo);
+      ASSERT_EQ(all.size(), f.tensors.size());
+      for (auto& t : all) EXPECT_TRUE(f.same(t)) << t.name();
+      EXPECT_EQ(all[0].storage().get(), all.back().storage().get());  // view shares
+      // A sparse subset is packed rather than mirrored; still exact.
+      auto some = c.load_all(lo, [](const TensorInfo& t) { return t.name == "t3" || t.name == "t31"; });
+      ASSERT_EQ(some.size(), 2u);
+      for (auto& t : some) EXPECT_TRUE(f.same(t));
+    }
+}
+
+TEST(Load, StreamingKeepsToTheBudget) {
+  Fixture f;
+  Checkpoint c = Checkpoint::open(f.path);
+  const uint64_t budget = 600 << 10;  // ~3 storages of ~200 KB
+  size_t seen = 0;
+  std::vector<std::string> names;
+  const std::byte* lo = nullptr;
+  const std::byte* hi = nullptr;
+  c.stream(budget, [&](const Tensor& t) {
+    EXPECT_TRUE(f.same(t)) << t.name();
+    names.push_back(t.name());
+    // Every tensor lies inside one ring of `budget` bytes.
+    const std::byte* s = t.storage()->data;
+    if (!lo || s < lo) lo = s;
+    if (!hi || s + t.storage()->info.nbytes > hi) hi = s + t.storage()->info.nbytes;
+    ++seen;
+  });
+  EXPECT_EQ(seen, f.tensors.size());
+  EXPECT_LE(static_cast<uint64_t>(hi - lo), budget);
+  EXPECT_EQ(names[0], "t0");
+  EXPECT_EQ(names[1], "t0_tail");  // views of a storage come while it is loaded
+  LoadOptions v;
+  v.verify = true;
+  size_t n = 0;
+  c.stream(budget, [&](const Tensor&) { ++n; }, v, [](const TensorInfo& t) { return t.name != "t7"; });
+  EXPECT_EQ(n, f.tensors.size() - 1);
+}
+
+TEST(Load, StreamingErrors) {
+  Fixture f(4);
+  Checkpoint c = Checkpoint::open(f.path);
+  EXPECT_CKPT_ERROR(c.stream(1000, [](const Tensor&) {}), ErrorCode::kInvalidArgument);
+  // An exception from the callback stops the reader and propagates.
+  int calls = 0;
+  EXPECT_THROW(c.stream(1 << 20,
+                        [&](const Tensor&) {
+                          if (++calls == 2) throw std::runtime_error("stop");
+                        }),
+               std::runtime_error);
+  EXPECT_EQ(calls, 2);
+  // A corrupted storage is reported through the stream with verify.
+  auto bytes = test::read_file(f.path);
+  bytes[c.storages()[2].offset + 3] ^= std::byte{0x40};
+  test::write_file(f.path, bytes);
+  Checkpoint bad = Checkpoint::open(f.path);
+  LoadOptions v;
+  v.verify = true;
+  EXPECT_CKPT_ERROR(bad.stream(1 << 20, [](const Tensor&) {}, v), ErrorCode::kCorrupt);
+}
+
+TEST(Load, ReadIntoCallerBuffers) {
+  Fixture f(5);
+  Checkpoint c = Checkpoint::open(f.path);
+  for (size_t i = 0; i < c.tensors().size(); ++i) {
+    std::vector<std::byte> buf(c.tensors()[i].nbytes());
+    c.read_into(i, buf);
+    Tensor t = Tensor::from_bytes(c.tensors()[i].name, DType::kFloat32, c.tensors()[i].shape, buf);
+    EXPECT_TRUE(f.same(t)) << t.name();
+  }
+  std::vector<std::byte> small(8);
+  EXPECT_CKPT_ERROR(c.read_into(0, small), ErrorCode::kInvalidArgument);
+  c.prefetch();
+  c.prefetch(std::vector<size_t>{1, 2}, true);
+}
+
+TEST(Load, ConcurrentReadersSeeTheSameBytes) {
+  Fixture f(16);
+  Checkpoint c = Checkpoint::open(f.path, {.mmap = false});
+  std::vector<std::thread> threads;
+  std::atomic<int> bad{0};
+  for (int k = 0; k < 8; ++k)
+    threads.emplace_back([&, k] {
+      for (size_t i = k % 3; i < c.tensors().size(); i += 2)
+        if (!f.same(c.tensor(i))) ++bad;
+      for (auto& t : c.load_all({.threads = 2}))
+        if (!f.same(t)) ++bad;
+    });
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(bad.load(), 0);
+}
+
+}  // namespace
+}  // namespace ckpt
