@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <set>
 
 #include "common.h"
@@ -80,44 +81,129 @@ std::string fmt_elem(DType d, const std::byte* p) {
   return buf;
 }
 
+// torch's _Formatter, restated: float tensors whose finite values are all integers print as
+// "3."; a wide range (max/min > 1000, max > 1e8 or min < 1e-4) switches to "%.4e"; otherwise
+// "%.4f". Every element is right-aligned to the widest.
+struct Formatter {
+  enum class Mode { kInt, kFixed, kSci, kOther } mode = Mode::kOther;
+  DType dtype;
+  explicit Formatter(DType d, const std::vector<const std::byte*>& shown) : dtype(d) {
+    const auto& info = dtype_info(d);
+    if (!info.is_floating || info.is_complex) return;
+    bool all_int = true;
+    double mn = INFINITY, mx = 0;
+    for (auto p : shown) {
+      auto v = element(d, p);
+      if (!v || !std::isfinite(*v)) continue;
+      if (*v != std::floor(*v)) all_int = false;
+      double a = std::fabs(*v);
+      if (a != 0) {
+        mn = std::min(mn, a);
+        mx = std::max(mx, a);
+      }
+    }
+    bool wide = mx != 0 && (mx / mn > 1000 || mx > 1e8);
+    if (all_int) {
+      mode = wide ? Mode::kSci : Mode::kInt;
+    } else if (mx != 0 && (mx / mn > 1000 || mx > 1e8 || mn < 1e-4)) {
+      mode = Mode::kSci;
+    } else {
+      mode = Mode::kFixed;
+    }
+  }
+  std::string operator()(const std::byte* p) const {
+    auto v = element(dtype, p);
+    if (mode == Mode::kOther || !v) return fmt_elem(dtype, p);
+    if (std::isnan(*v)) return "nan";
+    if (std::isinf(*v)) return *v > 0 ? "inf" : "-inf";
+    char buf[64];
+    if (mode == Mode::kInt) std::snprintf(buf, sizeof buf, "%.0f.", *v);
+    else if (mode == Mode::kSci) std::snprintf(buf, sizeof buf, "%.4e", *v);
+    else std::snprintf(buf, sizeof buf, "%.4f", *v);
+    return buf;
+  }
+};
+
 void print_values(const Tensor& t) {
   const TensorInfo& info = t.info();
   auto bytes = t.contiguous_bytes();
   size_t es = dtype_size(info.dtype);
   uint64_t n = info.numel();
   bool summarize = n > 1000;
+  constexpr int64_t kEdge = 3;
   std::string out = "tensor(";
-  if (info.shape.empty()) {
-    out += fmt_elem(info.dtype, bytes.data());
-  } else if (es == 0) {
+  if (es == 0 && !info.shape.empty()) {
     out += "<" + std::to_string(bytes.size()) + " bytes of sub-byte data>";
+  } else if (n == 0) {
+    out += "[]";
   } else {
-    std::vector<int64_t> idx(info.shape.size(), 0);
-    // Recursive printer over dims; edge items 3 when summarizing (torch's default).
-    std::function<void(size_t, uint64_t, int)> rec = [&](size_t dim, uint64_t base, int indent) {
-      out += "[";
-      int64_t len = info.shape[dim];
-      uint64_t stride = 1;
-      for (size_t k = dim + 1; k < info.shape.size(); ++k) stride *= info.shape[k];
-      for (int64_t i = 0; i < len; ++i) {
-        if (summarize && len > 6 && i == 3) {
-          out += dim + 1 == info.shape.size() ? "..., " : "...,\n" + std::string(indent + 1, ' ');
-          i = len - 3;
-        }
-        if (dim + 1 == info.shape.size()) {
-          out += fmt_elem(info.dtype, bytes.data() + (base + i) * es);
-          if (i + 1 < len) out += ", ";
-        } else {
-          rec(dim + 1, base + i * stride, indent + 1);
-          if (i + 1 < len) out += ",\n" + std::string(indent + 1, ' ');
-        }
+    // The elements that will be shown (edges only when summarizing), to pick the format.
+    std::vector<int64_t> strides(info.shape.size(), 1);
+    for (size_t k = info.shape.size(); k-- > 1;) strides[k - 1] = strides[k] * info.shape[k];
+    std::vector<const std::byte*> shown;
+    std::function<void(size_t, uint64_t)> collect = [&](size_t dim, uint64_t base) {
+      if (dim == info.shape.size()) {
+        shown.push_back(bytes.data() + base * es);
+        return;
       }
-      out += "]";
+      for (int64_t i = 0; i < info.shape[dim]; ++i) {
+        if (summarize && info.shape[dim] > 2 * kEdge && i == kEdge) i = info.shape[dim] - kEdge;
+        collect(dim + 1, base + i * strides[dim]);
+      }
     };
-    rec(0, 0, 7);
+    collect(0, 0);
+    Formatter fmt(info.dtype, shown);
+    size_t width = 0;
+    for (auto p : shown) width = std::max(width, fmt(p).size());
+    auto cell = [&](const std::byte* p) {
+      std::string s = fmt(p);
+      return std::string(width - std::min(width, s.size()), ' ') + s;
+    };
+    if (info.shape.empty()) {
+      out += fmt(bytes.data());
+    } else {
+      // Rows wrap at 80 columns like torch's _vector_str; " ..." stands for skipped elements.
+      std::function<void(size_t, uint64_t, int)> rec = [&](size_t dim, uint64_t base, int indent) {
+        int64_t len = info.shape[dim];
+        if (dim + 1 == info.shape.size()) {
+          std::vector<std::string> items;
+          for (int64_t i = 0; i < len; ++i) {
+            if (summarize && len > 2 * kEdge && i == kEdge) {
+              items.push_back(" ...");
+              i = len - kEdge;
+            }
+            items.push_back(cell(bytes.data() + (base + i) * es));
+          }
+          size_t per_line = std::max<size_t>(1, (80 - indent) / (width + 2));
+          out += "[";
+          for (size_t k = 0; k < items.size(); ++k) {
+            if (k) out += k % per_line == 0 ? ",\n" + std::string(indent + 1, ' ') : ", ";
+            out += items[k];
+          }
+          out += "]";
+          return;
+        }
+        out += "[";
+        for (int64_t i = 0; i < len; ++i) {
+          if (summarize && len > 2 * kEdge && i == kEdge) {
+            out += "...,\n" + std::string(info.shape.size() - dim - 2, '\n') + std::string(indent + 1, ' ');
+            i = len - kEdge;
+          }
+          rec(dim + 1, base + i * strides[dim], indent + 1);
+          if (i + 1 < len)
+            out += "," + std::string(info.shape.size() - dim - 1, '\n') + std::string(indent + 1, ' ');
+        }
+        out += "]";
+      };
+      rec(0, 0, 7);
+    }
   }
-  if (info.dtype != DType::kFloat32 && info.dtype != DType::kInt64 && info.dtype != DType::kBool)
-    out += ", dtype=torch." + std::string(dtype_name(info.dtype));
+  bool default_dtype = info.dtype == DType::kFloat32 || info.dtype == DType::kInt64 ||
+                       info.dtype == DType::kBool;
+  if (!default_dtype || n == 0) {
+    if (n == 0 && info.shape.size() > 1) out += ", size=" + shape_str(info.shape);
+    if (!default_dtype) out += ", dtype=torch." + std::string(dtype_name(info.dtype));
+  }
   if (info.quantization && info.quantization->scheme.find("per_tensor") != std::string::npos) {
     char buf[96];
     std::snprintf(buf, sizeof buf, ", scale=%g, zero_point=%lld", info.quantization->scale,
