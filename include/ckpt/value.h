@@ -34,6 +34,15 @@ struct Value {
   ValuePtr state;            // kObject/kDict: state from BUILD (e.g. OrderedDict's _metadata), may be null
   bool bytearray = false;    // kBytes: was a bytearray
 
+  Value() = default;
+  Value(const Value&) = default;
+  Value(Value&&) = default;
+  Value& operator=(const Value&) = default;
+  Value& operator=(Value&&) = default;
+  // Frees children without recursion, so that a deeply nested tree (a hostile pickle can nest
+  // 1e6 lists) cannot overflow the stack when it dies.
+  ~Value();
+
   static ValuePtr none();
   static ValuePtr boolean(bool v);
   static ValuePtr integer(int64_t v);

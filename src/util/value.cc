@@ -13,6 +13,29 @@ ValuePtr make(Value::Kind k) {
 }
 }  // namespace
 
+Value::~Value() {
+  if (items.empty() && entries.empty() && !state) return;
+  std::vector<ValuePtr> pending;
+  auto drain = [&pending](Value& v) {
+    for (auto& it : v.items)
+      if (it) pending.push_back(std::move(it));
+    v.items.clear();
+    for (auto& [k, val] : v.entries) {
+      if (k) pending.push_back(std::move(k));
+      if (val) pending.push_back(std::move(val));
+    }
+    v.entries.clear();
+    if (v.state) pending.push_back(std::move(v.state));
+  };
+  drain(*this);
+  while (!pending.empty()) {
+    ValuePtr v = std::move(pending.back());
+    pending.pop_back();
+    // Sole owner: take its children first, so that its own destructor has nothing to recurse on.
+    if (v.use_count() == 1) drain(*v);
+  }
+}
+
 ValuePtr Value::none() { return make(Kind::kNone); }
 ValuePtr Value::boolean(bool b) {
   auto v = make(Kind::kBool);

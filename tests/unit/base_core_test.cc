@@ -147,3 +147,19 @@ TEST(Value, DictAndRepr) {
 
 }  // namespace
 }  // namespace ckpt
+
+namespace ckpt {
+namespace {
+TEST(Value, DeepTreeFreesWithoutRecursion) {
+  ValuePtr root = Value::list();
+  Value* cur = root.get();
+  for (int i = 0; i < 1000000; ++i) {
+    auto next = Value::list();
+    cur->items.push_back(next);
+    cur = next.get();
+  }
+  root.reset();  // would overflow the stack with a recursive destructor
+  SUCCEED();
+}
+}  // namespace
+}  // namespace ckpt
