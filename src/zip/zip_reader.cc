@@ -296,21 +296,24 @@ void ZipReader::validate_and_compute(uint64_t cd_offset) {
   const std::string& src = source_->name();
   const size_t n = entries_.size();
 
-  sorted_.resize(n);
-  std::iota(sorted_.begin(), sorted_.end(), size_t{0});
-  std::sort(sorted_.begin(), sorted_.end(),
-            [&](size_t a, size_t b) { return entries_[a].name < entries_[b].name; });
-  for (size_t k = 1; k < n; ++k) {
-    const ZipEntry& e = entries_[sorted_[k]];
-    if (e.name == entries_[sorted_[k - 1]].name)
+  // A hash index by name (a sort of 20,000 names cost a sixth of opening such a checkpoint).
+  // The views point into entries_, which never changes after parse_directory.
+  index_.clear();
+  index_.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    const ZipEntry& e = entries_[i];
+    if (!index_.emplace(std::string_view(e.name), i).second)
       fail(ErrorCode::kCorrupt, "duplicate entry name", src, e.name, e.header_offset);
   }
 
+  // Writers append entries in file order, so the directory is usually sorted already.
   std::vector<size_t> by_offset(n);
   std::iota(by_offset.begin(), by_offset.end(), size_t{0});
-  std::sort(by_offset.begin(), by_offset.end(), [&](size_t a, size_t b) {
+  auto by_header = [&](size_t a, size_t b) {
     return entries_[a].header_offset < entries_[b].header_offset;
-  });
+  };
+  if (!std::is_sorted(by_offset.begin(), by_offset.end(), by_header))
+    std::sort(by_offset.begin(), by_offset.end(), by_header);
   end_limit_.assign(n, cd_offset);
   computed_.assign(n, 0);
   for (size_t k = 0; k < n; ++k) {
@@ -347,10 +350,9 @@ void ZipReader::validate_and_compute(uint64_t cd_offset) {
 }
 
 std::optional<size_t> ZipReader::find(std::string_view name) const {
-  auto it = std::lower_bound(sorted_.begin(), sorted_.end(), name,
-                             [&](size_t i, std::string_view v) { return entries_[i].name < v; });
-  if (it == sorted_.end() || entries_[*it].name != name) return std::nullopt;
-  return *it;
+  auto it = index_.find(name);
+  if (it == index_.end()) return std::nullopt;
+  return it->second;
 }
 
 bool ZipReader::offset_is_computed(size_t i) const { return i < computed_.size() && computed_[i]; }

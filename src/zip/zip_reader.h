@@ -15,6 +15,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "ckpt/options.h"
@@ -40,6 +41,11 @@ class ZipReader {
   // record, bad signatures, entries out of range or overlapping, duplicate names, names with
   // ".." components or absolute paths), kTruncated, kLimitExceeded (more than limits.max_records).
   ZipReader(SourcePtr source, const Limits& limits);
+  // index_ holds views into entries_: moving keeps them valid, copying would not.
+  ZipReader(ZipReader&&) = default;
+  ZipReader& operator=(ZipReader&&) = default;
+  ZipReader(const ZipReader&) = delete;
+  ZipReader& operator=(const ZipReader&) = delete;
 
   const ByteSource& source() const { return *source_; }
   const std::vector<ZipEntry>& entries() const { return entries_; }
@@ -92,7 +98,7 @@ class ZipReader {
   std::vector<std::pair<uint64_t, Bytes>> held_;  // (offset, bytes) read at open, served again
   std::vector<uint8_t> computed_;
   std::vector<uint64_t> end_limit_;  // where entry i's bytes must end: next header or the directory
-  std::vector<size_t> sorted_;       // indices sorted by name, for find()
+  std::unordered_map<std::string_view, size_t> index_;  // name -> entry, views into entries_
   std::string prefix_;
   // Local-header offsets resolved lazily; shared_ptr so that ZipReader stays movable with an
   // incomplete type and the cache is shared by copies (they read the same source).
