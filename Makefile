@@ -1,10 +1,19 @@
 # ckpt: two commands for a new user.
 #   make demo  - build, then generate a sample checkpoint and list, verify and load it
-#   make test  - build, then run every test (unit, interop with torch, sanitizers)
+#   make test  - build, then run every test (unit, interop with torch, sanitizers, fuzz smoke)
+#   make fuzz  - build the libFuzzer targets (clang) and fuzz each for FUZZ_SECONDS
 # Both install missing Debian packages first (apt-get, non-interactive).
 
 BUILD ?= build
 BUILD_ASAN ?= build-asan
+BUILD_TSAN ?= build-tsan
+BUILD_FUZZ ?= build-fuzz
+FUZZ_SECONDS ?= 60
+FUZZ_SMOKE_SECONDS ?= 10
+FUZZ_TARGETS ?=
+# The unit tests that run threads (eager loader, parallel decryption, zip offset cache, the
+# concurrency tests): run under ThreadSanitizer by `make tsan`.
+TSAN_FILTER ?= *Concurrent*:*Thread*:*Parallel*:*Encrypted*:Concurrency.*
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=RelWithDebInfo
 PY := /usr/bin/python3
@@ -13,8 +22,11 @@ DEMO_DIR ?= demo-out
 DEB_PACKAGES := cmake ninja-build g++ pkg-config libgtest-dev libgmock-dev libbenchmark-dev \
   libdeflate-dev libisal-dev zlib1g-dev libsodium-dev libssl-dev nlohmann-json3-dev libcli11-dev \
   python3 python3-torch python3-numpy python3-pytest
+# libFuzzer and the sanitizer runtimes come with clang; Debian 12 splits them into libclang-rt-14-dev.
+FUZZ_PACKAGES := clang libclang-rt-14-dev
 
-.PHONY: all deps build demo test unit interop asan clean
+.PHONY: all deps build demo test unit interop asan interop-asan tsan fuzz-build fuzz fuzz-smoke \
+  clean
 
 all: build
 
@@ -40,11 +52,43 @@ asan: deps
 	cmake -S . -B $(BUILD_ASAN) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCKPT_SANITIZE=ON
 	cmake --build $(BUILD_ASAN) -j $(JOBS)
 	cd $(BUILD_ASAN) && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j $(JOBS)
+	$(MAKE) --no-print-directory interop-asan
+
+# The interop suite against the CLI built with ASan+UBSan (a sanitizer report makes ckpt exit
+# non-zero, which fails the test that ran it). Torch itself runs uninstrumented.
+interop-asan:
+	cmake --build $(BUILD_ASAN) -j $(JOBS) --target ckpt_cli
+	CKPT_BIN=$(abspath $(BUILD_ASAN))/ckpt ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 $(PY) -m pytest -q tests/interop
+
+tsan: deps
+	cmake -S . -B $(BUILD_TSAN) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCKPT_TSAN=ON
+	cmake --build $(BUILD_TSAN) -j $(JOBS) --target base_tests zip_tests fmt_tests ckpt_tests
+	for t in base zip fmt ckpt; do \
+	  TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+	    $(BUILD_TSAN)/$${t}_tests --gtest_filter='$(TSAN_FILTER)' || exit 1; done
+
+fuzz-build:
+	@./scripts/install-deps.sh $(DEB_PACKAGES) $(FUZZ_PACKAGES)
+	CC=clang CXX=clang++ cmake -S . -B $(BUILD_FUZZ) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DCKPT_FUZZ=ON -DCKPT_BUILD_TESTS=OFF
+	cmake --build $(BUILD_FUZZ) -j $(JOBS)
+	$(PY) fuzz/gen_seeds.py $(BUILD_FUZZ)/seeds
+
+# Fuzz every target (or FUZZ_TARGETS) for FUZZ_SECONDS each; counts go to build-fuzz/fuzz-stats.txt.
+fuzz: fuzz-build
+	./scripts/fuzz.sh $(BUILD_FUZZ) $(FUZZ_SECONDS) $(FUZZ_TARGETS)
+
+# Replays the committed regression inputs and fuzzes each target briefly (part of make test).
+fuzz-smoke: fuzz-build
+	./scripts/fuzz.sh $(BUILD_FUZZ) $(FUZZ_SMOKE_SECONDS) $(FUZZ_TARGETS)
 
 test: build
 	$(MAKE) --no-print-directory unit
 	$(MAKE) --no-print-directory interop
 	$(MAKE) --no-print-directory asan
+	$(MAKE) --no-print-directory tsan
+	$(MAKE) --no-print-directory fuzz-smoke
 
 clean:
-	rm -rf $(BUILD) $(BUILD_ASAN) $(DEMO_DIR)
+	rm -rf $(BUILD) $(BUILD_ASAN) $(BUILD_TSAN) $(BUILD_FUZZ) $(DEMO_DIR)

@@ -7,4 +7,5 @@
 #include "ckpt/sink.h"
 #include "ckpt/source.h"
 #include "ckpt/tensor.h"
+#include "ckpt/torchscript.h"
 #include "ckpt/value.h"

@@ -150,7 +150,10 @@ SourcePtr open_mmap_source(const std::string& path) {
   auto fd = open_fd(path, &size);
   auto m = std::make_shared<Mapping>();
   if (size > 0) {
-    void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd->fd, 0);
+    // MAP_NORESERVE: a writable private mapping is otherwise charged in full against the
+    // overcommit heuristic, so a file larger than RAM + swap (a 1 TB checkpoint) failed to map
+    // with ENOMEM. Pages are only charged when a caller writes to them.
+    void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_NORESERVE, fd->fd, 0);
     if (p == MAP_FAILED) throw_errno("cannot mmap", path, errno);
     m->addr = p;
     m->len = size;
@@ -159,8 +162,8 @@ SourcePtr open_mmap_source(const std::string& path) {
 }
 
 SourcePtr memory_source(std::vector<std::byte> bytes, std::string name) {
-  return std::make_shared<BufferSource>(
-      std::move(name), std::make_shared<std::vector<std::byte>>(std::move(bytes)));
+  return std::make_shared<BufferSource>(std::move(name),
+                                        std::make_shared<std::vector<std::byte>>(std::move(bytes)));
 }
 
 SourcePtr memory_source(std::string_view bytes, std::string name) {

@@ -3,6 +3,7 @@
 // page-cache read), in one run. Medians; GB/s = 1e9 bytes per second.
 
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -112,6 +113,61 @@ void add_bench(CLI::App& app) {
           lo.verify = true;
           auto t = c.load_all(lo);
         }), bytes);
+    // 64 MiB, or the largest storage when one is bigger (a storage is handed over whole).
+    uint64_t budget = 64ull << 20;
+    for (const auto& st : warm.storages()) budget = std::max(budget, (st.nbytes + 63) & ~uint64_t(63));
+    std::string budget_name = "ckpt: streaming load, " + human_bytes(budget) + " budget";
+    add(budget_name, time_it(r, [&] {
+          Checkpoint c = Checkpoint::open(o->file);
+          volatile uint64_t sink = 0;
+          c.stream(budget, [&](const Tensor& t) {
+            const std::byte* p = t.data();
+            for (uint64_t off = 0; off < t.info().nbytes(); off += 4096) sink += std::to_integer<uint8_t>(p[off]);
+          });
+        }), bytes);
+    {
+      // Save what an eager load produced, to the page cache and then to disk (fsync).
+      Checkpoint c = Checkpoint::open(o->file);
+      auto tensors = c.load_all();
+      std::string out = o->file + ".bench-save.pt";
+      for (bool fsync : {false, true}) {
+        SaveOptions so;
+        so.fsync = fsync;
+        add(fsync ? "ckpt: save (+ fsync)" : "ckpt: save (page cache)", time_it(r, [&] {
+              save_torch(out, c.root(), tensors, so);
+            }), bytes);
+      }
+      std::remove(out.c_str());
+    }
+
+    // Peak memory of a load, measured in a fresh process (`ckpt load` reports its own peak RSS).
+    struct Rss {
+      std::string name;
+      uint64_t bytes, target;
+    };
+    std::vector<Rss> rss;
+    auto peak = [&](const std::string& args) -> uint64_t {
+      char exe[4096];
+      ssize_t n = ::readlink("/proc/self/exe", exe, sizeof exe - 1);
+      if (n <= 0) return 0;
+      exe[n] = 0;
+      std::string cmdline = std::string("'") + exe + "' load '" + o->file + "' --json " + args;
+      FILE* p = ::popen(cmdline.c_str(), "r");
+      if (!p) return 0;
+      std::string out;
+      char buf[512];
+      while (std::fgets(buf, sizeof buf, p)) out += buf;
+      ::pclose(p);
+      try {
+        return nlohmann::json::parse(out).at("peak_rss_bytes").get<uint64_t>();
+      } catch (...) {
+        return 0;
+      }
+    };
+    rss.push_back({"peak RSS: eager load", peak("--mode eager"), fsize + (64ull << 20)});
+    rss.push_back({"peak RSS: streaming load, " + human_bytes(budget) + " budget",
+                   peak("--mode stream --budget-mb " + std::to_string(budget / 1048576.0)),
+                   budget + (32ull << 20)});
 
     double huge_rate = fsize / rows[1].seconds;
     if (o->json) {
@@ -123,6 +179,8 @@ void add_bench(CLI::App& app) {
         j["results"].push_back({{"name", row.name}, {"seconds", row.seconds},
                                 {"gb_per_s", row.bytes ? row.bytes / row.seconds / 1e9 : 0.0},
                                 {"vs_fresh_huge_memcpy", row.bytes ? (row.bytes / row.seconds) / huge_rate : 0.0}});
+      for (auto& m : rss)
+        j["memory"].push_back({{"name", m.name}, {"peak_rss_bytes", m.bytes}, {"target_bytes", m.target}});
       std::printf("%s\n", j.dump(1).c_str());
       return;
     }
@@ -136,6 +194,9 @@ void add_bench(CLI::App& app) {
       else
         std::printf("%-46s %10.3f %9s %12s\n", row.name.c_str(), row.seconds * 1e3, "-", "-");
     }
+    for (auto& m : rss)
+      std::printf("%-46s %10s   (target <= %s)\n", m.name.c_str(), human_bytes(m.bytes).c_str(),
+                  human_bytes(m.target).c_str());
   });
 }
 

@@ -79,9 +79,18 @@ void add_extract(CLI::App& app) {
     index["tensors"] = nlohmann::ordered_json::array();
     std::set<std::string> used;
     uint64_t total = 0;
-    for (size_t i = 0; i < c.tensors().size(); ++i) {
-      const TensorInfo& info = c.tensors()[i];
-      if (!listed(info)) continue;
+    // (name, tensor index): every listed tensor, or a TorchScript module's state dict
+    // (parameters and buffers by module path; constants are part of the code, not the state).
+    std::vector<std::pair<std::string, size_t>> items;
+    if (c.format() == Format::kTorchScript) {
+      items = TorchScriptArchive::from(c).state_dict();
+    } else {
+      for (size_t i = 0; i < c.tensors().size(); ++i)
+        if (listed(c.tensors()[i])) items.emplace_back(c.tensors()[i].name, i);
+    }
+    for (const auto& [name, i] : items) {
+      TensorInfo info = c.tensors()[i];
+      info.name = name;
       Tensor t = c.tensor(i);
       auto [descr, raw] = npy_descr(info.dtype);
       std::string file = safe_name(info.name);

@@ -9,14 +9,22 @@ namespace ckpt::cli {
 
 int exit_code(ErrorCode code) {
   switch (code) {
-    case ErrorCode::kNotFound: return 2;
-    case ErrorCode::kIo: return 3;
-    case ErrorCode::kTruncated: return 4;
-    case ErrorCode::kCorrupt: return 5;
-    case ErrorCode::kUnsupported: return 6;
-    case ErrorCode::kLimitExceeded: return 7;
-    case ErrorCode::kInvalidArgument: return 8;
-    case ErrorCode::kAuth: return 9;
+    case ErrorCode::kNotFound:
+      return 2;
+    case ErrorCode::kIo:
+      return 3;
+    case ErrorCode::kTruncated:
+      return 4;
+    case ErrorCode::kCorrupt:
+      return 5;
+    case ErrorCode::kUnsupported:
+      return 6;
+    case ErrorCode::kLimitExceeded:
+      return 7;
+    case ErrorCode::kInvalidArgument:
+      return 8;
+    case ErrorCode::kAuth:
+      return 9;
   }
   return 1;
 }
@@ -26,6 +34,65 @@ void add_common(CLI::App& cmd, Common& c) {
   cmd.add_option("--decrypt-key", c.key_file, "tensorizer: file with the raw key (hex or binary)");
   cmd.add_option("--decrypt-password-file", c.password_file,
                  "tensorizer: file whose first line is the password");
+  // Limits (docs/security.md): what an untrusted file may make ckpt allocate or walk. The
+  // defaults open real models (1 TB, 1M tensors); raise one when a file is refused for it.
+  cmd.add_option("--max-metadata-mb", c.max_metadata_mb,
+                 "largest data.pkl / safetensors header / tensorizer index, MiB")
+      ->capture_default_str()
+      ->group("Limits");
+  cmd.add_option("--max-tensors", c.limits.max_tensors, "most tensors (and storages) per file")
+      ->capture_default_str()
+      ->group("Limits");
+  cmd.add_option("--max-dims", c.limits.max_dims, "most dimensions per tensor")
+      ->capture_default_str()
+      ->group("Limits");
+  cmd.add_option("--max-pickle-memo", c.limits.max_pickle_memo, "most pickle memo entries")
+      ->capture_default_str()
+      ->group("Limits");
+  cmd.add_option("--max-pickle-stack", c.limits.max_pickle_stack,
+                 "deepest pickle stack (values + marks)")
+      ->capture_default_str()
+      ->group("Limits");
+  cmd.add_option("--max-pickle-depth", c.limits.max_pickle_depth,
+                 "deepest nesting of the object tree")
+      ->capture_default_str()
+      ->group("Limits");
+  cmd.add_option("--max-inflated-mb", c.max_inflated_mb,
+                 "largest inflated size of one deflated record, MiB")
+      ->capture_default_str()
+      ->group("Limits");
+  cmd.add_option("--max-records", c.limits.max_records, "most zip entries")
+      ->capture_default_str()
+      ->group("Limits");
+}
+
+Limits limits_of(const Common& c) {
+  Limits l = c.limits;
+  // MiB options; saturate rather than wrap for absurd values.
+  l.max_metadata_bytes =
+      c.max_metadata_mb > (UINT64_MAX >> 20) ? UINT64_MAX : c.max_metadata_mb << 20;
+  l.max_inflated_bytes =
+      c.max_inflated_mb > (UINT64_MAX >> 20) ? UINT64_MAX : c.max_inflated_mb << 20;
+  return l;
+}
+
+std::string error_line(const Error& e) {
+  std::string line = e.what();
+  if (e.code() != ErrorCode::kLimitExceeded) return line;
+  // Library messages name the field ("Limits::max_tensors", "limits.max_records").
+  static const std::pair<const char*, const char*> kFlags[] = {
+      {"max_metadata_bytes", "--max-metadata-mb"},
+      {"max_tensors", "--max-tensors"},
+      {"max_dims", "--max-dims"},
+      {"max_pickle_memo", "--max-pickle-memo"},
+      {"max_pickle_stack", "--max-pickle-stack"},
+      {"max_pickle_depth", "--max-pickle-depth"},
+      {"max_inflated_bytes", "--max-inflated-mb"},
+      {"max_records", "--max-records"},
+  };
+  for (const auto& [field, flag] : kFlags)
+    if (line.find(field) != std::string::npos) return line + "; raise it with " + flag;
+  return line;
 }
 
 namespace {
@@ -41,6 +108,7 @@ std::string slurp(const std::string& path) {
 Checkpoint open_checkpoint(const std::string& path, const Common& c) {
   OpenOptions o;
   o.mmap = !c.no_mmap;
+  o.limits = limits_of(c);
   if (!c.key_file.empty()) {
     std::string k = slurp(c.key_file);
     while (!k.empty() && (k.back() == '\n' || k.back() == '\r' || k.back() == ' ')) k.pop_back();

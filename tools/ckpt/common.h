@@ -17,9 +17,18 @@ inline constexpr int kUsageExit = 64;
 struct Common {
   bool no_mmap = false;
   std::string key_file, password_file;  // tensorizer decryption
+  // --max-* options (docs/security.md): the bounds a file may ask for; defaults are Limits'.
+  uint64_t max_metadata_mb = Limits{}.max_metadata_bytes >> 20;
+  uint64_t max_inflated_mb = Limits{}.max_inflated_bytes >> 20;
+  Limits limits;
 };
 void add_common(CLI::App& cmd, Common& c);
+// Limits from the --max-* options.
+Limits limits_of(const Common& c);
 Checkpoint open_checkpoint(const std::string& path, const Common& c);
+// The line the tool prints for an error: its text, and for kLimitExceeded the option that raises
+// the limit it names ("raise it with --max-tensors").
+std::string error_line(const Error& e);
 
 std::string shape_str(const std::vector<int64_t>& v);
 std::string human_bytes(uint64_t n);
@@ -38,5 +47,8 @@ void add_convert(CLI::App& app);
 void add_verify(CLI::App& app);
 void add_sample(CLI::App& app);
 void add_bench(CLI::App& app);
+void add_load(CLI::App& app);
+void add_code(CLI::App& app);
+void add_rewrite(CLI::App& app);
 
 }  // namespace ckpt::cli

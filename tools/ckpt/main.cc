@@ -16,7 +16,10 @@ int main(int argc, char** argv) {
   ckpt::cli::add_convert(app);
   ckpt::cli::add_verify(app);
   ckpt::cli::add_bench(app);
+  ckpt::cli::add_load(app);
   ckpt::cli::add_sample(app);
+  ckpt::cli::add_code(app);
+  ckpt::cli::add_rewrite(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -29,7 +32,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "ckpt: %s (see ckpt --help)\n", e.what());
     return ckpt::cli::kUsageExit;
   } catch (const ckpt::Error& e) {
-    std::fprintf(stderr, "ckpt: error: %s\n", e.what());
+    std::fprintf(stderr, "ckpt: error: %s\n", ckpt::cli::error_line(e).c_str());
     return ckpt::cli::exit_code(e.code());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ckpt: error: %s\n", e.what());

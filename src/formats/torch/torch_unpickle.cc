@@ -15,6 +15,7 @@
 
 #include "ckpt/error.h"
 #include "pickle/unpickler.h"
+#include "pickle/value_release.h"
 #include "util/bytes.h"
 
 namespace ckpt::internal {
@@ -93,7 +94,14 @@ class Builder {
     uo.base_offset = opt_.base_offset;
     uo.limits = opt_.limits;
     out_.root = unpickle(data, hooks, uo, consumed);
-    name_tensors(out_.root, out_.tensors, opt_.limits.max_pickle_depth);
+    try {
+      name_tensors(out_.root, out_.tensors, opt_.limits.max_pickle_depth);
+    } catch (...) {
+      // The tree may be nested far deeper than max_pickle_depth (that is why naming stopped);
+      // ~Value would free it recursively and overflow the stack, so release it iteratively.
+      release_value(std::move(out_.root));
+      throw;
+    }
     return std::move(out_);
   }
 
@@ -332,18 +340,25 @@ class Builder {
   std::unordered_map<std::string, size_t> by_key_;
 };
 
+// `seen`: shared containers already walked. A pickle can reference one subtree many times
+// through the memo (level i = [level i-1, level i-1] is 2^64 paths in 64 levels, a few hundred
+// bytes); every tensor under a subtree is named on its first visit, so later visits are skipped.
 void walk(const ValuePtr& v, std::string& path, std::vector<TensorInfo>& tensors,
-          std::vector<uint8_t>& named, uint32_t depth, uint32_t max_depth) {
+          std::vector<uint8_t>& named, uint32_t depth, uint32_t max_depth,
+          std::unordered_set<const Value*>& seen) {
   if (!v) return;
   if (depth > max_depth)
     throw Error(ErrorCode::kLimitExceeded,
                 "object tree deeper than Limits::max_pickle_depth (" + std::to_string(max_depth) +
                     ")");
+  if (v.use_count() > 1 && (!v->items.empty() || !v->entries.empty() || v->state) &&
+      !seen.insert(v.get()).second)
+    return;
   auto child = [&](const std::string& comp, const ValuePtr& c) {
     size_t len = path.size();
     if (!path.empty()) path += '.';
     path += comp;
-    walk(c, path, tensors, named, depth + 1, max_depth);
+    walk(c, path, tensors, named, depth + 1, max_depth, seen);
     path.resize(len);
   };
   switch (v->kind) {
@@ -370,7 +385,7 @@ void walk(const ValuePtr& v, std::string& path, std::vector<TensorInfo>& tensors
         if (v->state->kind == Value::Kind::kDict) {
           for (auto& [k, val] : v->state->entries) child(k ? path_component(*k) : "?", val);
         } else {
-          walk(v->state, path, tensors, named, depth + 1, max_depth);
+          walk(v->state, path, tensors, named, depth + 1, max_depth, seen);
         }
       }
       return;
@@ -384,7 +399,8 @@ void walk(const ValuePtr& v, std::string& path, std::vector<TensorInfo>& tensors
 void name_tensors(const ValuePtr& root, std::vector<TensorInfo>& tensors, uint32_t max_depth) {
   std::vector<uint8_t> named(tensors.size(), 0);
   std::string path;
-  walk(root, path, tensors, named, 0, max_depth);
+  std::unordered_set<const Value*> seen;
+  walk(root, path, tensors, named, 0, max_depth, seen);
   for (size_t i = 0; i < tensors.size(); ++i)
     if (!named[i] && tensors[i].name.empty()) tensors[i].name = "<unnamed>." + std::to_string(i);
 }

@@ -11,6 +11,8 @@
 
 #include <cinttypes>
 #include <cstdio>
+#include <string_view>
+#include <unordered_map>
 #include <unordered_map>
 
 #include "ckpt/checkpoint.h"
@@ -254,7 +256,18 @@ void save_torch(const std::string& path, const ValuePtr& root, const std::vector
 
 ValuePtr state_dict_value(const std::vector<Tensor>& tensors) {
   auto d = Value::ordered_dict();
-  for (size_t i = 0; i < tensors.size(); ++i) d->set(tensors[i].name(), Value::tensor(i));
+  // Value::set searches the entries linearly, which made a 1M-tensor state dict take hours;
+  // an index keeps set()'s semantics (a repeated name replaces the value in its first slot).
+  std::unordered_map<std::string_view, size_t> at;
+  at.reserve(tensors.size());
+  d->entries.reserve(tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    auto [it, fresh] = at.emplace(tensors[i].name(), d->entries.size());
+    if (fresh)
+      d->entries.emplace_back(Value::string(tensors[i].name()), Value::tensor(i));
+    else
+      d->entries[it->second].second = Value::tensor(i);
+  }
   return d;
 }
 

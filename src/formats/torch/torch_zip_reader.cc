@@ -15,6 +15,7 @@
 
 #include "ckpt/error.h"
 #include "formats/torch/torch_unpickle.h"
+#include "formats/torch/torchscript_reader.h"
 #include "load/checkpoint_data.h"
 #include "util/crc32.h"
 #include "zip/zip_reader.h"
@@ -60,7 +61,11 @@ std::shared_ptr<CheckpointData> open_torch_zip(SourcePtr source, const OpenOptio
                 "no data.pkl record" + (prefix.empty() ? std::string(" (and no common folder)")
                                                        : " under " + prefix),
                 src);
-  bool torchscript = zip->find(prefix + "constants.pkl").has_value();
+  // TorchScript: constants.pkl, or code/ records (then a missing constants.pkl is an error).
+  bool torchscript = zip->find(prefix + "constants.pkl").has_value() ||
+                     std::any_of(zip->entries().begin(), zip->entries().end(), [&](const ZipEntry& e) {
+                       return e.name.compare(0, prefix.size() + 5, prefix + "code/") == 0;
+                     });
   data->format = torchscript ? Format::kTorchScript : Format::kTorchZip;
   data->properties["archive"] = prefix.empty() ? "" : prefix.substr(0, prefix.size() - 1);
 
@@ -131,13 +136,16 @@ std::shared_ptr<CheckpointData> open_torch_zip(SourcePtr source, const OpenOptio
   uo.limits = options.limits;
   uo.torchscript = torchscript;
   TorchPickle tp = unpickle_torch(pkl_bytes.data, uo);
+  size_t module_tensors = tp.tensors.size();
+  ValuePtr constants;
+  if (torchscript) constants = add_torchscript_constants(*zip, tp, options);
 
   std::vector<size_t> entry_of(tp.storages.size(), SIZE_MAX);
   bool any_deflated = false;
   for (size_t s = 0; s < tp.storages.size(); ++s) {
     StorageInfo& st = tp.storages[s];
     if (st.meta) continue;
-    std::string rec = prefix + "data/" + st.key;
+    std::string rec = st.record.empty() ? prefix + "data/" + st.key : st.record;
     auto i = zip->find(rec);
     if (!i) throw Error(ErrorCode::kCorrupt, "data.pkl names storage " + st.key +
                                              " but the archive has no record " + rec, src);
@@ -207,6 +215,7 @@ std::shared_ptr<CheckpointData> open_torch_zip(SourcePtr source, const OpenOptio
   data->root = std::move(tp.root);
   data->storages = std::move(tp.storages);
   data->tensors = std::move(tp.tensors);
+  if (torchscript) data->torchscript = finish_torchscript(zip, *data, module_tensors, constants);
   return data;
 }
 

@@ -1,0 +1,174 @@
+#!/usr/bin/python3
+"""Writes fuzz seed corpora of real files into OUT/<target>/ (make fuzz calls it).
+
+Torch files come from the real torch.save (Debian's python3-torch); tensorizer files are the
+fixtures written by the real tensorizer (../shared/fixtures/tensorizer). Seeds are small so that
+the fuzzer mutates structure, not megabytes of tensor data.
+
+Usage: gen_seeds.py OUT [FIXTURES_DIR]
+"""
+import collections
+import io
+import json
+import os
+import pickle
+import struct
+import sys
+import zipfile
+
+
+def write(out, target, name, data):
+    d = os.path.join(out, target)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, name), "wb") as f:
+        f.write(data)
+
+
+def torch_seeds(out):
+    import torch
+
+    torch.manual_seed(0)
+    base = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    objs = {
+        "state_dict": collections.OrderedDict(
+            w=torch.ones(2, 3), b=torch.zeros(3, dtype=torch.float16)),
+        "views": {"a": base, "t": base.t(), "row": base[1], "step": base[:, ::2]},
+        "dtypes": [torch.tensor([1, 2], dtype=dt) for dt in
+                   (torch.int8, torch.uint8, torch.int64, torch.bool, torch.bfloat16,
+                    torch.complex64, torch.float64)],
+        "optimizer": {"state": {0: {"step": torch.tensor(3.0), "exp_avg": torch.ones(2)}},
+                      "param_groups": [{"lr": 0.1, "betas": (0.9, 0.999), "params": [0],
+                                        "name": "g", "flag": None, "big": 2**70}]},
+        "param": {"p": torch.nn.Parameter(torch.ones(2)), "e": torch.empty(0),
+                  "s": torch.tensor(5)},
+        "quant": {"q": torch.quantize_per_tensor(torch.ones(4), 0.5, 2, torch.quint8)},
+        "module": torch.nn.Linear(2, 2).state_dict(),
+    }
+    for name, obj in objs.items():
+        buf = io.BytesIO()
+        torch.save(obj, buf)
+        data = buf.getvalue()
+        write(out, "torch", name + ".pt", data)
+        write(out, "zip_reader", name + ".pt", data)
+        with zipfile.ZipFile(io.BytesIO(data)) as z:
+            pkl = [n for n in z.namelist() if n.endswith("data.pkl")][0]
+            write(out, "pickle", name + ".pkl", z.read(pkl))
+        if name != "quant":
+            buf = io.BytesIO()
+            torch.save(obj, buf, _use_new_zipfile_serialization=False)
+            write(out, "legacy", name + ".pt", buf.getvalue())
+
+
+def torchscript_seeds(out):
+    import torch
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(2, 2)
+            self.register_buffer("buf", torch.ones(2))
+
+        def forward(self, x):
+            return self.lin(x) + self.buf + torch.tensor([1.0, 2.0])
+
+    buf = io.BytesIO()
+    torch.jit.save(torch.jit.script(M()), buf, _extra_files={"meta.txt": "hello"})
+    data = buf.getvalue()
+    write(out, "torchscript", "module.pt", data)
+    with zipfile.ZipFile(io.BytesIO(data)) as z:
+        for n in z.namelist():
+            if n.endswith(".debug_pkl"):
+                write(out, "torchscript", n.replace("/", "_"), z.read(n))
+
+
+def zip_seeds(out):
+    for method, tag in ((zipfile.ZIP_STORED, "stored"), (zipfile.ZIP_DEFLATED, "deflated")):
+        buf = io.BytesIO()
+        with zipfile.ZipFile(buf, "w", method) as z:
+            z.writestr("archive/data.pkl", pickle.dumps({"a": 1}, protocol=2))
+            z.writestr("archive/data/0", b"\0" * 64 + b"x" * 64)
+            z.writestr("archive/version", b"3\n")
+        write(out, "zip_reader", tag + ".zip", buf.getvalue())
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED, allowZip64=True) as z:
+        with z.open("archive/big", "w", force_zip64=True) as f:
+            f.write(b"y" * 1000)
+    write(out, "zip_reader", "zip64.zip", buf.getvalue())
+
+
+def pickle_seeds(out):
+    values = [None, True, 1, -1, 2**40, 2**100, 1.5, "text", b"bytes", bytearray(b"ba"),
+              (1, 2), [1, [2, [3]]], {"k": {"n": [1, 2.0, "3"]}}, {1, 2}, frozenset([3]),
+              complex(1, 2), collections.OrderedDict(a=1)]
+    for proto in range(0, 6):
+        write(out, "pickle", "values_p%d.pkl" % proto, pickle.dumps(values, protocol=proto))
+    shared = [1, 2]
+    write(out, "pickle", "memo.pkl", pickle.dumps([shared, shared, {"s": shared}], protocol=2))
+
+
+def safetensors_seeds(out):
+    def st(tensors, meta=None, pad=8):
+        header = {}
+        if meta:
+            header["__metadata__"] = meta
+        data = b""
+        for name, (dtype, shape, raw) in tensors.items():
+            header[name] = {"dtype": dtype, "shape": shape,
+                            "data_offsets": [len(data), len(data) + len(raw)]}
+            data += raw
+        h = json.dumps(header).encode()
+        h += b" " * (-len(h) % pad)
+        return struct.pack("<Q", len(h)) + h + data
+
+    write(out, "safetensors", "basic.safetensors",
+          st({"w": ("F32", [2, 2], struct.pack("<4f", 1, 2, 3, 4)),
+              "b": ("BF16", [2], b"\x80\x3f\x00\x40")}, {"format": "pt"}))
+    write(out, "safetensors", "dtypes.safetensors",
+          st({"i8": ("I8", [3], b"\1\2\3"), "u64": ("U64", [1], b"\1" * 8),
+              "bool": ("BOOL", [2], b"\0\1"), "f16": ("F16", [1, 1], b"\0\x3c"),
+              "e": ("F64", [0], b""), "s": ("I32", [], b"\7\0\0\0")}))
+
+
+def tensorizer_seeds(out, fixtures):
+    if not fixtures or not os.path.isdir(fixtures):
+        return
+    for name in sorted(os.listdir(fixtures)):
+        if not name.endswith(".tensors"):
+            continue
+        with open(os.path.join(fixtures, name), "rb") as f:
+            data = f.read()
+        if len(data) < 2 << 20:  # the 4 MiB encrypted fixture only slows every execution
+            write(out, "tensorizer", name, data)
+        # Per-tensor headers for the header target: [header offset, data offset) from the index.
+        version, = struct.unpack_from("<I", data, 5)
+        count, = struct.unpack_from("<Q", data, 57)
+        pos = 73
+        for i in range(count):
+            n, = struct.unpack_from("<H", data, pos); pos += 2 + n
+            pos += 1
+            n = data[pos]; pos += 1 + n
+            nd = data[pos]; pos += 1 + 4 * nd
+            hoff, doff, dlen = struct.unpack_from("<QQQ", data, pos); pos += 24
+            if i < 3:
+                flag = b"\1" if version == 3 or (version >= 4 and data[9] & 1) else b"\0"
+                write(out, "tensorizer_header", "%s.%d" % (name, i), flag + data[hoff:doff])
+
+
+def main():
+    out = sys.argv[1]
+    here = os.path.dirname(os.path.abspath(__file__))
+    fixtures = sys.argv[2] if len(sys.argv) > 2 else os.path.join(
+        here, "..", "..", "shared", "fixtures", "tensorizer")
+    zip_seeds(out)
+    pickle_seeds(out)
+    safetensors_seeds(out)
+    tensorizer_seeds(out, fixtures)
+    try:
+        torch_seeds(out)
+        torchscript_seeds(out)
+    except ImportError:
+        print("gen_seeds.py: no torch; torch seeds come from fuzz/corpus only", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
