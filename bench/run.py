@@ -30,9 +30,12 @@ TORCH_SCRIPT = textwrap.dedent(r"""
         sys.exit(0)
     loads, saves = [], []
     out = path + ".torch-save.pt"
+    sd = torch.load(path)  # untimed warm-up, as ckpt bench does
     for _ in range(repeat):
         t0 = time.perf_counter(); sd = torch.load(path); loads.append(time.perf_counter() - t0)
     for _ in range(repeat):
+        if os.path.exists(out): os.remove(out)
+        os.sync()  # start each save from a clean page cache, as ckpt bench does
         t0 = time.perf_counter(); torch.save(sd, out); saves.append(time.perf_counter() - t0)
     os.remove(out)
     nbytes = sum(t.numel() * t.element_size() for t in sd.values())
