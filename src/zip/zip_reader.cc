@@ -369,19 +369,28 @@ uint64_t ZipReader::data_offset(size_t i) const {
   return v;
 }
 
+// Checks the signature and name of entry i's local header at `p` (30 + name bytes available) and
+// returns its extra-field length.
+uint16_t ZipReader::local_extra_len(size_t i, const std::byte* p) const {
+  const ZipEntry& e = entries_[i];
+  const std::string& src = source_->name();
+  if (load_le<uint32_t>(p) != kLocalSig)
+    fail(ErrorCode::kCorrupt, "bad local header signature", src, e.name, e.header_offset);
+  const uint16_t name_len = load_le<uint16_t>(p + kLocalNameLenOfs);
+  if (name_len != e.name.size() || std::memcmp(p + kLocalSize, e.name.data(), name_len) != 0)
+    fail(ErrorCode::kCorrupt, "local header name disagrees with the central directory", src, e.name,
+         e.header_offset + kLocalNameLenOfs);
+  return load_le<uint16_t>(p + kLocalExtraLenOfs);
+}
+
 uint64_t ZipReader::read_local_header(size_t i) const {
   const ZipEntry& e = entries_[i];
   const std::string& src = source_->name();
   // Validation guaranteed header + 30 + name + data <= end_limit_[i] <= file size.
   const Bytes h = read_for(*source_, e.name, e.header_offset, kLocalSize + e.name.size());
   const std::byte* p = h.data.data();
-  if (load_le<uint32_t>(p) != kLocalSig)
-    fail(ErrorCode::kCorrupt, "bad local header signature", src, e.name, e.header_offset);
-  const uint16_t name_len = load_le<uint16_t>(p + kLocalNameLenOfs);
-  const uint16_t extra_len = load_le<uint16_t>(p + kLocalExtraLenOfs);
-  if (name_len != e.name.size() || std::memcmp(p + kLocalSize, e.name.data(), name_len) != 0)
-    fail(ErrorCode::kCorrupt, "local header name disagrees with the central directory", src, e.name,
-         e.header_offset + kLocalNameLenOfs);
+  const uint16_t name_len = static_cast<uint16_t>(e.name.size());
+  const uint16_t extra_len = local_extra_len(i, p);
   const uint64_t data = e.header_offset + kLocalSize + name_len + extra_len;
   if (data + e.compressed_size > end_limit_[i])
     fail(ErrorCode::kCorrupt,
@@ -497,13 +506,8 @@ void ZipReader::check_local_header(size_t i, std::span<const std::byte> from_hea
     fail(ErrorCode::kCorrupt, "local header does not fit before the computed data offset", src,
          e.name, e.header_offset);
   const std::byte* p = from_header.data();
-  if (load_le<uint32_t>(p) != kLocalSig)
-    fail(ErrorCode::kCorrupt, "bad local header signature", src, e.name, e.header_offset);
-  const uint16_t name_len = load_le<uint16_t>(p + kLocalNameLenOfs);
-  const uint16_t extra_len = load_le<uint16_t>(p + kLocalExtraLenOfs);
-  if (name_len != e.name.size() || std::memcmp(p + kLocalSize, e.name.data(), name_len) != 0)
-    fail(ErrorCode::kCorrupt, "local header name disagrees with the central directory", src, e.name,
-         e.header_offset + kLocalNameLenOfs);
+  const uint16_t name_len = static_cast<uint16_t>(e.name.size());
+  const uint16_t extra_len = local_extra_len(i, p);
   if (kLocalSize + name_len + extra_len != head)
     fail(ErrorCode::kCorrupt,
          "local header puts the data at " +

@@ -88,6 +88,7 @@ class ZipReader {
   std::optional<Bytes> held(uint64_t offset, uint64_t len) const;
   Bytes read_range(const std::string& record, uint64_t offset, uint64_t len) const;
   void check_local_header(size_t i, std::span<const std::byte> from_header) const;
+  uint16_t local_extra_len(size_t i, const std::byte* p) const;
   Bytes inflate(size_t i, uint64_t data_offset) const;
   void check_crc(size_t i, std::span<const std::byte> data) const;
   void check_readable(size_t i, uint64_t max_size) const;
