@@ -30,6 +30,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "ckpt/error.h"
 #include "pickle/builtin_calls.h"
@@ -53,6 +54,85 @@ class Vm {
         opt_(opt),
         budget_(4 * static_cast<uint64_t>(data.size()) + (1u << 20)) {}
 
+  // --- cycles -------------------------------------------------------------------------------
+  // A reference cycle can only close when an existing container receives a container (APPEND,
+  // APPENDS, ADDITEMS, SETITEM(S), BUILD): every other edge points at something older. Such
+  // containers are recorded, and at STOP one iterative DFS from them finds any cycle. Checkpoints
+  // never hold cycles; one would leak (shared_ptr) every time such a file is opened, so the
+  // pickle is refused, after draining those containers so that everything is freed.
+  static bool is_container(const Value& v) {
+    return !v.items.empty() || !v.entries.empty() || v.state || v.kind == Kind::kList ||
+           v.kind == Kind::kTuple || v.kind == Kind::kSet || v.kind == Kind::kDict ||
+           v.kind == Kind::kObject;
+  }
+  void note_mutated(const ValuePtr& c) {
+    if (mutated_seen_.insert(c.get()).second) mutated_.push_back(c);
+  }
+  void note_if_receives_container(size_t target, size_t first_item) {
+    for (size_t i = first_item; i < stack_.size(); ++i)
+      if (stack_[i] && is_container(*stack_[i])) {
+        note_mutated(stack_[target]);
+        return;
+      }
+  }
+  void check_acyclic() {
+    std::vector<ValuePtr> roots;
+    for (auto& w : mutated_)
+      if (auto p = w.lock()) roots.push_back(std::move(p));
+    if (roots.empty()) return;
+    std::unordered_map<const Value*, uint8_t> color;  // 1: on the DFS path, 2: done
+    struct Frame {
+      const Value* v;
+      size_t next;
+    };
+    std::vector<Frame> path;
+    bool cycle = false;
+    for (const auto& r : roots) {
+      if (cycle || color.count(r.get())) continue;
+      color[r.get()] = 1;
+      path.push_back({r.get(), 0});
+      while (!path.empty() && !cycle) {
+        Frame& f = path.back();
+        const Value* v = f.v;
+        const size_t n_items = v->items.size(), n_ent = 2 * v->entries.size();
+        const size_t total = n_items + n_ent + (v->state ? 1 : 0);
+        if (f.next == total) {
+          color[v] = 2;
+          path.pop_back();
+          continue;
+        }
+        const size_t k = f.next++;
+        const Value* c = k < n_items ? v->items[k].get()
+                         : k < n_items + n_ent
+                             ? ((k - n_items) % 2 == 0 ? v->entries[(k - n_items) / 2].first.get()
+                                                       : v->entries[(k - n_items) / 2].second.get())
+                             : v->state.get();
+        if (!c || !is_container(*c)) continue;
+        auto [it, fresh] = color.emplace(c, 1);
+        if (fresh) {
+          path.push_back({c, 0});
+        } else if (it->second == 1) {
+          cycle = true;
+        }
+      }
+      path.clear();
+    }
+    if (!cycle) return;
+    for (auto& r : roots) {
+      for (auto& it : r->items) garbage_.push_back(std::move(it));
+      r->items.clear();
+      for (auto& [k, v] : r->entries) {
+        garbage_.push_back(std::move(k));
+        garbage_.push_back(std::move(v));
+      }
+      r->entries.clear();
+      if (r->state) garbage_.push_back(std::move(r->state));
+    }
+    fail(ErrorCode::kUnsupported,
+         "the object graph contains a cycle (a container that contains itself); checkpoints "
+         "never do");
+  }
+
   ~Vm() {
     for (auto& v : stack_) garbage_.push_back(std::move(v));
     for (auto& v : memo_) garbage_.push_back(std::move(v));
@@ -63,6 +143,7 @@ class Vm {
   ValuePtr run(size_t* consumed) {
     try {
       ValuePtr result = loop();
+      check_acyclic();
       if (consumed) *consumed = pos_;
       return result;
     } catch (Error& e) {
@@ -319,6 +400,7 @@ class Vm {
       if (obj->kind != Kind::kDict && obj->kind != Kind::kObject)
         fail(ErrorCode::kCorrupt, std::string("sets state on a ") + kind_name(obj->kind));
       if (obj->state) drop(std::move(obj->state));
+      if (is_container(*state)) note_mutated(obj);
       obj->state = state;
     }
     drop(std::move(state));
@@ -367,6 +449,8 @@ class Vm {
   std::unordered_map<uint64_t, ValuePtr> memo_map_;
   uint64_t memo_count_ = 0;
   std::vector<ValuePtr> garbage_;
+  std::vector<std::weak_ptr<Value>> mutated_;       // containers that received a container
+  std::unordered_set<const Value*> mutated_seen_;
   CopyBudget budget_;
   static constexpr int64_t kMinCachedInt = -5, kMaxCachedInt = 256;
   ValuePtr none_, true_, false_, empty_tuple_;
@@ -548,6 +632,7 @@ ValuePtr Vm::loop() {
       }
       case op::kAppend: {
         ValuePtr v = pop();
+        if (is_container(*v)) note_mutated(top());
         expect(*top(), Kind::kList).items.push_back(std::move(v));
         break;
       }
@@ -555,6 +640,7 @@ ValuePtr Vm::loop() {
       case op::kAddItems: {
         size_t k;
         Value& c = container_below_mark(k, code_ == op::kAppends ? Kind::kList : Kind::kSet);
+        note_if_receives_container(k - 1, k);
         c.items.insert(c.items.end(), std::make_move_iterator(stack_.begin() + k),
                        std::make_move_iterator(stack_.end()));
         stack_.resize(k);
@@ -563,6 +649,7 @@ ValuePtr Vm::loop() {
       case op::kSetItem: {
         need_items(3);
         Value& d = expect(*stack_[stack_.size() - 3], Kind::kDict);
+        note_if_receives_container(stack_.size() - 3, stack_.size() - 2);
         set_items(d, stack_.end() - 2, stack_.end());
         stack_.resize(stack_.size() - 2);
         break;
@@ -570,6 +657,7 @@ ValuePtr Vm::loop() {
       case op::kSetItems: {
         size_t k;
         Value& d = container_below_mark(k, Kind::kDict);
+        note_if_receives_container(k - 1, k);
         set_items(d, stack_.begin() + k, stack_.end());
         stack_.resize(k);
         break;
