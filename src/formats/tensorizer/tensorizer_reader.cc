@@ -281,7 +281,9 @@ void Reader::resolve_keys(TzrState& st, const std::vector<std::optional<KdfParam
     return;
   }
   if (opt_.decrypt_password.empty()) {
-    st.no_key_reason = "tensor is encrypted: pass OpenOptions::decrypt_key or decrypt_password";
+    st.no_key_reason =
+        "tensor is encrypted: give the key or password (ckpt: --decrypt-key FILE or "
+        "--decrypt-password-file FILE; library: OpenOptions::decrypt_key or decrypt_password)";
     return;
   }
   st.no_key_reason =
