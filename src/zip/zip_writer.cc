@@ -177,6 +177,22 @@ void ZipWriter::write(std::span<const std::byte> piece) {
   open_written_ += piece.size();
 }
 
+void ZipWriter::write_unchecked(std::span<const std::byte> piece) {
+  if (!open_) throw Error(ErrorCode::kInvalidArgument, "write() without begin()", sink_.name());
+  if (piece.size() > open_size_ - open_written_)
+    throw Error(ErrorCode::kInvalidArgument,
+                "pieces pass the declared size of " + std::to_string(open_size_) + " bytes",
+                sink_.name(), central_.back().name, sink_.position());
+  if (piece.empty()) return;
+  sink_.write(piece);
+  open_written_ += piece.size();
+}
+
+void ZipWriter::end(uint32_t crc) {
+  open_crc_ = crc;
+  end();
+}
+
 void ZipWriter::end() {
   if (!open_) throw Error(ErrorCode::kInvalidArgument, "end() without begin()", sink_.name());
   if (open_written_ != open_size_)

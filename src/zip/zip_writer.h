@@ -33,6 +33,11 @@ class ZipWriter {
   void begin(std::string_view name, uint64_t size);
   void write(std::span<const std::byte> piece);
   void end();
+  // For callers that compute the CRC themselves (on another thread, while the bytes are being
+  // written): pieces passed to write_unchecked() are not checksummed here, and end(crc) takes the
+  // caller's CRC of the whole record. Same size checks as write()/end().
+  void write_unchecked(std::span<const std::byte> piece);
+  void end(uint32_t crc);
   // A deflated record (TorchScript code/ and debug_pkl records), compressed with libdeflate.
   void add_deflated(std::string_view name, std::span<const std::byte> data, int level = 6);
 
