@@ -164,17 +164,9 @@ void ZipWriter::begin(std::string_view name, uint64_t size) {
 }
 
 void ZipWriter::write(std::span<const std::byte> piece) {
-  if (!open_) throw Error(ErrorCode::kInvalidArgument, "write() without begin()", sink_.name());
-  if (piece.size() > open_size_ - open_written_)
-    throw Error(ErrorCode::kInvalidArgument,
-                "pieces pass the declared size of " + std::to_string(open_size_) + " bytes",
-                sink_.name(), central_.back().name, sink_.position());
-  // libdeflate_crc32 answers a null pointer with the initial value 0, which would drop the CRC
-  // so far: an empty span must not reach it.
-  if (piece.empty()) return;
-  open_crc_ = crc32(open_crc_, piece);
-  sink_.write(piece);
-  open_written_ += piece.size();
+  write_unchecked(piece);  // checks and writes; the piece is still in cache for its CRC
+  // An empty span must not reach the CRC (libdeflate answered a null pointer with 0).
+  if (!piece.empty()) open_crc_ = crc32(open_crc_, piece);
 }
 
 void ZipWriter::write_unchecked(std::span<const std::byte> piece) {
