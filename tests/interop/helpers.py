@@ -62,18 +62,19 @@ def is_tensor(x):
 # flattening (the naming rule of `ckpt ls`)
 
 
-def flatten(obj):
+def flatten(obj, every_path=False):
     """[(name, tensor)] in pickle (depth-first, insertion) order.
 
     Dict keys: str as is, int as decimal; list/tuple indices; joined with '.'.
-    A tensor object reached twice is listed once, under its first path.
+    A tensor object reached twice is listed once, under its first path — or, with every_path,
+    under each of its paths (tied weights under each of their names).
     Quantizer parameters live inside the qtensor and are not reached.
     """
     out, seen = [], set()
 
     def walk(x, path):
         if is_tensor(x):
-            if id(x) not in seen:
+            if every_path or id(x) not in seen:
                 seen.add(id(x))
                 out.append((".".join(path), x))
         elif isinstance(x, dict):

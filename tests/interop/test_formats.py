@@ -79,20 +79,7 @@ def extract(ckpt, path, out, *args):
 def all_tensor_paths(obj):
     """[(path, tensor)] for every place a tensor appears (tied weights under each of their
     names), in the `ls` naming rule."""
-    out = []
-
-    def walk(x, path):
-        if helpers.is_tensor(x):
-            out.append((".".join(path), x))
-        elif isinstance(x, dict):
-            for k, v in x.items():
-                walk(v, path + [str(k)])
-        elif isinstance(x, (list, tuple)):
-            for i, v in enumerate(x):
-                walk(v, path + [str(i)])
-
-    walk(obj, [])
-    return out
+    return helpers.flatten(obj, every_path=True)
 
 
 def non_tensor_paths(obj):
