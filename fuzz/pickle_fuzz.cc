@@ -15,7 +15,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return module == "collections" || (module == "builtins" && name != "eval" && name != "exec") ||
            module == "_codecs" || module == "torch._utils";
   };
-  hooks.persistent_load = [](const ValuePtr& pid) { return pid; };
+  hooks.persistent_load = [](ckpt::internal::PickleHeap&, ckpt::internal::Ref pid) { return pid; };
   UnpickleOptions opt;
   opt.limits = fuzz::fuzz_limits();
   opt.limits.max_pickle_depth = 200;

@@ -1,6 +1,7 @@
 #include "pickle/builtin_calls.h"
 
 #include <string_view>
+#include <vector>
 
 #include "ckpt/error.h"
 #include "pickle/pickle_text.h"
@@ -10,110 +11,112 @@ namespace {
 
 using Kind = Value::Kind;
 
-ValuePtr make_set(std::vector<ValuePtr> items) {
-  auto v = std::make_shared<Value>();
-  v->kind = Kind::kSet;
-  v->items = std::move(items);
-  return v;
+bool is_number(const PickleHeap& h, Ref r) {
+  Kind k = h.kind(r);
+  return k == Kind::kInt || k == Kind::kFloat || k == Kind::kBool;
 }
-
-bool is_number(const Value& v) {
-  return v.kind == Kind::kInt || v.kind == Kind::kFloat || v.kind == Kind::kBool;
-}
-double to_double(const Value& v) {
-  if (v.kind == Kind::kFloat) return v.f;
-  if (v.kind == Kind::kBool) return v.b ? 1.0 : 0.0;
+double to_double(const PickleHeap& h, Ref r) {
+  if (h.kind(r) == Kind::kFloat) return h.float_value(r);
+  if (h.kind(r) == Kind::kBool) return h.truth(r) ? 1.0 : 0.0;
   // A big int keeps only its text; strtod reads it as Python's float(int) would (to the nearest).
-  return v.s.empty() ? static_cast<double>(v.i) : std::strtod(v.s.c_str(), nullptr);
+  if (h.is_small_int(r)) return static_cast<double>(h.int_value(r));
+  return std::strtod(std::string(h.text(r)).c_str(), nullptr);
+}
+bool is_sequence(const PickleHeap& h, Ref r) {
+  return h.kind(r) == Kind::kList || h.kind(r) == Kind::kTuple;
 }
 
-// str.encode(encoding) for the encodings pickles use; nullopt-like false for others.
-bool encode_str(const Value& str, const Value* encoding, std::string& out) {
-  std::string_view enc = encoding ? std::string_view(encoding->s) : "utf-8";
+// str.encode(encoding) for the encodings pickles use; false for others.
+bool encode_str(std::string_view str, std::string_view enc, std::string& out) {
   if (enc == "latin1" || enc == "latin-1" || enc == "iso-8859-1" || enc == "l1") {
-    if (!pickle_text::utf8_to_latin1(str.s, out))
+    if (!pickle_text::utf8_to_latin1(str, out))
       throw Error(ErrorCode::kCorrupt, "str cannot be encoded as latin-1");
     return true;
   }
   if (enc == "utf-8" || enc == "utf8" || enc == "UTF-8") {
-    out = str.s;
+    out = str;
     return true;
   }
   return false;
 }
 
 // bytes(...) / bytearray(...): (), (bytes), (str, encoding), (list of ints 0..255).
-ValuePtr make_bytes(const Value& args, bool bytearray, CopyBudget& budget) {
-  const auto& a = args.items;
+Ref make_bytes(PickleHeap& h, std::span<const Ref> a, bool bytearray, CopyBudget& budget) {
   std::string out;
   if (a.empty()) {
-  } else if (a.size() == 1 && a[0]->kind == Kind::kBytes) {
-    budget.spend(a[0]->s.size() / 8);
-    out = a[0]->s;
-  } else if (a.size() == 2 && a[0]->kind == Kind::kString && a[1]->kind == Kind::kString) {
-    budget.spend(a[0]->s.size() / 8);
-    if (!encode_str(*a[0], a[1].get(), out)) return nullptr;
-  } else if (a.size() == 1 && a[0]->is_sequence()) {
-    budget.spend(a[0]->items.size());
-    for (const auto& it : a[0]->items) {
-      if (it->kind != Kind::kInt || !it->s.empty() || it->i < 0 || it->i > 255) return nullptr;
-      out.push_back(static_cast<char>(it->i));
+  } else if (a.size() == 1 && h.kind(a[0]) == Kind::kBytes) {
+    budget.spend(h.text(a[0]).size() / 8);
+    out = h.text(a[0]);
+  } else if (a.size() == 2 && h.kind(a[0]) == Kind::kString && h.kind(a[1]) == Kind::kString) {
+    budget.spend(h.text(a[0]).size() / 8);
+    if (!encode_str(h.text(a[0]), h.text(a[1]), out)) return kNoRef;
+  } else if (a.size() == 1 && is_sequence(h, a[0])) {
+    auto items = h.items(a[0]);
+    budget.spend(items.size());
+    for (Ref it : items) {
+      if (!h.is_small_int(it) || h.int_value(it) < 0 || h.int_value(it) > 255) return kNoRef;
+      out.push_back(static_cast<char>(h.int_value(it)));
     }
   } else {
-    return nullptr;
+    return kNoRef;
   }
-  auto v = Value::bytes(std::move(out));
-  v->bytearray = bytearray;
-  return v;
+  return h.bytes(out, bytearray);
 }
 
-ValuePtr ordered_dict(const Value& args, CopyBudget& budget) {
-  auto d = Value::ordered_dict();
-  if (args.items.empty()) return d;
-  if (args.items.size() != 1) return nullptr;
-  const Value& src = *args.items[0];
-  if (src.kind == Kind::kDict) {
-    budget.spend(src.entries.size());
-    d->entries = src.entries;
+Ref ordered_dict(PickleHeap& h, Ref cls, std::span<const Ref> a, CopyBudget& budget) {
+  if (a.size() > 1) return kNoRef;
+  if (a.empty()) return h.dict(cls);
+  const Ref src = a[0];
+  if (h.kind(src) == Kind::kDict) {
+    std::vector<Ref> entries(h.items(src).begin(), h.items(src).end());
+    budget.spend(entries.size() / 2);
+    Ref d = h.dict(cls);
+    h.append(d, entries);
     return d;
   }
   // Python 2's OrderedDict.__reduce__ passes [[key, value], ...].
-  if (!src.is_sequence()) return nullptr;
-  budget.spend(src.items.size());
-  d->entries.reserve(src.items.size());
-  for (const auto& pair : src.items) {
-    if (!pair->is_sequence() || pair->items.size() != 2) return nullptr;
-    d->entries.emplace_back(pair->items[0], pair->items[1]);
+  if (!is_sequence(h, src)) return kNoRef;
+  auto pairs = h.items(src);
+  budget.spend(pairs.size());
+  std::vector<Ref> entries;
+  entries.reserve(2 * pairs.size());
+  for (Ref pair : pairs) {
+    if (!is_sequence(h, pair) || h.items(pair).size() != 2) return kNoRef;
+    entries.push_back(h.items(pair)[0]);
+    entries.push_back(h.items(pair)[1]);
   }
+  Ref d = h.dict(cls);
+  h.append(d, entries);
   return d;
 }
 
-ValuePtr set_of(const Value& args, CopyBudget& budget) {
-  if (args.items.empty()) return make_set({});
-  if (args.items.size() != 1) return nullptr;
-  const Value& src = *args.items[0];
-  if (src.is_sequence() || src.kind == Kind::kSet) {
-    budget.spend(src.items.size());
-    return make_set(src.items);
+Ref set_of(PickleHeap& h, std::span<const Ref> a, CopyBudget& budget) {
+  if (a.empty()) return h.set();
+  if (a.size() != 1) return kNoRef;
+  const Ref src = a[0];
+  if (is_sequence(h, src) || h.kind(src) == Kind::kSet) {
+    std::vector<Ref> items(h.items(src).begin(), h.items(src).end());
+    budget.spend(items.size());
+    return h.set(items);
   }
-  if (src.kind == Kind::kDict) {
-    budget.spend(src.entries.size());
-    std::vector<ValuePtr> keys;
-    keys.reserve(src.entries.size());
-    for (const auto& e : src.entries) keys.push_back(e.first);
-    return make_set(std::move(keys));
+  if (h.kind(src) == Kind::kDict) {
+    auto entries = h.items(src);
+    budget.spend(entries.size() / 2);
+    std::vector<Ref> keys;
+    keys.reserve(entries.size() / 2);
+    for (size_t i = 0; i < entries.size(); i += 2) keys.push_back(entries[i]);
+    return h.set(keys);
   }
-  return nullptr;
+  return kNoRef;
 }
 
-ValuePtr complex_of(const Value& args) {
-  const auto& a = args.items;
-  if (a.size() > 2) return nullptr;
-  for (const auto& x : a)
-    if (!is_number(*x)) return nullptr;
-  double re = a.size() > 0 ? to_double(*a[0]) : 0.0;
-  double im = a.size() > 1 ? to_double(*a[1]) : 0.0;
-  return Value::complex({re, im});
+Ref complex_of(PickleHeap& h, std::span<const Ref> a) {
+  if (a.size() > 2) return kNoRef;
+  for (Ref x : a)
+    if (!is_number(h, x)) return kNoRef;
+  double re = a.size() > 0 ? to_double(h, a[0]) : 0.0;
+  double im = a.size() > 1 ? to_double(h, a[1]) : 0.0;
+  return h.complex({re, im});
 }
 
 }  // namespace
@@ -160,25 +163,23 @@ const char* kind_name(Value::Kind kind) noexcept {
   return "?";
 }
 
-ValuePtr builtin_call(const Value& callable, const Value& args, CopyBudget& budget) {
-  const std::string& m = callable.module;
-  const std::string& n = callable.name;
-  if (m == "collections" && n == "OrderedDict") return ordered_dict(args, budget);
+Ref builtin_call(PickleHeap& h, Ref callable, std::span<const Ref> a, CopyBudget& budget) {
+  const std::string_view m = h.module(callable), n = h.name(callable);
+  if (m == "collections" && n == "OrderedDict") return ordered_dict(h, callable, a, budget);
   if (m == "_codecs" && n == "encode") {
-    const auto& a = args.items;
-    if (a.empty() || a.size() > 2 || a[0]->kind != Kind::kString) return nullptr;
-    if (a.size() == 2 && a[1]->kind != Kind::kString) return nullptr;
-    budget.spend(a[0]->s.size() / 8);
+    if (a.empty() || a.size() > 2 || h.kind(a[0]) != Kind::kString) return kNoRef;
+    if (a.size() == 2 && h.kind(a[1]) != Kind::kString) return kNoRef;
+    budget.spend(h.text(a[0]).size() / 8);
     std::string out;
-    if (!encode_str(*a[0], a.size() == 2 ? a[1].get() : nullptr, out)) return nullptr;
-    return Value::bytes(std::move(out));
+    if (!encode_str(h.text(a[0]), a.size() == 2 ? h.text(a[1]) : "utf-8", out)) return kNoRef;
+    return h.bytes(out);
   }
-  if (m != "builtins") return nullptr;
-  if (n == "set" || n == "frozenset") return set_of(args, budget);
-  if (n == "complex") return complex_of(args);
-  if (n == "bytearray") return make_bytes(args, true, budget);
-  if (n == "bytes") return make_bytes(args, false, budget);
-  return nullptr;
+  if (m != "builtins") return kNoRef;
+  if (n == "set" || n == "frozenset") return set_of(h, a, budget);
+  if (n == "complex") return complex_of(h, a);
+  if (n == "bytearray") return make_bytes(h, a, true, budget);
+  if (n == "bytes") return make_bytes(h, a, false, budget);
+  return kNoRef;
 }
 
 }  // namespace ckpt::internal

@@ -1,11 +1,13 @@
 #pragma once
 // The few calls the restricted VM evaluates itself (unpickler.h lists them), for globals that the
-// caller's allow-list admitted and its `call` hook left alone. Each builds a plain Value; none
-// runs code.
+// caller's allow-list admitted and its `call` hook left alone. Each builds plain data in the
+// heap; none runs code.
 
 #include <cstdint>
+#include <span>
 
 #include "ckpt/value.h"
+#include "pickle/heap.h"
 
 namespace ckpt::internal {
 
@@ -26,9 +28,9 @@ class CopyBudget {
 const char* kind_name(Value::Kind kind) noexcept;
 
 // The result of `callable(*args)` for a built-in (collections.OrderedDict, builtins.set,
-// frozenset, complex, bytearray, bytes, _codecs.encode), or nullptr when `callable` is none of
+// frozenset, complex, bytearray, bytes, _codecs.encode), or kNoRef when `callable` is none of
 // them or `args` is not a form this implements. Throws Error{kCorrupt} for arguments Python
 // itself would reject (a non-latin-1 str encoded as latin-1).
-ValuePtr builtin_call(const Value& callable, const Value& args, CopyBudget& budget);
+Ref builtin_call(PickleHeap& heap, Ref callable, std::span<const Ref> args, CopyBudget& budget);
 
 }  // namespace ckpt::internal

@@ -18,8 +18,9 @@
 //   refused     EXT1/2/4, NEXT_BUFFER, READONLY_BUFFER -> kUnsupported; other bytes -> kCorrupt
 //
 // The VM is a loop over a value stack and a mark stack (positions into the value stack, as in
-// CPython's C unpickler), so nesting never recurses. Values the VM drops are released
-// iteratively at the end (value_release.h), because ~Value of a deep tree recurses.
+// CPython's C unpickler), so nesting never recurses. Objects are nodes of a PickleHeap (heap.h):
+// the stacks and the memo hold 32-bit Refs, nothing is freed one by one, and the Value tree is
+// made at STOP for what the result reaches.
 
 #include "pickle/unpickler.h"
 
@@ -37,7 +38,6 @@
 #include "pickle/compat_names.h"
 #include "pickle/opcodes.h"
 #include "pickle/pickle_text.h"
-#include "pickle/value_release.h"
 
 namespace ckpt::internal {
 namespace {
@@ -52,100 +52,20 @@ class Vm {
         end_(std::min<uint64_t>(data.size(), opt.limits.max_metadata_bytes)),
         hooks_(hooks),
         opt_(opt),
-        budget_(4 * static_cast<uint64_t>(data.size()) + (1u << 20)) {}
-
-  // --- cycles -------------------------------------------------------------------------------
-  // A reference cycle can only close when an existing container receives a container (APPEND,
-  // APPENDS, ADDITEMS, SETITEM(S), BUILD): every other edge points at something older. Such
-  // containers are recorded, and at STOP one iterative DFS from them finds any cycle. Checkpoints
-  // never hold cycles; one would leak (shared_ptr) every time such a file is opened, so the
-  // pickle is refused, after draining those containers so that everything is freed.
-  static bool is_container(const Value& v) {
-    return !v.items.empty() || !v.entries.empty() || v.state || v.kind == Kind::kList ||
-           v.kind == Kind::kTuple || v.kind == Kind::kSet || v.kind == Kind::kDict ||
-           v.kind == Kind::kObject;
-  }
-  void note_mutated(const ValuePtr& c) {
-    if (mutated_seen_.insert(c.get()).second) mutated_.push_back(c);
-  }
-  void note_if_receives_container(size_t target, size_t first_item) {
-    for (size_t i = first_item; i < stack_.size(); ++i)
-      if (stack_[i] && is_container(*stack_[i])) {
-        note_mutated(stack_[target]);
-        return;
-      }
-  }
-  void check_acyclic() {
-    std::vector<ValuePtr> roots;
-    for (auto& w : mutated_)
-      if (auto p = w.lock()) roots.push_back(std::move(p));
-    if (roots.empty()) return;
-    std::unordered_map<const Value*, uint8_t> color;  // 1: on the DFS path, 2: done
-    struct Frame {
-      const Value* v;
-      size_t next;
-    };
-    std::vector<Frame> path;
-    bool cycle = false;
-    for (const auto& r : roots) {
-      if (cycle || color.count(r.get())) continue;
-      color[r.get()] = 1;
-      path.push_back({r.get(), 0});
-      while (!path.empty() && !cycle) {
-        Frame& f = path.back();
-        const Value* v = f.v;
-        const size_t n_items = v->items.size(), n_ent = 2 * v->entries.size();
-        const size_t total = n_items + n_ent + (v->state ? 1 : 0);
-        if (f.next == total) {
-          color[v] = 2;
-          path.pop_back();
-          continue;
-        }
-        const size_t k = f.next++;
-        const Value* c = k < n_items ? v->items[k].get()
-                         : k < n_items + n_ent
-                             ? ((k - n_items) % 2 == 0 ? v->entries[(k - n_items) / 2].first.get()
-                                                       : v->entries[(k - n_items) / 2].second.get())
-                             : v->state.get();
-        if (!c || !is_container(*c)) continue;
-        auto [it, fresh] = color.emplace(c, 1);
-        if (fresh) {
-          path.push_back({c, 0});
-        } else if (it->second == 1) {
-          cycle = true;
-        }
-      }
-      path.clear();
-    }
-    if (!cycle) return;
-    for (auto& r : roots) {
-      for (auto& it : r->items) garbage_.push_back(std::move(it));
-      r->items.clear();
-      for (auto& [k, v] : r->entries) {
-        garbage_.push_back(std::move(k));
-        garbage_.push_back(std::move(v));
-      }
-      r->entries.clear();
-      if (r->state) garbage_.push_back(std::move(r->state));
-    }
-    fail(ErrorCode::kUnsupported,
-         "the object graph contains a cycle (a container that contains itself); checkpoints "
-         "never do");
-  }
-
-  ~Vm() {
-    for (auto& v : stack_) garbage_.push_back(std::move(v));
-    for (auto& v : memo_) garbage_.push_back(std::move(v));
-    for (auto& [k, v] : memo_map_) garbage_.push_back(std::move(v));
-    release_values(garbage_);
+        heap_(data),
+        budget_(4 * static_cast<uint64_t>(data.size()) + (1u << 20)) {
+    memo_.reserve(std::min<size_t>(data.size() / 16, opt.limits.max_pickle_memo));
+    stack_.reserve(64);
   }
 
   ValuePtr run(size_t* consumed) {
     try {
-      ValuePtr result = loop();
+      Ref result = loop();
       check_acyclic();
+      op_pos_ = pos_;
+      ValuePtr v = heap_.to_value(result, budget_);
       if (consumed) *consumed = pos_;
-      return result;
+      return v;
     } catch (Error& e) {
       // Errors from hooks and helpers do not know where they happened.
       e.with_source(opt_.source).with_record(opt_.record).with_offset(abs(op_pos_));
@@ -159,6 +79,29 @@ class Vm {
 
   [[noreturn]] void fail(ErrorCode code, const std::string& msg) const {
     throw Error(code, std::string(op_name()) + ": " + msg, opt_.source, opt_.record, abs(op_pos_));
+  }
+
+  // --- cycles -------------------------------------------------------------------------------
+  // A reference cycle can only close when an existing container receives a container (APPEND,
+  // APPENDS, ADDITEMS, SETITEM(S), BUILD): every other edge points at something older. Such
+  // containers are recorded, and at STOP one iterative DFS from them finds any cycle.
+  // Checkpoints never hold cycles, and the Value tree (shared_ptr) would leak one, so such a
+  // pickle is refused.
+  void note_mutated(Ref c) {
+    if (mutated_seen_.insert(c).second) mutated_.push_back(c);
+  }
+  void note_if_receives_container(size_t target, size_t first_item) {
+    for (size_t i = first_item; i < stack_.size(); ++i)
+      if (heap_.is_container(stack_[i])) {
+        note_mutated(stack_[target]);
+        return;
+      }
+  }
+  void check_acyclic() {
+    if (!mutated_.empty() && heap_.has_cycle(mutated_))
+      fail(ErrorCode::kUnsupported,
+           "the object graph contains a cycle (a container that contains itself); checkpoints "
+           "never do");
   }
 
   // --- reading -----------------------------------------------------------------------------
@@ -197,6 +140,9 @@ class Vm {
     pos_ += n + 1;
     return s;
   }
+  uint64_t offset_of(std::string_view s) const {
+    return reinterpret_cast<const uint8_t*>(s.data()) - p_;
+  }
 
   // --- stacks ------------------------------------------------------------------------------
 
@@ -206,21 +152,21 @@ class Vm {
       fail(ErrorCode::kLimitExceeded, "stack and marks exceed limits.max_pickle_stack (" +
                                           std::to_string(opt_.limits.max_pickle_stack) + ")");
   }
-  void push(ValuePtr v) {
+  void push(Ref v) {
     check_depth();
-    stack_.push_back(std::move(v));
+    stack_.push_back(v);
   }
   // The value stack below the innermost mark belongs to an outer level: ops must not reach it.
   void need_items(size_t n) const {
     if (stack_.size() - fence() < n) fail(ErrorCode::kCorrupt, "stack underflow");
   }
-  ValuePtr pop() {
+  Ref pop() {
     need_items(1);
-    ValuePtr v = std::move(stack_.back());
+    Ref v = stack_.back();
     stack_.pop_back();
     return v;
   }
-  ValuePtr& top() {
+  Ref top() const {
     need_items(1);
     return stack_.back();
   }
@@ -230,24 +176,19 @@ class Vm {
     marks_.pop_back();
     return k;
   }
-  // The items above the innermost mark, which is popped.
-  std::vector<ValuePtr> pop_to_mark() {
-    size_t k = pop_mark();
-    std::vector<ValuePtr> items(std::make_move_iterator(stack_.begin() + k),
-                                std::make_move_iterator(stack_.end()));
-    stack_.resize(k);
-    return items;
+  std::span<const Ref> above(size_t k) const {
+    return std::span<const Ref>(stack_).subspan(k);
   }
   // For APPENDS/SETITEMS/ADDITEMS: pops the mark and returns the container just below it.
-  Value& container_below_mark(size_t& k, Kind want) {
+  Ref container_below_mark(size_t& k, Kind want) {
     k = pop_mark();
     if (k == 0 || k - 1 < fence()) fail(ErrorCode::kCorrupt, "stack underflow");
-    return expect(*stack_[k - 1], want);
+    return expect(stack_[k - 1], want);
   }
-  Value& expect(Value& v, Kind want) {
-    if (v.kind != want)
-      fail(ErrorCode::kCorrupt,
-           std::string("applied to a ") + kind_name(v.kind) + ", not a " + kind_name(want));
+  Ref expect(Ref v, Kind want) const {
+    if (heap_.kind(v) != want)
+      fail(ErrorCode::kCorrupt, std::string("applied to a ") + kind_name(heap_.kind(v)) +
+                                    ", not a " + kind_name(want));
     return v;
   }
 
@@ -255,27 +196,18 @@ class Vm {
 
   // Ids are dense in every pickler we know, so the memo is a vector; ids far beyond the number
   // of entries (hostile, or hand-made) go to a map so that one PUT cannot allocate gigabytes.
-  void memo_put(uint64_t id, ValuePtr v) {
+  void memo_put(uint64_t id, Ref v) {
     if (id < memo_.size() || id <= 2 * memo_count_ + 1024) {
-      if (id >= memo_.size()) memo_.resize(id + 1);
-      bool fresh = !memo_[id];
-      if (!memo_map_.empty()) {
-        auto it = memo_map_.find(id);
-        if (it != memo_map_.end()) {
-          drop(std::move(it->second));
-          memo_map_.erase(it);
-          fresh = false;
-        }
-      }
+      if (id >= memo_.size()) memo_.resize(id + 1, kNoRef);
+      bool fresh = memo_[id] == kNoRef;
+      if (!memo_map_.empty() && memo_map_.erase(id)) fresh = false;
       if (fresh) count_memo_entry();
-      if (memo_[id]) drop(std::move(memo_[id]));
-      memo_[id] = std::move(v);
+      memo_[id] = v;
       return;
     }
-    auto [it, inserted] = memo_map_.try_emplace(id);
+    auto [it, inserted] = memo_map_.try_emplace(id, v);
     if (inserted) count_memo_entry();
-    if (it->second) drop(std::move(it->second));
-    it->second = std::move(v);
+    it->second = v;
   }
   void count_memo_entry() {
     if (memo_count_ >= opt_.limits.max_pickle_memo)
@@ -283,8 +215,8 @@ class Vm {
                                           std::to_string(opt_.limits.max_pickle_memo) + ")");
     ++memo_count_;
   }
-  const ValuePtr& memo_get(uint64_t id) {
-    if (id < memo_.size() && memo_[id]) return memo_[id];
+  Ref memo_get(uint64_t id) const {
+    if (id < memo_.size() && memo_[id] != kNoRef) return memo_[id];
     if (!memo_map_.empty()) {
       auto it = memo_map_.find(id);
       if (it != memo_map_.end()) return it->second;
@@ -294,56 +226,41 @@ class Vm {
 
   // --- values ------------------------------------------------------------------------------
 
-  // None, booleans, () and the small ints are shared within one pickle, as CPython shares
-  // them: a torch tensor's offset 0, stride 1, requires_grad False and hooks () cost no
-  // allocation. The VM never mutates them (APPEND/SETITEM/BUILD refuse those kinds).
-  ValuePtr none() {
-    if (!none_) none_ = Value::none();
-    return none_;
-  }
-  ValuePtr boolean(bool b) {
-    ValuePtr& slot = b ? true_ : false_;
-    if (!slot) slot = Value::boolean(b);
+  // Small ints are shared within one pickle, as CPython shares them (None, booleans and () are
+  // the heap's singletons): a torch tensor's offset 0 and stride 1 cost no node. The VM never
+  // mutates them (APPEND/SETITEM/BUILD refuse those kinds).
+  Ref integer(int64_t v) {
+    if (v < kMinCachedInt || v > kMaxCachedInt) return heap_.integer(v);
+    Ref& slot = small_ints_[v - kMinCachedInt];
+    if (slot == kNoRef) slot = heap_.integer(v);
     return slot;
   }
-  ValuePtr integer(int64_t v) {
-    if (v < kMinCachedInt || v > kMaxCachedInt) return Value::integer(v);
-    ValuePtr& slot = small_ints_[v - kMinCachedInt];
-    if (!slot) slot = Value::integer(v);
-    return slot;
-  }
-  void drop(ValuePtr v) {
-    garbage_.push_back(std::move(v));
-    // Free as we go (memory stays warm); iteratively, since garbage may be a deep tree.
-    if (garbage_.size() >= 4096) release_values(garbage_);
-  }
-
-  ValuePtr make_string(std::string_view s) {
+  Ref make_string(std::string_view s) {
     if (!pickle_text::is_utf8(s)) fail(ErrorCode::kCorrupt, "string is not valid UTF-8");
-    return Value::string(std::string(s));
+    return heap_.input_text(Kind::kString, offset_of(s), s.size());
   }
-  ValuePtr make_int_text(std::string_view text, bool long_suffix) {
+  Ref make_py2_string(std::string_view s) {
+    if (pickle_text::is_utf8(s)) return heap_.input_text(Kind::kString, offset_of(s), s.size());
+    return heap_.string(pickle_text::py2_str_to_utf8(s));
+  }
+  Ref make_int_text(std::string_view text, bool long_suffix) {
     int64_t small = 0;
     std::string big;
     bool fits = true;
     if (!pickle_text::parse_int_text(text, long_suffix, small, big, fits))
       fail(ErrorCode::kCorrupt, "'" + std::string(text.substr(0, 40)) + "' is not an integer");
-    auto v = Value::integer(fits ? small : 0);
-    if (!fits) v->s = std::move(big);
-    return v;
+    return fits ? integer(small) : heap_.big_integer(big);
   }
-  ValuePtr make_long(std::string_view le) {
+  Ref make_long(std::string_view le) {
     if (le.size() > pickle_text::kMaxBigIntBytes)
       fail(ErrorCode::kUnsupported,
            "integer of " + std::to_string(le.size()) + " bytes is too large");
     int64_t small = 0;
     std::string big;
     bool fits = pickle_text::decode_long_bytes(le, small, big);
-    auto v = Value::integer(fits ? small : 0);
-    if (!fits) v->s = std::move(big);
-    return v;
+    return fits ? integer(small) : heap_.big_integer(big);
   }
-  ValuePtr make_float_text(std::string_view text) {
+  Ref make_float_text(std::string_view text) {
     std::string_view t = text;
     if (!t.empty() && t[0] == '+') t.remove_prefix(1);
     double d = 0;
@@ -352,87 +269,87 @@ class Vm {
       fail(ErrorCode::kCorrupt, "'" + std::string(text.substr(0, 40)) + "' is not a float");
     // Out of range: Python's float() gives inf or 0; strtod does the same.
     if (ec == std::errc::result_out_of_range) d = std::strtod(std::string(t).c_str(), nullptr);
-    return Value::real(d);
+    return heap_.real(d);
   }
-  ValuePtr make_bytes(std::string_view s, bool bytearray) {
-    auto v = Value::bytes(std::string(s));
-    v->bytearray = bytearray;
-    return v;
+  Ref make_bytes(std::string_view s, bool bytearray) {
+    return heap_.input_text(Kind::kBytes, offset_of(s), s.size(), bytearray);
   }
 
   // GLOBAL/INST read module and name as text lines; STACK_GLOBAL takes them from the stack.
-  ValuePtr resolve_global(std::string module, std::string name) {
+  Ref resolve_global(std::string module, std::string name) {
     if (protocol_ < 3) rename_py2_to_py3(module, name);
     if (!hooks_.allow_global || !hooks_.allow_global(module, name))
       throw Error(ErrorCode::kUnsupported, "global '" + module + "." + name + "' is not allowed",
                   opt_.source, opt_.record, abs(op_pos_));
-    return Value::global(std::move(module), std::move(name));
+    return heap_.global(module, name);
   }
 
-  ValuePtr call(ValuePtr callable, ValuePtr args) {
-    if (callable->kind != Kind::kGlobal)
+  // `args` must be a tuple node.
+  Ref call(Ref callable, Ref args) {
+    if (heap_.kind(callable) != Kind::kGlobal)
       fail(ErrorCode::kCorrupt,
-           std::string("calls a ") + kind_name(callable->kind) + ", not a global");
-    if (args->kind != Kind::kTuple)
+           std::string("calls a ") + kind_name(heap_.kind(callable)) + ", not a global");
+    if (heap_.kind(args) != Kind::kTuple)
       fail(ErrorCode::kCorrupt,
-           std::string("arguments are a ") + kind_name(args->kind) + ", not a tuple");
-    ValuePtr result;
-    if (hooks_.call) result = hooks_.call(*callable, args);
-    if (!result) result = builtin_call(*callable, *args, budget_);
-    if (!result) {
-      std::vector<ValuePtr> items;
-      if (args.use_count() == 1) {
-        items = std::move(args->items);
-      } else {
-        budget_.spend(args->items.size());
-        items = args->items;
-      }
-      result = Value::object(callable->module, callable->name, std::move(items));
+           std::string("arguments are a ") + kind_name(heap_.kind(args)) + ", not a tuple");
+    // A stable copy of the arguments: the heap's tuple pool moves when hooks make tuples.
+    std::array<Ref, 16> small;
+    std::vector<Ref> large;
+    auto items = heap_.items(args);
+    std::span<const Ref> a;
+    if (items.size() <= small.size()) {
+      std::copy(items.begin(), items.end(), small.begin());
+      a = std::span<const Ref>(small.data(), items.size());
+    } else {
+      large.assign(items.begin(), items.end());
+      a = large;
     }
-    drop(std::move(args));
+    Ref result = kNoRef;
+    if (hooks_.call) result = hooks_.call(heap_, callable, a);
+    if (result == kNoRef) result = builtin_call(heap_, callable, a, budget_);
+    if (result == kNoRef) result = heap_.object(callable, args);
     return result;
   }
 
   void build() {
-    ValuePtr state = pop();
-    ValuePtr& obj = top();
-    if (!(hooks_.build && hooks_.build(obj, state)) && state->kind != Kind::kNone) {
-      if (obj->kind != Kind::kDict && obj->kind != Kind::kObject)
-        fail(ErrorCode::kCorrupt, std::string("sets state on a ") + kind_name(obj->kind));
-      if (obj->state) drop(std::move(obj->state));
-      if (is_container(*state)) note_mutated(obj);
-      obj->state = state;
-    }
-    drop(std::move(state));
+    Ref state = pop();
+    Ref obj = top();
+    if (hooks_.build && hooks_.build(heap_, obj, state)) return;
+    if (heap_.kind(state) == Kind::kNone) return;
+    Kind k = heap_.kind(obj);
+    if (k != Kind::kDict && k != Kind::kObject)
+      fail(ErrorCode::kCorrupt, std::string("sets state on a ") + kind_name(k));
+    if (heap_.is_container(state)) note_mutated(obj);
+    heap_.set_state(obj, state);
   }
 
-  void persistent(ValuePtr pid) {
+  void persistent(Ref pid) {
     if (!hooks_.persistent_load)
-      fail(ErrorCode::kUnsupported, "persistent id " + pid->repr(60) + " but no persistent_load");
-    ValuePtr v = hooks_.persistent_load(pid);
-    drop(std::move(pid));
-    push(v ? std::move(v) : none());
+      fail(ErrorCode::kUnsupported,
+           "persistent id " + heap_.to_value(pid, budget_)->repr(60) + " but no persistent_load");
+    Ref v = hooks_.persistent_load(heap_, pid);
+    push(v != kNoRef ? v : heap_.none());
   }
 
-  void set_items(Value& dict, std::vector<ValuePtr>::iterator begin,
-                 std::vector<ValuePtr>::iterator end) {
-    if ((end - begin) % 2) fail(ErrorCode::kCorrupt, "odd number of items");
-    dict.entries.reserve(dict.entries.size() + (end - begin) / 2);
+  void set_items(Ref dict, size_t k) {
+    if ((stack_.size() - k) % 2) fail(ErrorCode::kCorrupt, "odd number of items");
     // Keys are appended, not looked up: a duplicate key (which no pickler writes) stays a
     // second entry instead of costing a quadratic search on every dict.
-    for (auto it = begin; it != end; it += 2)
-      dict.entries.emplace_back(std::move(it[0]), std::move(it[1]));
+    heap_.append(dict, above(k));
+    stack_.resize(k);
   }
 
-  ValuePtr tuple_of_top(size_t n) {
+  Ref tuple_from(size_t k) {
+    Ref t = heap_.tuple(above(k));
+    stack_.resize(k);
+    return t;
+  }
+  Ref tuple_of_top(size_t n) {
     need_items(n);
-    std::vector<ValuePtr> items(std::make_move_iterator(stack_.end() - n),
-                                std::make_move_iterator(stack_.end()));
-    stack_.resize(stack_.size() - n);
-    return Value::tuple(std::move(items));
+    return tuple_from(stack_.size() - n);
   }
 
-  ValuePtr loop();
+  Ref loop();
 
   const uint8_t* p_;
   size_t size_;
@@ -443,21 +360,20 @@ class Vm {
   int protocol_ = 0;
   const UnpicklerHooks& hooks_;
   const UnpickleOptions& opt_;
-  std::vector<ValuePtr> stack_;
+  PickleHeap heap_;
+  std::vector<Ref> stack_;
   std::vector<size_t> marks_;
-  std::vector<ValuePtr> memo_;
-  std::unordered_map<uint64_t, ValuePtr> memo_map_;
+  std::vector<Ref> memo_;
+  std::unordered_map<uint64_t, Ref> memo_map_;
   uint64_t memo_count_ = 0;
-  std::vector<ValuePtr> garbage_;
-  std::vector<std::weak_ptr<Value>> mutated_;       // containers that received a container
-  std::unordered_set<const Value*> mutated_seen_;
+  std::vector<Ref> mutated_;  // containers that received a container
+  std::unordered_set<Ref> mutated_seen_;
   CopyBudget budget_;
   static constexpr int64_t kMinCachedInt = -5, kMaxCachedInt = 256;
-  ValuePtr none_, true_, false_, empty_tuple_;
-  std::array<ValuePtr, kMaxCachedInt - kMinCachedInt + 1> small_ints_;
+  std::array<Ref, kMaxCachedInt - kMinCachedInt + 1> small_ints_{};
 };
 
-ValuePtr Vm::loop() {
+Ref Vm::loop() {
   while (pos_ < end_) {
     op_pos_ = pos_;
     code_ = p_[pos_++];
@@ -481,31 +397,28 @@ ValuePtr Vm::loop() {
         if (!marks_.empty() && marks_.back() == stack_.size()) {
           marks_.pop_back();
         } else {
-          drop(pop());
+          pop();
         }
         break;
-      case op::kPopMark: {
-        size_t k = pop_mark();
-        for (size_t i = k; i < stack_.size(); ++i) drop(std::move(stack_[i]));
-        stack_.resize(k);
+      case op::kPopMark:
+        stack_.resize(pop_mark());
         break;
-      }
       case op::kDup:
-        push(ValuePtr(top()));
+        push(top());
         break;
       case op::kNone:
-        push(none());
+        push(heap_.none());
         break;
       case op::kNewTrue:
-        push(boolean(true));
+        push(heap_.boolean(true));
         break;
       case op::kNewFalse:
-        push(boolean(false));
+        push(heap_.boolean(false));
         break;
       case op::kInt: {
         std::string_view t = line();
         if (t == "01" || t == "00") {
-          push(boolean(t == "01"));
+          push(heap_.boolean(t == "01"));
         } else {
           push(make_int_text(t, false));
         }
@@ -537,30 +450,30 @@ ValuePtr Vm::loop() {
         break;
       case op::kBinFloat: {
         uint64_t bits = __builtin_bswap64(le<uint64_t>());  // the only big-endian field in pickle
-        push(Value::real(std::bit_cast<double>(bits)));
+        push(heap_.real(std::bit_cast<double>(bits)));
         break;
       }
       case op::kString: {
         std::string raw;
         if (!pickle_text::decode_string_literal(line(), raw))
           fail(ErrorCode::kCorrupt, "argument is not a quoted string literal");
-        push(Value::string(pickle_text::py2_str_to_utf8(raw)));
+        push(heap_.string(pickle_text::py2_str_to_utf8(raw)));
         break;
       }
       case op::kBinString: {
         int32_t n = le<int32_t>();
         if (n < 0) fail(ErrorCode::kCorrupt, "negative length");
-        push(Value::string(pickle_text::py2_str_to_utf8(take(static_cast<uint32_t>(n)))));
+        push(make_py2_string(take(static_cast<uint32_t>(n))));
         break;
       }
       case op::kShortBinString:
-        push(Value::string(pickle_text::py2_str_to_utf8(take(le<uint8_t>()))));
+        push(make_py2_string(take(le<uint8_t>())));
         break;
       case op::kUnicode: {
         std::string s;
         if (!pickle_text::decode_raw_unicode_escape(line(), s))
           fail(ErrorCode::kCorrupt, "bad \\u escape");
-        push(Value::string(std::move(s)));
+        push(heap_.string(s));
         break;
       }
       case op::kShortBinUnicode:
@@ -585,26 +498,26 @@ ValuePtr Vm::loop() {
         push(make_bytes(take(le<uint64_t>()), true));
         break;
       case op::kEmptyList:
-        push(Value::list());
+        push(heap_.list());
         break;
       case op::kEmptyTuple:
-        if (!empty_tuple_) empty_tuple_ = Value::tuple();
-        push(empty_tuple_);
+        push(heap_.empty_tuple());
         break;
       case op::kEmptyDict:
-        push(Value::dict());
+        push(heap_.dict());
         break;
-      case op::kEmptySet: {
-        auto v = std::make_shared<Value>();
-        v->kind = Kind::kSet;
-        push(std::move(v));
+      case op::kEmptySet:
+        push(heap_.set());
+        break;
+      case op::kList: {
+        size_t k = pop_mark();
+        Ref l = heap_.list(above(k));
+        stack_.resize(k);
+        push(l);
         break;
       }
-      case op::kList:
-        push(Value::list(pop_to_mark()));
-        break;
       case op::kTuple:
-        push(Value::tuple(pop_to_mark()));
+        push(tuple_from(pop_mark()));
         break;
       case op::kTuple1:
         push(tuple_of_top(1));
@@ -616,50 +529,47 @@ ValuePtr Vm::loop() {
         push(tuple_of_top(3));
         break;
       case op::kFrozenSet: {
-        auto v = std::make_shared<Value>();
-        v->kind = Kind::kSet;
-        v->items = pop_to_mark();
-        push(std::move(v));
+        size_t k = pop_mark();
+        Ref s = heap_.set(above(k));
+        stack_.resize(k);
+        push(s);
         break;
       }
       case op::kDict: {
         size_t k = pop_mark();
-        auto d = Value::dict();
-        set_items(*d, stack_.begin() + k, stack_.end());
-        stack_.resize(k);
-        push(std::move(d));
+        Ref d = heap_.dict();
+        set_items(d, k);
+        push(d);
         break;
       }
       case op::kAppend: {
-        ValuePtr v = pop();
-        if (is_container(*v)) note_mutated(top());
-        expect(*top(), Kind::kList).items.push_back(std::move(v));
+        Ref v = pop();
+        Ref l = expect(top(), Kind::kList);
+        if (heap_.is_container(v)) note_mutated(l);
+        heap_.append(l, std::span<const Ref>(&v, 1));
         break;
       }
       case op::kAppends:
       case op::kAddItems: {
         size_t k;
-        Value& c = container_below_mark(k, code_ == op::kAppends ? Kind::kList : Kind::kSet);
+        Ref c = container_below_mark(k, code_ == op::kAppends ? Kind::kList : Kind::kSet);
         note_if_receives_container(k - 1, k);
-        c.items.insert(c.items.end(), std::make_move_iterator(stack_.begin() + k),
-                       std::make_move_iterator(stack_.end()));
+        heap_.append(c, above(k));
         stack_.resize(k);
         break;
       }
       case op::kSetItem: {
         need_items(3);
-        Value& d = expect(*stack_[stack_.size() - 3], Kind::kDict);
+        Ref d = expect(stack_[stack_.size() - 3], Kind::kDict);
         note_if_receives_container(stack_.size() - 3, stack_.size() - 2);
-        set_items(d, stack_.end() - 2, stack_.end());
-        stack_.resize(stack_.size() - 2);
+        set_items(d, stack_.size() - 2);
         break;
       }
       case op::kSetItems: {
         size_t k;
-        Value& d = container_below_mark(k, Kind::kDict);
+        Ref d = container_below_mark(k, Kind::kDict);
         note_if_receives_container(k - 1, k);
-        set_items(d, stack_.begin() + k, stack_.end());
-        stack_.resize(k);
+        set_items(d, k);
         break;
       }
       case op::kGet: {
@@ -700,41 +610,43 @@ ValuePtr Vm::loop() {
         break;
       }
       case op::kStackGlobal: {
-        ValuePtr name = pop(), module = pop();
-        if (module->kind != Kind::kString || name->kind != Kind::kString)
+        Ref name = pop(), module = pop();
+        if (heap_.kind(module) != Kind::kString || heap_.kind(name) != Kind::kString)
           fail(ErrorCode::kCorrupt, "module and name must be strings");
-        push(resolve_global(module->s, name->s));
+        push(resolve_global(std::string(heap_.text(module)), std::string(heap_.text(name))));
         break;
       }
       case op::kInst: {
         std::string module(line());
         std::string name(line());
-        ValuePtr cls = resolve_global(std::move(module), std::move(name));
-        push(call(std::move(cls), Value::tuple(pop_to_mark())));
+        Ref cls = resolve_global(std::move(module), std::move(name));
+        Ref args = tuple_from(pop_mark());
+        push(call(cls, args));
         break;
       }
       case op::kObj: {
-        std::vector<ValuePtr> items = pop_to_mark();
-        if (items.empty()) fail(ErrorCode::kCorrupt, "stack underflow");
-        ValuePtr cls = std::move(items.front());
-        items.erase(items.begin());
-        push(call(std::move(cls), Value::tuple(std::move(items))));
+        size_t k = pop_mark();
+        if (stack_.size() == k) fail(ErrorCode::kCorrupt, "stack underflow");
+        Ref cls = stack_[k];
+        Ref args = tuple_from(k + 1);
+        stack_.pop_back();  // cls
+        push(call(cls, args));
         break;
       }
       case op::kReduce:
       case op::kNewObj: {
-        ValuePtr args = pop();
-        ValuePtr callable = pop();
-        push(call(std::move(callable), std::move(args)));
+        Ref args = pop();
+        Ref callable = pop();
+        push(call(callable, args));
         break;
       }
       case op::kNewObjEx: {
-        ValuePtr kwargs = pop(), args = pop(), cls = pop();
-        if (kwargs->kind != Kind::kDict)
+        Ref kwargs = pop(), args = pop(), cls = pop();
+        if (heap_.kind(kwargs) != Kind::kDict)
           fail(ErrorCode::kCorrupt, "keyword arguments are not a dict");
-        if (!kwargs->entries.empty())
+        if (!heap_.items(kwargs).empty())
           fail(ErrorCode::kUnsupported, "keyword arguments are not supported");
-        push(call(std::move(cls), std::move(args)));
+        push(call(cls, args));
         break;
       }
       case op::kBuild:
@@ -744,7 +656,7 @@ ValuePtr Vm::loop() {
         std::string_view t = line();
         for (char c : t)
           if (static_cast<uint8_t>(c) > 0x7F) fail(ErrorCode::kCorrupt, "id is not ASCII");
-        persistent(Value::string(std::string(t)));
+        persistent(heap_.input_text(Kind::kString, offset_of(t), t.size()));
         break;
       }
       case op::kBinPersId:

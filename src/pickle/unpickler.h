@@ -22,22 +22,26 @@
 
 #include "ckpt/options.h"
 #include "ckpt/value.h"
+#include "pickle/heap.h"
 
 namespace ckpt::internal {
 
+// Hooks see the VM's objects in its heap (pickle/heap.h) by Ref. Spans they are given stay
+// valid for the call; spans they get from the heap do not survive their own make_* calls.
 struct UnpicklerHooks {
   // Is module.name allowed as a GLOBAL / STACK_GLOBAL / INST / OBJ class? Not allowed ->
   // Error{kUnsupported, "global 'os.system' is not allowed"} at the opcode's offset.
   std::function<bool(const std::string& module, const std::string& name)> allow_global;
-  // REDUCE / NEWOBJ / NEWOBJ_EX / INST / OBJ of an allowed global `callable` with `args` (a tuple
-  // Value). Return the result, or nullptr to get the built-in handling (below) or, failing that,
-  // a kObject Value recording the call. May throw Error.
-  std::function<ValuePtr(const Value& callable, const ValuePtr& args)> call;
-  // BUILD: set `state` on `obj`. Return true if handled; false -> built-in handling: kDict/kObject
-  // get `state` stored in Value::state (dict state items of a plain kDict are not merged).
-  std::function<bool(const ValuePtr& obj, const ValuePtr& state)> build;
-  // BINPERSID / PERSID: map a persistent id (any Value) to a Value. Unset -> Error{kUnsupported}.
-  std::function<ValuePtr(const ValuePtr& pid)> persistent_load;
+  // REDUCE / NEWOBJ / NEWOBJ_EX / INST / OBJ of an allowed global `callable` (a kGlobal) with
+  // `args`. Return the result, or kNoRef to get the built-in handling (below) or, failing that,
+  // a kObject recording the call. May throw Error.
+  std::function<Ref(PickleHeap& heap, Ref callable, std::span<const Ref> args)> call;
+  // BUILD: set `state` on `obj`. Return true if handled; false -> built-in handling: kDict and
+  // kObject get `state` stored as their state (dict state items of a plain dict are not merged).
+  std::function<bool(PickleHeap& heap, Ref obj, Ref state)> build;
+  // BINPERSID / PERSID: map a persistent id (any object) to an object. Unset ->
+  // Error{kUnsupported}.
+  std::function<Ref(PickleHeap& heap, Ref pid)> persistent_load;
 };
 
 // Built-in call semantics (applied when `call` returns nullptr), for allowed globals only:

@@ -10,6 +10,7 @@
 
 #include "ckpt/error.h"
 #include "pickle/pickler.h"
+#include "pickle/builtin_calls.h"
 #include "pickle/unpickler.h"
 #include "pickle/value_release.h"
 #include "pickle_cpython_data.h"
@@ -81,9 +82,10 @@ TEST(Unpickler, ReadsCPythonProtocol5) { check_protocol(cpython::kProto5, kPoint
 TEST(Unpickler, ReadsTorchStylePersistentIds) {
   UnpicklerHooks hooks = allowing({"__main__.rebuild", "__main__.FloatStorage"});
   std::vector<std::string> pids;
-  hooks.persistent_load = [&](const ValuePtr& pid) {
-    pids.push_back(dump(pid));
-    return Value::tensor(pids.size() - 1);
+  hooks.persistent_load = [&](internal::PickleHeap& h, internal::Ref pid) {
+    internal::CopyBudget budget(1000);
+    pids.push_back(dump(h.to_value(pid, budget)));
+    return h.tensor(pids.size() - 1);
   };
   auto v = load(from_hex(cpython::kPersistent), hooks);
   EXPECT_EQ(pids,
@@ -96,12 +98,14 @@ TEST(Unpickler, ReadsTorchStylePersistentIds) {
 
 TEST(Unpickler, HooksReplaceCallsAndBuild) {
   UnpicklerHooks hooks = allowing({"__main__.Point"});
-  hooks.call = [](const Value& callable, const ValuePtr& args) -> ValuePtr {
-    return callable.name == "Point" ? S("called") : nullptr;
+  hooks.call = [](internal::PickleHeap& h, internal::Ref callable,
+                  std::span<const internal::Ref>) {
+    return h.name(callable) == "Point" ? h.string("called") : internal::kNoRef;
   };
   ValuePtr built_state;
-  hooks.build = [&](const ValuePtr& obj, const ValuePtr& state) {
-    built_state = state;
+  hooks.build = [&](internal::PickleHeap& h, internal::Ref, internal::Ref state) {
+    internal::CopyBudget budget(1000);
+    built_state = h.to_value(state, budget);
     return true;
   };
   auto v = load(from_hex(cpython::kProto2), hooks);
@@ -408,7 +412,7 @@ TEST(UnpicklerHostile, EveryPrefixOfARealPickleIsTruncated) {
     std::string full = from_hex(hex);
     auto hooks = allowing({"__main__.Point", "copyreg._reconstructor", "builtins.object",
                            "__main__.rebuild", "__main__.FloatStorage"});
-    hooks.persistent_load = [](const ValuePtr&) { return Value::tensor(0); };
+    hooks.persistent_load = [](internal::PickleHeap& h, internal::Ref) { return h.tensor(0); };
     for (size_t n = 0; n < full.size(); ++n) {
       Error e = capture_error([&] { load(std::string_view(full).substr(0, n), hooks); });
       EXPECT_EQ(e.code(), ErrorCode::kTruncated) << "prefix " << n << ": " << e.what();
@@ -516,9 +520,10 @@ TEST(UnpicklerSpeed, HundredThousandTensors) {
 
   auto hooks = allowing({"torch._utils._rebuild_tensor_v2", "torch.FloatStorage"});
   size_t n = 0;
-  hooks.persistent_load = [&](const ValuePtr&) { return Value::tensor(n++); };
-  hooks.call = [](const Value& callable, const ValuePtr& args) -> ValuePtr {
-    return callable.name == "_rebuild_tensor_v2" ? args->items[0] : nullptr;
+  hooks.persistent_load = [&](internal::PickleHeap& h, internal::Ref) { return h.tensor(n++); };
+  hooks.call = [](internal::PickleHeap& h, internal::Ref callable,
+                  std::span<const internal::Ref> args) {
+    return h.name(callable) == "_rebuild_tensor_v2" ? args[0] : internal::kNoRef;
   };
   double ms = 1e9;
   for (int run = 0; run < 3; ++run) {

@@ -28,9 +28,9 @@ class Parser {
     hooks.allow_global = [](const std::string& m, const std::string&) {
       return m == "torch.jit._pickle";
     };
-    hooks.call = [](const Value& fn, const ValuePtr& args) -> ValuePtr {
-      if (fn.module == "torch.jit._pickle" && args && !args->items.empty()) return args->items[0];
-      return nullptr;
+    hooks.call = [](PickleHeap& h, Ref fn, std::span<const Ref> args) -> Ref {
+      if (h.module(fn) == "torch.jit._pickle" && !args.empty()) return args[0];
+      return kNoRef;
     };
     UnpickleOptions uo;
     uo.source = opt_.source;

@@ -14,6 +14,7 @@
 #include <unordered_set>
 
 #include "ckpt/error.h"
+#include "pickle/builtin_calls.h"
 #include "pickle/unpickler.h"
 #include "pickle/value_release.h"
 #include "util/bytes.h"
@@ -86,13 +87,21 @@ class Builder {
     hooks.allow_global = [this](const std::string& m, const std::string& n) {
       return allowed(m, n, opt_.torchscript);
     };
-    hooks.persistent_load = [this](const ValuePtr& pid) { return persistent_load(pid); };
-    hooks.call = [this](const Value& fn, const ValuePtr& args) { return call(fn, args); };
+    hooks.persistent_load = [this](PickleHeap& h, Ref pid) { return persistent_load(h, pid); };
+    hooks.call = [this](PickleHeap& h, Ref fn, std::span<const Ref> args) {
+      return call(h, fn, args);
+    };
     UnpickleOptions uo;
     uo.source = opt_.source;
     uo.record = opt_.record;
     uo.base_offset = opt_.base_offset;
     uo.limits = opt_.limits;
+    // A tensor takes at least ~60 bytes of pickle; reserving the tables (untouched capacity
+    // costs address space, not memory) saves moving 20,000 TensorInfos several times.
+    const size_t guess =
+        std::min<size_t>({data.size() / 64, opt_.limits.max_tensors, size_t{1} << 18});
+    out_.tensors.reserve(guess);
+    out_.storages.reserve(guess);
     out_.root = unpickle(data, hooks, uo, consumed);
     try {
       name_tensors(out_.root, out_.tensors, opt_.limits.max_pickle_depth);
@@ -106,67 +115,74 @@ class Builder {
   }
 
  private:
+  using Kind = Value::Kind;
+
   [[noreturn]] void fail(ErrorCode code, const std::string& msg) const {
     throw Error(code, msg, opt_.source, opt_.record);
   }
 
-  static int64_t as_int(const ValuePtr& v, const char* what, const Builder& b) {
-    if (!v || v->kind != Value::Kind::kInt || !v->s.empty())
-      b.fail(ErrorCode::kCorrupt, std::string("expected an integer for ") + what);
-    return v->i;
+  int64_t as_int(const PickleHeap& h, Ref v, const char* what) const {
+    if (!h.is_small_int(v)) fail(ErrorCode::kCorrupt, std::string("expected an integer for ") + what);
+    return h.int_value(v);
   }
+  static bool as_flag(const PickleHeap& h, Ref v) { return h.truth(v); }
 
-  std::vector<int64_t> int_tuple(const ValuePtr& v, const char* what) const {
-    if (!v || !(v->kind == Value::Kind::kTuple || v->kind == Value::Kind::kList))
+  std::vector<int64_t> int_tuple(const PickleHeap& h, Ref v, const char* what) const {
+    if (h.kind(v) != Kind::kTuple && h.kind(v) != Kind::kList)
       fail(ErrorCode::kCorrupt, std::string("expected a tuple for ") + what);
-    if (v->items.size() > opt_.limits.max_dims)
+    auto items = h.items(v);
+    if (items.size() > opt_.limits.max_dims)
       throw Error(ErrorCode::kLimitExceeded,
-                  std::string(what) + " has " + std::to_string(v->items.size()) +
+                  std::string(what) + " has " + std::to_string(items.size()) +
                       " dimensions; the limit is " + std::to_string(opt_.limits.max_dims) +
                       " (Limits::max_dims)",
                   opt_.source, opt_.record);
     std::vector<int64_t> out;
-    out.reserve(v->items.size());
-    for (auto& it : v->items) {
-      int64_t x = as_int(it, what, *this);
+    out.reserve(items.size());
+    for (Ref it : items) {
+      int64_t x = as_int(h, it, what);
       if (x < 0) fail(ErrorCode::kCorrupt, std::string("negative value in ") + what);
       out.push_back(x);
     }
     return out;
   }
 
-  ValuePtr persistent_load(const ValuePtr& pid) {
-    if (!pid || pid->kind != Value::Kind::kTuple || pid->items.size() < 5 ||
-        pid->items[0]->kind != Value::Kind::kString || pid->items[0]->s != "storage")
-      fail(ErrorCode::kCorrupt, "persistent id is not a ('storage', ...) tuple: " +
-                                    (pid ? pid->repr() : std::string("null")));
-    const Value& cls = *pid->items[1];
-    if (cls.kind != Value::Kind::kGlobal)
+  Ref persistent_load(PickleHeap& h, Ref pid) {
+    auto p = h.items(pid);
+    if (h.kind(pid) != Kind::kTuple || p.size() < 5 || h.kind(p[0]) != Kind::kString ||
+        h.text(p[0]) != "storage") {
+      CopyBudget budget(1 << 20);
+      fail(ErrorCode::kCorrupt,
+           "persistent id is not a ('storage', ...) tuple: " + h.to_value(pid, budget)->repr());
+    }
+    const Ref cls = p[1];
+    if (h.kind(cls) != Kind::kGlobal)
       fail(ErrorCode::kCorrupt, "persistent id names no storage class");
     DType dtype;
-    if (cls.name == "UntypedStorage") {
+    if (h.name(cls) == "UntypedStorage") {
       dtype = DType::kUInt8;
-    } else if (auto d = dtype_from_storage_class(cls.name)) {
+    } else if (auto d = dtype_from_storage_class(std::string(h.name(cls)))) {
       dtype = *d;
     } else {
-      fail(ErrorCode::kUnsupported, "unknown storage class " + cls.module + "." + cls.name);
+      fail(ErrorCode::kUnsupported,
+           "unknown storage class " + std::string(h.module(cls)) + "." + std::string(h.name(cls)));
     }
-    const Value& key = *pid->items[2];
-    if (key.kind != Value::Kind::kString && key.kind != Value::Kind::kInt)
+    const Ref key = p[2];
+    if (h.kind(key) != Kind::kString && !h.is_small_int(key))
       fail(ErrorCode::kCorrupt, "storage key is not a string");
-    std::string k = key.kind == Value::Kind::kString ? key.s : std::to_string(key.i);
-    const Value& loc = *pid->items[3];
-    int64_t numel = as_int(pid->items[4], "storage numel", *this);
+    std::string k =
+        h.kind(key) == Kind::kString ? std::string(h.text(key)) : std::to_string(h.int_value(key));
+    const Ref loc = p[3];
+    int64_t numel = as_int(h, p[4], "storage numel");
     if (numel < 0) fail(ErrorCode::kCorrupt, "negative storage size");
-    if (pid->items.size() > 5 && !pid->items[5]->is_none())
+    if (p.size() > 5 && h.kind(p[5]) != Kind::kNone)
       fail(ErrorCode::kUnsupported, "legacy storage views (view_metadata) are not supported");
     auto nbytes = checked_mul(static_cast<uint64_t>(numel), storage_element_size(dtype));
     if (!nbytes) fail(ErrorCode::kCorrupt, "storage size overflows");
 
     size_t index;
-    auto it = by_key_.find(k);
-    if (it != by_key_.end()) {
-      index = it->second;
+    if (std::optional<size_t> known = find_storage(k)) {
+      index = *known;
       const StorageInfo& s = out_.storages[index];
       if (s.nbytes != *nbytes && *nbytes != 0 && s.nbytes != 0)
         fail(ErrorCode::kCorrupt, "storage " + k + " is referenced with two different sizes");
@@ -180,29 +196,58 @@ class Builder {
       s.key = k;
       s.dtype = dtype;
       s.nbytes = *nbytes;
-      s.device = loc.kind == Value::Kind::kString ? loc.s : "cpu";
+      s.device = h.kind(loc) == Kind::kString ? std::string(h.text(loc)) : "cpu";
       index = out_.storages.size();
       out_.storages.push_back(std::move(s));
-      by_key_.emplace(k, index);
+      remember_storage(std::move(k), index);
     }
-    auto marker = Value::object("ckpt", std::string(kStorageMarker));
-    marker->i = static_cast<int64_t>(index);
-    return marker;
+    // One marker class per unpickle; the marker object's tag is the storage index.
+    if (marker_cls_ == kNoRef) marker_cls_ = h.global("ckpt", kStorageMarker);
+    return h.object(marker_cls_, h.empty_tuple(), static_cast<int64_t>(index));
   }
 
-  size_t storage_of(const ValuePtr& v) const {
-    if (!v || v->kind != Value::Kind::kObject || v->name != kStorageMarker)
+  // torch names storages "0", "1", ... in order, so decimal keys index a vector; any other key
+  // (or a number far beyond the count, which would make the vector huge) goes to a map.
+  static std::optional<uint32_t> small_number(std::string_view k) {
+    if (k.empty() || k.size() > 9 || (k.size() > 1 && k[0] == '0')) return std::nullopt;
+    uint32_t v = 0;
+    for (char c : k) {
+      if (c < '0' || c > '9') return std::nullopt;
+      v = v * 10 + static_cast<uint32_t>(c - '0');
+    }
+    return v;
+  }
+  std::optional<size_t> find_storage(std::string_view k) const {
+    if (auto n = small_number(k)) {
+      if (*n < by_number_.size() && by_number_[*n] != kNone) return by_number_[*n];
+    }
+    if (by_key_.empty()) return std::nullopt;
+    auto it = by_key_.find(std::string(k));
+    if (it == by_key_.end()) return std::nullopt;
+    return it->second;
+  }
+  void remember_storage(std::string k, size_t index) {
+    auto n = small_number(k);
+    if (n && *n <= 2 * by_number_.size() + 4096) {
+      if (*n >= by_number_.size()) by_number_.resize(*n + 1, kNone);
+      by_number_[*n] = static_cast<uint32_t>(index);
+      return;
+    }
+    by_key_.emplace(std::move(k), index);
+  }
+
+  size_t storage_of(const PickleHeap& h, Ref v) const {
+    if (marker_cls_ == kNoRef || h.kind(v) != Kind::kObject || h.cls(v) != marker_cls_)
       fail(ErrorCode::kCorrupt, "tensor rebuild without a storage");
-    return static_cast<size_t>(v->i);
+    return static_cast<size_t>(h.int_value(v));
   }
 
-  const TensorInfo& tensor_of(const ValuePtr& v) const {
-    if (!v || v->kind != Value::Kind::kTensor)
-      fail(ErrorCode::kCorrupt, "expected a tensor argument");
-    return out_.tensors[static_cast<size_t>(v->i)];
+  size_t tensor_of(const PickleHeap& h, Ref v) const {
+    if (h.kind(v) != Kind::kTensor) fail(ErrorCode::kCorrupt, "expected a tensor argument");
+    return static_cast<size_t>(h.int_value(v));
   }
 
-  ValuePtr add_tensor(TensorInfo t) {
+  Ref add_tensor(PickleHeap& h, TensorInfo t) {
     if (out_.tensors.size() >= opt_.limits.max_tensors)
       throw Error(ErrorCode::kLimitExceeded,
                   "more tensors than Limits::max_tensors (" +
@@ -211,133 +256,150 @@ class Builder {
     if (t.strides.size() != t.shape.size())
       fail(ErrorCode::kCorrupt, "tensor size and stride have different lengths");
     out_.tensors.push_back(std::move(t));
-    return Value::tensor(out_.tensors.size() - 1);
+    return h.tensor(out_.tensors.size() - 1);
   }
 
   // _rebuild_tensor_v2(storage, offset, size, stride, requires_grad, hooks[, metadata]) and
   // friends; `dtype` overrides the storage's (v3 and UntypedStorage).
-  ValuePtr rebuild_tensor(const std::vector<ValuePtr>& a, std::optional<DType> dtype) {
+  Ref rebuild_tensor(PickleHeap& h, std::span<const Ref> a, std::optional<DType> dtype) {
     TensorInfo t;
-    t.storage = storage_of(a[0]);
+    t.storage = storage_of(h, a[0]);
     StorageInfo& st = out_.storages[t.storage];
     t.dtype = dtype.value_or(st.dtype);
     if (dtype && st.dtype == DType::kUInt8 && *dtype != DType::kUInt8) st.dtype = *dtype;
-    t.storage_offset = as_int(a[1], "storage offset", *this);
+    t.storage_offset = as_int(h, a[1], "storage offset");
     if (t.storage_offset < 0) fail(ErrorCode::kCorrupt, "negative storage offset");
-    t.shape = int_tuple(a[2], "size");
-    t.strides = int_tuple(a[3], "stride");
-    if (a.size() > 4) t.requires_grad = a[4]->kind == Value::Kind::kBool && a[4]->b;
-    return add_tensor(std::move(t));
+    t.shape = int_tuple(h, a[2], "size");
+    t.strides = int_tuple(h, a[3], "stride");
+    if (a.size() > 4) t.requires_grad = as_flag(h, a[4]);
+    return add_tensor(h, std::move(t));
   }
 
-  ValuePtr call(const Value& fn, const ValuePtr& args) {
-    const std::string& m = fn.module;
-    const std::string& n = fn.name;
-    const auto& a = args->items;
+  std::optional<DType> dtype_of(const PickleHeap& h, Ref v) const {
+    if (h.kind(v) != Kind::kGlobal) return std::nullopt;
+    return dtype_from_name(std::string(h.name(v)));
+  }
+
+  Ref call(PickleHeap& h, Ref fn, std::span<const Ref> a) {
+    const std::string_view m = h.module(fn), n = h.name(fn);
     auto need = [&](size_t k) {
       if (a.size() < k)
-        fail(ErrorCode::kCorrupt, m + "." + n + " called with " + std::to_string(a.size()) +
-                                      " arguments, needs " + std::to_string(k));
+        fail(ErrorCode::kCorrupt, std::string(m) + "." + std::string(n) + " called with " +
+                                      std::to_string(a.size()) + " arguments, needs " +
+                                      std::to_string(k));
     };
     if (m == "torch._utils") {
       if (n == "_rebuild_tensor_v2" || n == "_rebuild_tensor") {
         need(4);
-        return rebuild_tensor(a, std::nullopt);
+        return rebuild_tensor(h, a, std::nullopt);
       }
       if (n == "_rebuild_tensor_v3") {
         need(7);
-        if (a[6]->kind != Value::Kind::kGlobal || !dtype_from_name(a[6]->name))
-          fail(ErrorCode::kCorrupt, "_rebuild_tensor_v3 without a dtype");
-        return rebuild_tensor(a, dtype_from_name(a[6]->name));
+        auto dt = dtype_of(h, a[6]);
+        if (!dt) fail(ErrorCode::kCorrupt, "_rebuild_tensor_v3 without a dtype");
+        return rebuild_tensor(h, a, dt);
       }
       if (n == "_rebuild_parameter" || n == "_rebuild_parameter_with_state") {
         need(2);
-        tensor_of(a[0]);
-        auto& t = out_.tensors[static_cast<size_t>(a[0]->i)];
+        size_t i = tensor_of(h, a[0]);
+        auto& t = out_.tensors[i];
         t.is_parameter = true;
-        t.requires_grad = a[1]->kind == Value::Kind::kBool && a[1]->b;
-        return Value::tensor(static_cast<size_t>(a[0]->i));
+        t.requires_grad = as_flag(h, a[1]);
+        return a[0];
       }
       if (n == "_rebuild_qtensor") {
         need(6);
-        auto v = rebuild_tensor({a[0], a[1], a[2], a[3]}, std::nullopt);
-        auto& t = out_.tensors[static_cast<size_t>(v->i)];
-        if (a.size() > 5) t.requires_grad = a[5]->kind == Value::Kind::kBool && a[5]->b;
-        const Value& q = *a[4];
-        if (q.kind != Value::Kind::kTuple || q.items.empty() ||
-            q.items[0]->kind != Value::Kind::kGlobal)
+        // Read everything the quantizer tuple holds before making nodes (spans move).
+        const Ref q = a[4];
+        std::vector<Ref> qi(h.items(q).begin(), h.items(q).end());
+        const bool grad = a.size() > 5 && as_flag(h, a[5]);
+        if (h.kind(q) != Kind::kTuple || qi.empty() || h.kind(qi[0]) != Kind::kGlobal)
           fail(ErrorCode::kCorrupt, "bad quantizer parameters");
         Quantization qz;
-        qz.scheme = q.items[0]->name;
+        qz.scheme = std::string(h.name(qi[0]));
         if ((qz.scheme == "per_tensor_affine" || qz.scheme == "per_tensor_symmetric") &&
-            q.items.size() >= 3) {
-          qz.scale = q.items[1]->kind == Value::Kind::kFloat ? q.items[1]->f
-                                                             : static_cast<double>(q.items[1]->i);
-          qz.zero_point = as_int(q.items[2], "zero point", *this);
-        } else if (q.items.size() >= 4 && q.items[1]->kind == Value::Kind::kTensor &&
-                   q.items[2]->kind == Value::Kind::kTensor) {
-          qz.scales_tensor = static_cast<size_t>(q.items[1]->i);
-          qz.zero_points_tensor = static_cast<size_t>(q.items[2]->i);
-          qz.axis = as_int(q.items[3], "axis", *this);
-          out_.tensors[*qz.scales_tensor].type = "qparams";
-          out_.tensors[*qz.zero_points_tensor].type = "qparams";
+            qi.size() >= 3) {
+          qz.scale = h.kind(qi[1]) == Kind::kFloat ? h.float_value(qi[1])
+                                                    : static_cast<double>(h.int_value(qi[1]));
+          qz.zero_point = as_int(h, qi[2], "zero point");
+        } else if (qi.size() >= 4 && h.kind(qi[1]) == Kind::kTensor &&
+                   h.kind(qi[2]) == Kind::kTensor) {
+          qz.scales_tensor = static_cast<size_t>(h.int_value(qi[1]));
+          qz.zero_points_tensor = static_cast<size_t>(h.int_value(qi[2]));
+          qz.axis = as_int(h, qi[3], "axis");
         } else {
           fail(ErrorCode::kUnsupported, "quantization scheme " + qz.scheme);
+        }
+        Ref v = rebuild_tensor(h, a.first(4), std::nullopt);
+        auto& t = out_.tensors[static_cast<size_t>(h.int_value(v))];
+        t.requires_grad = grad;
+        if (qz.scales_tensor) {
+          out_.tensors[*qz.scales_tensor].type = "qparams";
+          out_.tensors[*qz.zero_points_tensor].type = "qparams";
         }
         t.quantization = qz;
         return v;
       }
       if (n == "_rebuild_meta_tensor_no_storage") {
         need(3);
-        if (a[0]->kind != Value::Kind::kGlobal || !dtype_from_name(a[0]->name))
-          fail(ErrorCode::kCorrupt, "meta tensor without a dtype");
+        auto dt = dtype_of(h, a[0]);
+        if (!dt) fail(ErrorCode::kCorrupt, "meta tensor without a dtype");
         StorageInfo s;
         s.key = "meta." + std::to_string(out_.storages.size());
-        s.dtype = *dtype_from_name(a[0]->name);
+        s.dtype = *dt;
         s.meta = true;
         s.device = "meta";
         TensorInfo t;
         t.dtype = s.dtype;
-        t.shape = int_tuple(a[1], "size");
-        t.strides = int_tuple(a[2], "stride");
-        if (a.size() > 3) t.requires_grad = a[3]->kind == Value::Kind::kBool && a[3]->b;
+        t.shape = int_tuple(h, a[1], "size");
+        t.strides = int_tuple(h, a[2], "stride");
+        if (a.size() > 3) t.requires_grad = as_flag(h, a[3]);
         t.storage = out_.storages.size();
         uint64_t extent_elems = 0;
         for (size_t i = 0; i < t.shape.size(); ++i)
           if (t.shape[i] > 0) extent_elems += (t.shape[i] - 1) * t.strides[i];
         s.nbytes = t.numel() ? dtype_nbytes(s.dtype, extent_elems + 1).value_or(0) : 0;
         out_.storages.push_back(std::move(s));
-        return add_tensor(std::move(t));
+        return add_tensor(h, std::move(t));
       }
-      fail(ErrorCode::kUnsupported, "torch._utils." + n + " (sparse, nested and device-wrapped "
-                                    "tensors) is not supported");
+      fail(ErrorCode::kUnsupported, "torch._utils." + std::string(n) +
+                                        " (sparse, nested and device-wrapped tensors) is not "
+                                        "supported");
     }
     if ((m == "torch._tensor" || m == "torch.tensor") && n == "_rebuild_from_type_v2") {
       need(3);
-      if (a[0]->kind != Value::Kind::kGlobal || a[2]->kind != Value::Kind::kTuple)
+      if (h.kind(a[0]) != Kind::kGlobal || h.kind(a[2]) != Kind::kTuple)
         fail(ErrorCode::kCorrupt, "bad _rebuild_from_type_v2 call");
-      ValuePtr r = call(*a[0], a[2]);
-      if (r && r->kind == Value::Kind::kTensor && a[1]->kind == Value::Kind::kGlobal &&
-          a[1]->name == "Parameter")
-        out_.tensors[static_cast<size_t>(r->i)].is_parameter = true;
+      const bool parameter = h.kind(a[1]) == Kind::kGlobal && h.name(a[1]) == "Parameter";
+      std::vector<Ref> inner(h.items(a[2]).begin(), h.items(a[2]).end());
+      Ref r = call(h, a[0], inner);
+      if (r != kNoRef && h.kind(r) == Kind::kTensor && parameter)
+        out_.tensors[static_cast<size_t>(h.int_value(r))].is_parameter = true;
       return r;
     }
     if (m == "torch" && n == "Size") {
       need(1);
-      return Value::tuple(a[0]->items);
+      if (h.kind(a[0]) != Kind::kTuple && h.kind(a[0]) != Kind::kList)
+        fail(ErrorCode::kCorrupt, "torch.Size of a " + std::string(kind_name(h.kind(a[0]))));
+      if (h.kind(a[0]) == Kind::kTuple) return a[0];
+      std::vector<Ref> dims(h.items(a[0]).begin(), h.items(a[0]).end());
+      return h.tuple(dims);
     }
-    if (m == "torch.serialization" && n == "_get_layout") return Value::global("torch", "strided");
+    if (m == "torch.serialization" && n == "_get_layout") return h.global("torch", "strided");
     if (m == "torch.jit._pickle") {
       // restore_type_tag(obj, type_str) and build_{int,double,bool,tensor}list(list): identity.
       need(1);
       return a[0];
     }
-    return nullptr;  // VM built-ins (OrderedDict, set, bytes...) or a recorded object
+    return kNoRef;  // VM built-ins (OrderedDict, set, bytes...) or a recorded object
   }
 
   const TorchUnpickleOptions& opt_;
   TorchPickle out_;
+  static constexpr uint32_t kNone = UINT32_MAX;
+  std::vector<uint32_t> by_number_;  // storage index by decimal key, or kNone
   std::unordered_map<std::string, size_t> by_key_;
+  Ref marker_cls_ = kNoRef;
 };
 
 // `seen`: shared containers already walked. A pickle can reference one subtree many times
@@ -354,12 +416,20 @@ void walk(const ValuePtr& v, std::string& path, std::vector<TensorInfo>& tensors
   if (v.use_count() > 1 && (!v->items.empty() || !v->entries.empty() || v->state) &&
       !seen.insert(v.get()).second)
     return;
-  auto child = [&](const std::string& comp, const ValuePtr& c) {
+  auto child = [&](std::string_view comp, const ValuePtr& c) {
     size_t len = path.size();
     if (!path.empty()) path += '.';
     path += comp;
     walk(c, path, tensors, named, depth + 1, max_depth, seen);
     path.resize(len);
+  };
+  // A string key is its own path component; no temporary string for the common case.
+  auto key_child = [&](const ValuePtr& k, const ValuePtr& c) {
+    if (k && k->kind == Value::Kind::kString) {
+      child(k->s, c);
+    } else {
+      child(k ? path_component(*k) : "?", c);
+    }
   };
   switch (v->kind) {
     case Value::Kind::kTensor: {
@@ -371,7 +441,7 @@ void walk(const ValuePtr& v, std::string& path, std::vector<TensorInfo>& tensors
       return;
     }
     case Value::Kind::kDict:
-      for (auto& [k, val] : v->entries) child(k ? path_component(*k) : "?", val);
+      for (auto& [k, val] : v->entries) key_child(k, val);
       return;
     case Value::Kind::kList:
     case Value::Kind::kTuple:
@@ -383,7 +453,7 @@ void walk(const ValuePtr& v, std::string& path, std::vector<TensorInfo>& tensors
       if (v->state) {
         // A module's attributes read as its own path (TorchScript: encoder.layer.weight).
         if (v->state->kind == Value::Kind::kDict) {
-          for (auto& [k, val] : v->state->entries) child(k ? path_component(*k) : "?", val);
+          for (auto& [k, val] : v->state->entries) key_child(k, val);
         } else {
           walk(v->state, path, tensors, named, depth + 1, max_depth, seen);
         }

@@ -1,0 +1,366 @@
+#include "pickle/heap.h"
+
+#include <bit>
+#include <unordered_map>
+
+#include "ckpt/error.h"
+#include "pickle/builtin_calls.h"
+
+namespace ckpt::internal {
+
+PickleHeap::PickleHeap(std::span<const std::byte> input) : input_(input) {
+  // Typical pickles make about one node per 7 bytes.
+  nodes_.reserve(16 + input.size() / 8);
+  pool_.reserve(16 + input.size() / 8);
+  nodes_.push_back(Node{});                      // kNoRef
+  nodes_.push_back(Node{Kind::kNone});           // kNone
+  nodes_.push_back(Node{Kind::kBool, 0, 0, 0});  // kFalse
+  nodes_.push_back(Node{Kind::kBool, 0, 0, 1});  // kTrue
+  nodes_.push_back(Node{Kind::kTuple});          // kEmptyTuple
+  lists_.emplace_back();
+}
+
+Ref PickleHeap::add(const Node& n) {
+  // Refs are 32-bit; a pickle would need billions of opcodes to get here, and the metadata
+  // limit stops far earlier, but a wrong Ref must never be handed out.
+  if (nodes_.size() >= UINT32_MAX)
+    throw Error(ErrorCode::kLimitExceeded, "pickle makes more than 2^32 objects");
+  nodes_.push_back(n);
+  return static_cast<Ref>(nodes_.size() - 1);
+}
+
+double PickleHeap::float_value(Ref r) const { return std::bit_cast<double>(nodes_[r].b); }
+
+std::complex<double> PickleHeap::complex_value(Ref r) const {
+  return {std::bit_cast<double>(nodes_[r].b), std::bit_cast<double>(nodes_[r].c)};
+}
+
+std::string_view PickleHeap::text(Ref r) const {
+  const Node& n = nodes_[r];
+  if (n.kind == Kind::kInt) {
+    if (!(n.flags & kBig)) return {};
+    return std::string_view(chars_).substr(n.c, n.a);
+  }
+  if (n.kind != Kind::kString && n.kind != Kind::kBytes) return {};
+  if (n.flags & kInInput) return {reinterpret_cast<const char*>(input_.data()) + n.b, n.c};
+  return std::string_view(chars_).substr(n.b, n.c);
+}
+
+std::span<const Ref> PickleHeap::items(Ref r) const {
+  const Node& n = nodes_[r];
+  switch (n.kind) {
+    case Kind::kTuple:
+      return std::span<const Ref>(pool_).subspan(n.b, n.c);
+    case Kind::kList:
+    case Kind::kSet:
+    case Kind::kDict:
+      return lists_[n.a];
+    case Kind::kObject:
+      return items(n.a);
+    default:
+      return {};
+  }
+}
+
+std::string_view PickleHeap::module(Ref r) const {
+  const Node& n = nodes_[r];
+  if (n.kind == Kind::kGlobal) return globals_[n.a].first;
+  Ref c = cls(r);
+  return c ? module(c) : std::string_view();
+}
+
+std::string_view PickleHeap::name(Ref r) const {
+  const Node& n = nodes_[r];
+  if (n.kind == Kind::kGlobal) return globals_[n.a].second;
+  Ref c = cls(r);
+  return c ? name(c) : std::string_view();
+}
+
+Ref PickleHeap::cls(Ref r) const {
+  const Node& n = nodes_[r];
+  if (n.kind == Kind::kDict) return static_cast<Ref>(n.b);
+  if (n.kind == Kind::kObject) return static_cast<Ref>(n.c & 0xffffffffu);
+  return kNoRef;
+}
+
+Ref PickleHeap::state(Ref r) const {
+  const Node& n = nodes_[r];
+  if (n.kind == Kind::kDict) return static_cast<Ref>(n.c);
+  if (n.kind == Kind::kObject) return static_cast<Ref>(n.c >> 32);
+  return kNoRef;
+}
+
+bool PickleHeap::is_container(Ref r) const {
+  switch (nodes_[r].kind) {
+    case Kind::kTuple:
+      return nodes_[r].c != 0;
+    case Kind::kList:
+    case Kind::kSet:
+    case Kind::kDict:
+    case Kind::kObject:
+      return true;
+    default:
+      return false;
+  }
+}
+
+Ref PickleHeap::integer(int64_t v) {
+  return add(Node{Kind::kInt, 0, 0, static_cast<uint64_t>(v)});
+}
+
+Ref PickleHeap::big_integer(std::string_view digits) {
+  Node n{Kind::kInt, kBig, static_cast<uint32_t>(digits.size()), 0, chars_.size()};
+  chars_.append(digits);
+  return add(n);
+}
+
+Ref PickleHeap::real(double v) { return add(Node{Kind::kFloat, 0, 0, std::bit_cast<uint64_t>(v)}); }
+
+Ref PickleHeap::complex(std::complex<double> v) {
+  return add(Node{Kind::kComplex, 0, 0, std::bit_cast<uint64_t>(v.real()),
+                  std::bit_cast<uint64_t>(v.imag())});
+}
+
+Ref PickleHeap::string(std::string_view utf8) {
+  Node n{Kind::kString, 0, 0, chars_.size(), utf8.size()};
+  chars_.append(utf8);
+  return add(n);
+}
+
+Ref PickleHeap::bytes(std::string_view raw, bool bytearray) {
+  Node n{Kind::kBytes, static_cast<uint8_t>(bytearray ? kByteArray : 0), 0, chars_.size(),
+         raw.size()};
+  chars_.append(raw);
+  return add(n);
+}
+
+Ref PickleHeap::input_text(Kind kind, uint64_t offset, uint64_t size, bool bytearray) {
+  return add(Node{kind, static_cast<uint8_t>(kInInput | (bytearray ? kByteArray : 0)), 0, offset,
+                  size});
+}
+
+Ref PickleHeap::tuple(std::span<const Ref> items) {
+  if (items.empty()) return kEmptyTuple;
+  const uint64_t start = pool_.size();
+  // `items` may be a span of pool_ itself, which insert would invalidate while reading it.
+  if (!pool_.empty() && items.data() >= pool_.data() && items.data() < pool_.data() + pool_.size()) {
+    const size_t from = items.data() - pool_.data(), n = items.size();
+    pool_.reserve(pool_.size() + n);
+    for (size_t i = 0; i < n; ++i) pool_.push_back(pool_[from + i]);
+  } else {
+    pool_.insert(pool_.end(), items.begin(), items.end());
+  }
+  return add(Node{Kind::kTuple, 0, 0, start, items.size()});
+}
+
+std::vector<Ref>& PickleHeap::list_of(Ref r) {
+  Node& n = nodes_[r];
+  if (n.a == 0) {
+    n.a = static_cast<uint32_t>(lists_.size());
+    lists_.emplace_back();
+  }
+  return lists_[n.a];
+}
+
+Ref PickleHeap::list(std::span<const Ref> items) {
+  Ref r = add(Node{Kind::kList});
+  if (!items.empty()) append(r, items);
+  return r;
+}
+
+Ref PickleHeap::set(std::span<const Ref> items) {
+  Ref r = add(Node{Kind::kSet});
+  if (!items.empty()) append(r, items);
+  return r;
+}
+
+Ref PickleHeap::dict(Ref cls) { return add(Node{Kind::kDict, 0, 0, cls, 0}); }
+
+Ref PickleHeap::tensor(size_t index) { return add(Node{Kind::kTensor, 0, 0, index}); }
+
+Ref PickleHeap::global(std::string_view module, std::string_view name) {
+  globals_.emplace_back(std::string(module), std::string(name));
+  return add(Node{Kind::kGlobal, 0, static_cast<uint32_t>(globals_.size() - 1)});
+}
+
+Ref PickleHeap::object(Ref cls, Ref args, int64_t tag) {
+  return add(Node{Kind::kObject, 0, args, static_cast<uint64_t>(tag), cls});
+}
+
+void PickleHeap::append(Ref container, std::span<const Ref> items) {
+  if (items.empty()) return;
+  // Copy first: `items` may point into the vector that grows (l.extend(l) is no pickle opcode,
+  // but a caller's span may still alias).
+  std::vector<Ref> tmp;
+  const std::vector<Ref>& dst = list_of(container);
+  if (!dst.empty() && items.data() >= dst.data() && items.data() < dst.data() + dst.size()) {
+    tmp.assign(items.begin(), items.end());
+    items = tmp;
+  }
+  std::vector<Ref>& out = list_of(container);
+  out.insert(out.end(), items.begin(), items.end());
+}
+
+void PickleHeap::set_state(Ref obj, Ref state) {
+  Node& n = nodes_[obj];
+  if (n.kind == Kind::kDict) {
+    n.c = state;
+  } else {
+    n.c = (n.c & 0xffffffffu) | (static_cast<uint64_t>(state) << 32);
+  }
+}
+
+bool PickleHeap::has_cycle(std::span<const Ref> roots) const {
+  // Colors: 0 unseen, 1 on the current DFS path, 2 finished.
+  std::unordered_map<Ref, uint8_t> color;
+  struct Frame {
+    Ref r;
+    size_t next;
+  };
+  std::vector<Frame> path;
+  auto child = [&](Ref r, size_t k) -> Ref {
+    auto it = items(r);
+    if (k < it.size()) return it[k];
+    return k == it.size() ? state(r) : kNoRef;
+  };
+  for (Ref root : roots) {
+    if (!is_container(root) || color.count(root)) continue;
+    color[root] = 1;
+    path.push_back({root, 0});
+    while (!path.empty()) {
+      Frame& f = path.back();
+      const size_t total = items(f.r).size() + 1;  // + state
+      if (f.next == total) {
+        color[f.r] = 2;
+        path.pop_back();
+        continue;
+      }
+      Ref c = child(f.r, f.next++);
+      if (c == kNoRef || !is_container(c)) continue;
+      auto [it, fresh] = color.emplace(c, 1);
+      if (fresh) {
+        path.push_back({c, 0});
+      } else if (it->second == 1) {
+        return true;
+      }
+    }
+  }
+  return false;
+}
+
+ValuePtr PickleHeap::to_value(Ref root, CopyBudget& budget) const {
+  // made[r]: the Value of node r once made. Containers are made as shells when first reached and
+  // filled in depth-first order by an explicit stack (a hostile tree can nest 1e6 deep).
+  std::vector<ValuePtr> made(nodes_.size());
+  std::vector<uint8_t> open(nodes_.size());  // 1 while the node's frame is on the stack
+  struct Frame {
+    Ref r;
+    Value* v;
+    size_t next;
+  };
+  std::vector<Frame> stack;
+
+  auto make = [&](Ref r) -> const ValuePtr& {
+    ValuePtr& slot = made[r];
+    if (slot) return slot;
+    const Node& n = nodes_[r];
+    auto v = std::make_shared<Value>();
+    v->kind = n.kind;
+    switch (n.kind) {
+      case Kind::kNone:
+        break;
+      case Kind::kBool:
+        v->b = n.b != 0;
+        break;
+      case Kind::kInt:
+        v->i = static_cast<int64_t>(n.b);
+        if (n.flags & kBig) v->s = std::string(text(r));
+        break;
+      case Kind::kFloat:
+        v->f = float_value(r);
+        break;
+      case Kind::kComplex:
+        v->c = complex_value(r);
+        break;
+      case Kind::kString:
+      case Kind::kBytes:
+        v->s = std::string(text(r));
+        v->bytearray = (n.flags & kByteArray) != 0;
+        break;
+      case Kind::kTensor:
+        v->i = static_cast<int64_t>(n.b);
+        break;
+      case Kind::kGlobal:
+        v->module = globals_[n.a].first;
+        v->name = globals_[n.a].second;
+        break;
+      case Kind::kObject:
+      case Kind::kDict:
+        v->module = std::string(module(r));
+        v->name = std::string(name(r));
+        if (n.kind == Kind::kObject) {
+          v->i = static_cast<int64_t>(n.b);
+          budget.spend(items(r).size());
+        }
+        [[fallthrough]];
+      case Kind::kTuple:
+      case Kind::kList:
+      case Kind::kSet:
+        stack.push_back({r, v.get(), 0});
+        open[r] = 1;
+        if (n.kind == Kind::kDict) {
+          v->entries.reserve(items(r).size() / 2);
+        } else {
+          v->items.reserve(items(r).size());
+        }
+        break;
+    }
+    slot = std::move(v);
+    return slot;
+  };
+
+  ValuePtr result = make(root);
+  while (!stack.empty()) {
+    Frame& f = stack.back();
+    auto it = items(f.r);
+    if (f.next < it.size()) {
+      const size_t k = f.next++;
+      Value* parent = f.v;  // `f` dies if make() pushes
+      const Kind pk = parent->kind;
+      const Ref c = it[k];
+      if (open[c])  // a container that is being filled: a cycle (the VM refuses them first)
+        throw Error(ErrorCode::kUnsupported,
+                    "the object graph contains a cycle (a container that contains itself); "
+                    "checkpoints never do");
+      const ValuePtr& cv = make(c);
+      if (pk == Kind::kDict) {
+        if (k % 2 == 0) {
+          parent->entries.emplace_back(cv, nullptr);
+        } else {
+          parent->entries.back().second = cv;
+        }
+      } else {
+        parent->items.push_back(cv);
+      }
+      continue;
+    }
+    if (f.next == it.size()) {
+      ++f.next;
+      Ref s = state(f.r);
+      if (s != kNoRef) {
+        if (open[s])
+          throw Error(ErrorCode::kUnsupported,
+                      "the object graph contains a cycle (an object whose state contains it); "
+                      "checkpoints never do");
+        Value* parent = f.v;
+        parent->state = make(s);
+      }
+      continue;
+    }
+    open[f.r] = 0;
+    stack.pop_back();
+  }
+  return result;
+}
+
+}  // namespace ckpt::internal

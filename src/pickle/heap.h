@@ -1,0 +1,130 @@
+#pragma once
+// PickleHeap: the objects of one unpickle run, as compact nodes in one vector.
+//
+// Why not Value: a torch data.pkl makes ~15 objects per tensor (persistent-id tuple, size and
+// stride tuples, ints, the backward-hooks OrderedDict, the argument tuple...), and the memo keeps
+// every one of them alive until STOP. As shared_ptr<Value> (~220 bytes and one malloc each) that
+// was 70% of opening a 20,000-tensor checkpoint and ~70 MB of transient memory. Here an object is
+// a 24-byte Node addressed by a 32-bit Ref; strings that the pickle holds verbatim are views into
+// the pickle bytes; tuples (immutable) live in one shared pool; only lists, sets and dicts own a
+// growable vector. Everything dies with the heap, so nothing is freed one by one and reference
+// cycles cannot leak. The public Value tree is built at the end (to_value) for what the result
+// reaches, and nothing else.
+//
+// Refs stay valid for the heap's life; spans returned by items() are invalidated by any make_*
+// or mutation: copy what you need first.
+
+#include <complex>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ckpt/value.h"
+
+namespace ckpt::internal {
+
+using Ref = uint32_t;
+constexpr Ref kNoRef = 0;  // "none given" (a hook's "not handled"), never a node
+
+class CopyBudget;
+
+class PickleHeap {
+ public:
+  using Kind = Value::Kind;
+
+  // `input`: the pickle bytes, which must outlive the heap (verbatim strings point into them).
+  explicit PickleHeap(std::span<const std::byte> input);
+
+  // --- reading -------------------------------------------------------------------------------
+  Kind kind(Ref r) const { return nodes_[r].kind; }
+  bool truth(Ref r) const { return nodes_[r].kind == Kind::kBool && nodes_[r].b != 0; }
+  // kInt that fits int64 (big ints keep only their digits: text()).
+  bool is_small_int(Ref r) const { return nodes_[r].kind == Kind::kInt && !(nodes_[r].flags & kBig); }
+  // kInt (0 for a big int), kBool (0/1), kTensor (its index), kObject (its tag).
+  int64_t int_value(Ref r) const { return static_cast<int64_t>(nodes_[r].b); }
+  double float_value(Ref r) const;  // kFloat
+  std::complex<double> complex_value(Ref r) const;
+  // kString (UTF-8), kBytes (raw), big kInt (decimal digits); "" otherwise.
+  std::string_view text(Ref r) const;
+  bool bytearray(Ref r) const { return nodes_[r].flags & kByteArray; }
+  // kTuple/kList/kSet: the elements; kObject: the constructor arguments; kDict: k0, v0, k1, v1...
+  std::span<const Ref> items(Ref r) const;
+  size_t dict_size(Ref r) const { return items(r).size() / 2; }
+  // kGlobal: its names; kObject, kDict: those of its class ("" for a plain dict).
+  std::string_view module(Ref r) const;
+  std::string_view name(Ref r) const;
+  Ref cls(Ref r) const;    // kObject, kDict: the class (a kGlobal), or kNoRef
+  Ref state(Ref r) const;  // kObject, kDict: the BUILD state, or kNoRef
+  bool is_container(Ref r) const;
+  size_t node_count() const { return nodes_.size(); }
+
+  // --- making --------------------------------------------------------------------------------
+  // Shared singletons, as CPython shares them.
+  Ref none() const { return kNone; }
+  Ref boolean(bool v) const { return v ? kTrue : kFalse; }
+  Ref empty_tuple() const { return kEmptyTuple; }
+  Ref integer(int64_t v);
+  Ref big_integer(std::string_view digits);
+  Ref real(double v);
+  Ref complex(std::complex<double> v);
+  Ref string(std::string_view utf8);  // copied
+  Ref bytes(std::string_view raw, bool bytearray = false);  // copied
+  // A string or bytes object that is exactly input[offset, offset + size) (not copied).
+  Ref input_text(Kind kind, uint64_t offset, uint64_t size, bool bytearray = false);
+  Ref tuple(std::span<const Ref> items);  // `items` may point into this heap
+  Ref list(std::span<const Ref> items = {});
+  Ref set(std::span<const Ref> items = {});
+  Ref dict(Ref cls = kNoRef);  // cls: e.g. the collections.OrderedDict global
+  Ref tensor(size_t index);
+  Ref global(std::string_view module, std::string_view name);
+  // An instance of `cls` (a kGlobal) made from `args` (a kTuple, shared, not copied); `tag` is a
+  // number for the caller's own markers (Value::i after to_value).
+  Ref object(Ref cls, Ref args, int64_t tag = 0);
+
+  // --- changing (the VM's APPEND, SETITEM, BUILD) --------------------------------------------
+  void append(Ref container, std::span<const Ref> items);  // kList, kSet; kDict: k, v pairs
+  void set_state(Ref obj, Ref state);                       // kObject, kDict
+
+  // --- results -------------------------------------------------------------------------------
+  // The Value tree that `root` reaches; shared objects stay shared. Refuses (kUnsupported) a
+  // graph with a cycle through the containers it reaches. Object arguments are copied per
+  // object, which `budget` bounds (a hostile pickle can share one huge tuple a million times).
+  ValuePtr to_value(Ref root, CopyBudget& budget) const;
+  // Is there a cycle among the containers reachable from `roots`? Iterative.
+  bool has_cycle(std::span<const Ref> roots) const;
+
+ private:
+  enum Flags : uint8_t { kBig = 1, kInInput = 2, kByteArray = 4 };
+  // 24 bytes. Fields by kind:
+  //   kBool, kInt, kTensor: b = value (two's complement); big kInt: c = chars_ offset, a = length
+  //   kFloat: b = bits; kComplex: b, c = bits of re, im
+  //   kString, kBytes: b = offset (into the input when kInInput, else chars_), c = length
+  //   kTuple: b = start in pool_, c = length
+  //   kList, kSet: a = index in lists_ (0: still empty)
+  //   kDict: a = lists_ index (entries flattened), b = class Ref, c = state Ref
+  //   kObject: a = args tuple Ref, b = tag, c = class Ref | state Ref << 32
+  //   kGlobal: a = index in globals_
+  struct Node {
+    Kind kind = Kind::kNone;
+    uint8_t flags = 0;
+    uint32_t a = 0;
+    uint64_t b = 0;
+    uint64_t c = 0;
+  };
+  static constexpr Ref kNone = 1, kFalse = 2, kTrue = 3, kEmptyTuple = 4;
+
+  Ref add(const Node& n);
+  std::vector<Ref>& list_of(Ref r);
+
+  std::span<const std::byte> input_;
+  std::vector<Node> nodes_;
+  std::vector<Ref> pool_;                  // tuple elements
+  std::vector<std::vector<Ref>> lists_;    // list/set/dict contents ([0] unused)
+  std::string chars_;                      // copied strings and big-int digits
+  std::vector<std::pair<std::string, std::string>> globals_;
+};
+
+}  // namespace ckpt::internal
