@@ -42,8 +42,8 @@ void CheckpointData::finalize() {
                   "storage of " + std::to_string(s.nbytes) + " bytes passes the end of the file",
                   src, s.record.empty() ? s.key : s.record, s.offset);
   }
-  by_name.clear();
-  by_name.reserve(tensors.size());
+  by_name.reset(tensors.size());
+  const auto name_of = [this](size_t i) -> const std::string& { return tensors[i].name; };
   for (size_t i = 0; i < tensors.size(); ++i) {
     const TensorInfo& t = tensors[i];
     auto bad = [&](ErrorCode c, const std::string& m) { throw Error(c, m, src, t.name); };
@@ -82,9 +82,9 @@ void CheckpointData::finalize() {
             "view reaches byte " + (end_bytes ? std::to_string(*end_bytes) : std::string("?")) +
                 " of a storage of " + std::to_string(st.nbytes) + " bytes");
     }
-    by_name.emplace(t.name, i);
+    by_name.insert(t.name, i, name_of);  // a repeated name keeps its first tensor
   }
-  cache.assign(storages.size(), {});
+  cache.clear();
 }
 
 }  // namespace internal
@@ -98,6 +98,12 @@ Checkpoint Checkpoint::open(const std::string& path, const OpenOptions& options)
 }
 
 Checkpoint Checkpoint::open(SourcePtr source, const OpenOptions& options) {
+  return Checkpoint(internal::open_checkpoint(std::move(source), options));
+}
+
+std::shared_ptr<CheckpointData> internal::open_checkpoint(SourcePtr source,
+                                                          const OpenOptions& options,
+                                                          const ZipDirectoryHook* zip_hook) {
   std::byte head[16] = {};
   size_t n = static_cast<size_t>(std::min<uint64_t>(sizeof head, source->size()));
   std::shared_ptr<CheckpointData> data;
@@ -108,7 +114,7 @@ Checkpoint Checkpoint::open(SourcePtr source, const OpenOptions& options) {
     // Try the zip layout first: its first read (the tail) is one the zip reader needs anyway,
     // so a torch zip opens in at most three reads. Other formats pay one read more.
     try {
-      data = internal::open_torch_zip(source, options);
+      data = internal::open_torch_zip(source, options, zip_hook);
     } catch (const Error& e) {
       zip_error = e;
     }
@@ -120,7 +126,7 @@ Checkpoint Checkpoint::open(SourcePtr source, const OpenOptions& options) {
       // opened as a zip above
     } else if (n >= 4 && h[0] == 'P' && h[1] == 'K' && h[2] == 3 && h[3] == 4) {
       if (zip_error) throw *zip_error;
-      data = internal::open_torch_zip(source, options);
+      data = internal::open_torch_zip(source, options, zip_hook);
     } else if (n >= 4 && h[0] == 0x80 && h[1] == 0x02 && h[2] == 0x8a) {
       data = internal::open_torch_legacy(source, options);
     } else if (n >= 5 && std::memcmp(h, "|TZR|", 5) == 0) {
@@ -141,7 +147,7 @@ Checkpoint Checkpoint::open(SourcePtr source, const OpenOptions& options) {
     e.with_source(source->name());
     throw;
   }
-  return Checkpoint(std::move(data));
+  return data;
 }
 
 Format Checkpoint::format() const { return data_->format; }
@@ -150,16 +156,16 @@ const std::map<std::string, std::string>& Checkpoint::properties() const {
 }
 const std::vector<TensorInfo>& Checkpoint::tensors() const { return data_->tensors; }
 const std::vector<StorageInfo>& Checkpoint::storages() const { return data_->storages; }
-const std::vector<RecordInfo>& Checkpoint::records() const { return data_->records; }
+const std::vector<RecordInfo>& Checkpoint::records() const {
+  CheckpointData& d = *data_;
+  if (d.make_records) std::call_once(d.records_once, [&d] { d.make_records(d.records); });
+  return d.records;
+}
 const ValuePtr& Checkpoint::root() const { return data_->root; }
 const ByteSource& Checkpoint::source() const { return *data_->source; }
 SourcePtr Checkpoint::source_ptr() const { return data_->source; }
 
-std::optional<size_t> Checkpoint::find(std::string_view name) const {
-  auto it = data_->by_name.find(std::string(name));
-  if (it == data_->by_name.end()) return std::nullopt;
-  return it->second;
-}
+std::optional<size_t> Checkpoint::find(std::string_view name) const { return data_->find(name); }
 
 namespace {
 
@@ -201,6 +207,7 @@ StoragePtr Checkpoint::storage(size_t index, const LoadOptions& options) const {
                 d.source->name());
   {
     std::lock_guard<std::mutex> lock(d.mu);
+    if (d.cache.empty()) d.cache.resize(d.storages.size());
     if (auto st = d.cache[index].lock()) return st;
   }
   const StorageInfo& si = d.storages[index];

@@ -7,10 +7,10 @@
 #include <mutex>
 #include <span>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "ckpt/checkpoint.h"
+#include "util/name_index.h"
 
 namespace ckpt::internal {
 
@@ -34,6 +34,10 @@ struct CheckpointData {
   std::vector<TensorInfo> tensors;
   std::vector<StorageInfo> storages;
   std::vector<RecordInfo> records;
+  // When set, fills `records` on first use (Checkpoint::records()): a zip's record table is one
+  // name string per record that opening and listing never need. Must not do I/O.
+  std::function<void(std::vector<RecordInfo>&)> make_records;
+  mutable std::once_flag records_once;
   ValuePtr root;
   // Null: every storage is raw at StorageInfo::offset (or meta). Else used for every storage
   // whose offset is kNoOffset, or for all of them when `decode_all`.
@@ -44,9 +48,13 @@ struct CheckpointData {
   // TorchScript archives: code, constants, debug info (null for other formats).
   std::shared_ptr<const TorchScriptModel> torchscript;
 
-  // Filled by finalize().
-  std::unordered_map<std::string, size_t> by_name;
+  // Filled by finalize(): tensor name -> index of the first tensor with that name.
+  NameIndex by_name;
+  std::optional<size_t> find(std::string_view name) const {
+    return by_name.find(name, [this](size_t i) -> const std::string& { return tensors[i].name; });
+  }
   mutable std::mutex mu;
+  // Loaded storages, so that views of one storage share it; sized on first use (under mu).
   mutable std::vector<std::weak_ptr<Storage>> cache;
 
   // The source to copy bytes from: a pread source over the same file when `source` is a mapping
@@ -56,13 +64,27 @@ struct CheckpointData {
   mutable std::once_flag copy_once;
   mutable SourcePtr copy_source_;
 
-  // Builds by_name and the cache; checks every tensor's view fits its storage (Error{kCorrupt}
-  // naming the tensor otherwise) and every raw storage fits in the source.
+  // Builds by_name; checks every tensor's view fits its storage (Error{kCorrupt} naming the tensor
+  // otherwise) and every raw storage fits in the source.
   void finalize();
 };
 
+// Error{kCorrupt} for storage `s` whose bytes have CRC32 `computed`, naming its record and tensors.
+Error crc_mismatch(const CheckpointData& d, size_t s, uint32_t computed);
+
+class ZipReader;
+// Called by the torch zip opener once the central directory is parsed, before data.pkl is read:
+// Checkpoint::open_and_load starts reading the data records there.
+using ZipDirectoryHook = std::function<void(const ZipReader&)>;
+
+// Detects the format, opens and validates (finalize): Checkpoint::open's work. `zip_hook`, if
+// given, is passed to the torch zip opener.
+std::shared_ptr<CheckpointData> open_checkpoint(SourcePtr source, const OpenOptions& options,
+                                                const ZipDirectoryHook* zip_hook = nullptr);
+
 // Format openers (src/formats/*). Each reads metadata only.
-std::shared_ptr<CheckpointData> open_torch_zip(SourcePtr source, const OpenOptions& options);
+std::shared_ptr<CheckpointData> open_torch_zip(SourcePtr source, const OpenOptions& options,
+                                               const ZipDirectoryHook* hook = nullptr);
 std::shared_ptr<CheckpointData> open_torch_legacy(SourcePtr source, const OpenOptions& options);
 std::shared_ptr<CheckpointData> open_safetensors(SourcePtr source, const OpenOptions& options);
 std::shared_ptr<CheckpointData> open_tensorizer(SourcePtr source, const OpenOptions& options);

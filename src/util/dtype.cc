@@ -68,9 +68,8 @@ std::optional<DType> find(std::string_view key, Field field) {
 const DTypeInfo& dtype_info(DType dtype) noexcept { return kTable[static_cast<int>(dtype)]; }
 
 std::optional<uint64_t> dtype_nbytes(DType dtype, uint64_t numel) noexcept {
-  uint64_t bits = dtype_info(dtype).bits;
-  if (numel != 0 && bits > UINT64_MAX / numel) return std::nullopt;
-  uint64_t total = bits * numel;
+  uint64_t total;  // no division: called once per tensor when a checkpoint opens
+  if (__builtin_mul_overflow(uint64_t{dtype_info(dtype).bits}, numel, &total)) return std::nullopt;
   if (total % 8 != 0) return std::nullopt;
   return total / 8;
 }

@@ -46,8 +46,8 @@ constexpr uint64_t kTailRead = 256 << 10;
 static_assert(kTailRead >= kMaxComment + kEndSize + kZip64LocatorSize + kZip64EndSize);
 
 [[noreturn]] void fail(ErrorCode code, std::string message, const std::string& source,
-                       const std::string& record, uint64_t offset) {
-  throw Error(code, std::move(message), source, record, offset);
+                       std::string_view record, uint64_t offset) {
+  throw Error(code, std::move(message), source, std::string(record), offset);
 }
 
 std::string hex32(uint32_t v) {
@@ -69,13 +69,18 @@ libdeflate_decompressor* thread_decompressor() {
 // Bytes read before the directory when the directory needs a read of its own.
 constexpr uint64_t kDirectorySlack = 4096;
 
-Bytes read_for(const ByteSource& src, const std::string& record, uint64_t offset, uint64_t len) {
+Bytes read_for(const ByteSource& src, std::string_view record, uint64_t offset, uint64_t len) {
   try {
     return src.read(offset, len);
   } catch (Error& e) {
-    e.with_record(record);
+    e.with_record(std::string(record));
     throw;
   }
+}
+
+// round_up for a power-of-two alignment, without a division.
+inline uint64_t round_up_pow2(uint64_t v, uint64_t align) noexcept {
+  return (v + align - 1) & ~(align - 1);
 }
 
 // Where the end records say the central directory is.
@@ -210,46 +215,60 @@ ZipReader::ZipReader(SourcePtr source, const Limits& limits)
   validate_and_compute(dir.offset);
 
   if (!entries_.empty()) {
-    const std::string& n0 = entries_[0].name;
+    const std::string_view n0 = entries_[0].name;
     const size_t slash = n0.find('/');
-    if (slash != std::string::npos) {
-      std::string p = n0.substr(0, slash + 1);
+    if (slash != std::string_view::npos) {
+      const std::string_view p = n0.substr(0, slash + 1);
       if (std::all_of(entries_.begin(), entries_.end(),
                       [&](const ZipEntry& x) { return x.name.starts_with(p); }))
-        prefix_ = std::move(p);
+        prefix_ = std::string(p);
     }
   }
-  cache_ = std::make_shared<ZipOffsetCache>(entries_.size());
+  if (std::find(computed_.begin(), computed_.end(), 0) != computed_.end())
+    cache_ = std::make_shared<ZipOffsetCache>(entries_.size());
 }
 
 void ZipReader::parse_directory(std::span<const std::byte> cd, uint64_t cd_offset, uint64_t count) {
   const std::string& src = source_->name();
-  Cursor c(cd, src, {}, cd_offset);
-  entries_.reserve(count);
+  // One bounds check per header and one per variable part instead of one per field: this loop
+  // runs once per record (20,000 for a 20,000-tensor checkpoint).
+  auto truncated = [&](size_t pos, size_t need) {
+    fail(ErrorCode::kTruncated,
+         "need " + std::to_string(need) + " bytes, " + std::to_string(cd.size() - pos) + " remain",
+         src, {}, cd_offset + pos);
+  };
+  const std::byte* const base = cd.data();
+  const size_t end = cd.size();
+  size_t pos = 0;
+  entries_.resize(count);
   for (uint64_t i = 0; i < count; ++i) {
-    const uint64_t at = c.abs_pos();
-    c.need(kCentralSize);
-    if (c.get<uint32_t>() != kCentralSig)
+    const uint64_t at = cd_offset + pos;
+    if (end - pos < kCentralSize) truncated(pos, kCentralSize);
+    const std::byte* h = base + pos;
+    if (load_le<uint32_t>(h) != kCentralSig)
       fail(ErrorCode::kCorrupt, "bad central directory signature (entry " + std::to_string(i) + ")",
            src, {}, at);
-    ZipEntry e;
-    c.get<uint16_t>();  // version made by
-    c.get<uint16_t>();  // version needed
-    e.flags = c.get<uint16_t>();
-    e.method = c.get<uint16_t>();
-    c.get<uint32_t>();  // time, date
-    e.crc32 = c.get<uint32_t>();
-    const uint32_t csize32 = c.get<uint32_t>(), size32 = c.get<uint32_t>();
-    const uint16_t name_len = c.get<uint16_t>(), extra_len = c.get<uint16_t>();
-    const uint16_t comment_len = c.get<uint16_t>();
-    c.get<uint16_t>();  // disk
-    c.get<uint16_t>();  // internal attributes
-    c.get<uint32_t>();  // external attributes
-    const uint32_t offset32 = c.get<uint32_t>();
-    e.name = std::string(c.take_str(name_len));
-    const uint64_t extra_at = c.abs_pos();
-    const std::span<const std::byte> extra = c.take(extra_len);
-    c.take(comment_len);
+    ZipEntry& e = entries_[i];
+    // Offsets in the 46-byte header (zip_format.h): flags 8, method 10, crc 16, sizes 20 and 24,
+    // name/extra/comment lengths 28/30/32, local header offset 42.
+    e.flags = load_le<uint16_t>(h + 8);
+    e.method = load_le<uint16_t>(h + 10);
+    e.crc32 = load_le<uint32_t>(h + 16);
+    const uint32_t csize32 = load_le<uint32_t>(h + 20), size32 = load_le<uint32_t>(h + 24);
+    const uint16_t name_len = load_le<uint16_t>(h + 28), extra_len = load_le<uint16_t>(h + 30);
+    const uint16_t comment_len = load_le<uint16_t>(h + 32);
+    const uint32_t offset32 = load_le<uint32_t>(h + 42);
+    pos += kCentralSize;
+    // Each part is checked in turn, so that the error names the first one that does not fit.
+    if (end - pos < name_len) truncated(pos, name_len);
+    e.name = std::string_view(reinterpret_cast<const char*>(base + pos), name_len);
+    pos += name_len;
+    const uint64_t extra_at = cd_offset + pos;
+    if (end - pos < extra_len) truncated(pos, extra_len);
+    const std::span<const std::byte> extra(base + pos, extra_len);
+    pos += extra_len;
+    if (end - pos < comment_len) truncated(pos, comment_len);
+    pos += comment_len;
 
     e.size = size32;
     e.compressed_size = csize32;
@@ -288,7 +307,6 @@ void ZipReader::parse_directory(std::span<const std::byte> cd, uint64_t cd_offse
     }
     if (const char* problem = name_problem(e.name))
       fail(ErrorCode::kCorrupt, problem, src, e.name, at);
-    entries_.push_back(std::move(e));
   }
 }
 
@@ -297,27 +315,31 @@ void ZipReader::validate_and_compute(uint64_t cd_offset) {
   const size_t n = entries_.size();
 
   // A hash index by name (a sort of 20,000 names cost a sixth of opening such a checkpoint).
-  // The views point into entries_, which never changes after parse_directory.
-  index_.clear();
-  index_.reserve(n);
+  index_.reset(n);
+  const auto name_of = [this](size_t i) { return entries_[i].name; };
   for (size_t i = 0; i < n; ++i) {
     const ZipEntry& e = entries_[i];
-    if (!index_.emplace(std::string_view(e.name), i).second)
+    if (index_.insert(e.name, i, name_of))
       fail(ErrorCode::kCorrupt, "duplicate entry name", src, e.name, e.header_offset);
   }
 
-  // Writers append entries in file order, so the directory is usually sorted already.
-  std::vector<size_t> by_offset(n);
-  std::iota(by_offset.begin(), by_offset.end(), size_t{0});
-  auto by_header = [&](size_t a, size_t b) {
-    return entries_[a].header_offset < entries_[b].header_offset;
-  };
-  if (!std::is_sorted(by_offset.begin(), by_offset.end(), by_header))
-    std::sort(by_offset.begin(), by_offset.end(), by_header);
+  // Writers append entries in file order, so the directory is usually sorted already: then the
+  // k-th entry by offset is entry k, and no permutation is built.
+  std::vector<size_t> by_offset;
+  if (!std::is_sorted(entries_.begin(), entries_.end(), [](const ZipEntry& a, const ZipEntry& b) {
+        return a.header_offset < b.header_offset;
+      })) {
+    by_offset.resize(n);
+    std::iota(by_offset.begin(), by_offset.end(), size_t{0});
+    std::sort(by_offset.begin(), by_offset.end(), [&](size_t a, size_t b) {
+      return entries_[a].header_offset < entries_[b].header_offset;
+    });
+  }
+  auto nth = [&](size_t k) { return by_offset.empty() ? k : by_offset[k]; };
   end_limit_.assign(n, cd_offset);
   computed_.assign(n, 0);
   for (size_t k = 0; k < n; ++k) {
-    const size_t i = by_offset[k];
+    const size_t i = nth(k);
     ZipEntry& e = entries_[i];
     // The least an entry can occupy: a local header with the same name, no extra, its data.
     auto min_end = checked_add(e.header_offset, kLocalSize + e.name.size());
@@ -327,10 +349,11 @@ void ZipReader::validate_and_compute(uint64_t cd_offset) {
            "entry (" + std::to_string(e.compressed_size) +
                " bytes) passes the start of the central directory at " + std::to_string(cd_offset),
            src, e.name, e.header_offset);
-    const uint64_t next = k + 1 < n ? entries_[by_offset[k + 1]].header_offset : cd_offset;
+    const uint64_t next = k + 1 < n ? entries_[nth(k + 1)].header_offset : cd_offset;
     if (*min_end > next)
-      fail(ErrorCode::kCorrupt, "entry overlaps entry '" + entries_[by_offset[k + 1]].name + "'",
-           src, e.name, next);
+      fail(ErrorCode::kCorrupt,
+           "entry overlaps entry '" + std::string(entries_[nth(k + 1)].name) + "'", src, e.name,
+           next);
     end_limit_[i] = next;
 
     const uint64_t d =
@@ -339,20 +362,23 @@ void ZipReader::validate_and_compute(uint64_t cd_offset) {
             : 0;
     if (next < e.compressed_size + d) continue;  // no room for a descriptor: not torch's layout
     const uint64_t guess = next - e.compressed_size - d;
-    for (uint32_t a = 1; a <= 32768; a <<= 1) {
-      if (torch_data_offset(e.header_offset, e.name.size(), e.size, a) == guess) {
-        e.data_offset = guess;
-        computed_[i] = 1;
-        break;
+    // torch_data_offset() for each power-of-two alignment up to 32768: the data must start in
+    // [start, start + alignment) on a multiple of the alignment.
+    const uint64_t start = torch_data_offset(e.header_offset, e.name.size(), e.size, 1);
+    if (guess >= start && guess - start < 32768) {
+      for (uint64_t a = 1; a <= 32768; a <<= 1) {
+        if (round_up_pow2(start, a) == guess) {
+          e.data_offset = guess;
+          computed_[i] = 1;
+          break;
+        }
       }
     }
   }
 }
 
 std::optional<size_t> ZipReader::find(std::string_view name) const {
-  auto it = index_.find(name);
-  if (it == index_.end()) return std::nullopt;
-  return it->second;
+  return index_.find(name, [this](size_t i) { return entries_[i].name; });
 }
 
 bool ZipReader::offset_is_computed(size_t i) const { return i < computed_.size() && computed_[i]; }
@@ -471,7 +497,7 @@ std::optional<Bytes> ZipReader::held(uint64_t offset, uint64_t len) const {
   return std::nullopt;
 }
 
-Bytes ZipReader::read_range(const std::string& record, uint64_t offset, uint64_t len) const {
+Bytes ZipReader::read_range(std::string_view record, uint64_t offset, uint64_t len) const {
   if (auto h = held(offset, len)) return *h;
   return read_for(*source_, record, offset, len);
 }

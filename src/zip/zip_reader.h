@@ -15,16 +15,17 @@
 #include <span>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
 #include "ckpt/options.h"
 #include "ckpt/source.h"
+#include "util/name_index.h"
 
 namespace ckpt::internal {
 
 struct ZipEntry {
-  std::string name;                   // full name as stored ("archive/data/0")
+  std::string_view name;              // full name as stored ("archive/data/0"): a view into the
+                                      // directory bytes the ZipReader holds, valid while it lives
   uint64_t header_offset = 0;         // local header offset
   uint64_t data_offset = UINT64_MAX;  // set at open when computed, else UINT64_MAX (see
                                       // ZipReader::data_offset())
@@ -41,7 +42,7 @@ class ZipReader {
   // record, bad signatures, entries out of range or overlapping, duplicate names, names with
   // ".." components or absolute paths), kTruncated, kLimitExceeded (more than limits.max_records).
   ZipReader(SourcePtr source, const Limits& limits);
-  // index_ holds views into entries_: moving keeps them valid, copying would not.
+  // Entry names are views into held_: moving keeps them valid (the bytes do not move).
   ZipReader(ZipReader&&) = default;
   ZipReader& operator=(ZipReader&&) = default;
   ZipReader(const ZipReader&) = delete;
@@ -51,6 +52,12 @@ class ZipReader {
   const std::vector<ZipEntry>& entries() const { return entries_; }
   // Index of the entry with this full name.
   std::optional<size_t> find(std::string_view name) const;
+  // Same, trying entry `hint` first: no hashing when names are looked up in directory order (torch
+  // writes data/0, data/1, ... in the order its pickle names the storages).
+  std::optional<size_t> find(std::string_view name, size_t hint) const {
+    if (hint < entries_.size() && entries_[hint].name == name) return hint;
+    return find(name);
+  }
   // The folder every entry lives under, with its trailing '/' ("archive/"), or "" if entries are
   // not all under one folder.
   const std::string& prefix() const { return prefix_; }
@@ -86,7 +93,7 @@ class ZipReader {
   void validate_and_compute(uint64_t cd_offset);
   uint64_t read_local_header(size_t i) const;
   std::optional<Bytes> held(uint64_t offset, uint64_t len) const;
-  Bytes read_range(const std::string& record, uint64_t offset, uint64_t len) const;
+  Bytes read_range(std::string_view record, uint64_t offset, uint64_t len) const;
   void check_local_header(size_t i, std::span<const std::byte> from_header) const;
   uint16_t local_extra_len(size_t i, const std::byte* p) const;
   Bytes inflate(size_t i, uint64_t data_offset) const;
@@ -99,10 +106,10 @@ class ZipReader {
   std::vector<std::pair<uint64_t, Bytes>> held_;  // (offset, bytes) read at open, served again
   std::vector<uint8_t> computed_;
   std::vector<uint64_t> end_limit_;  // where entry i's bytes must end: next header or the directory
-  std::unordered_map<std::string_view, size_t> index_;  // name -> entry, views into entries_
+  NameIndex index_;                  // name -> entry
   std::string prefix_;
-  // Local-header offsets resolved lazily; shared_ptr so that ZipReader stays movable with an
-  // incomplete type and the cache is shared by copies (they read the same source).
+  // Local-header offsets resolved lazily, for entries whose offset was not computed (null when
+  // every offset was); shared_ptr so that ZipReader stays movable with an incomplete type.
   std::shared_ptr<struct ZipOffsetCache> cache_;
 };
 

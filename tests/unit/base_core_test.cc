@@ -11,6 +11,7 @@
 #include "test_util.h"
 #include "util/bytes.h"
 #include "util/crc32.h"
+#include "util/name_index.h"
 
 namespace ckpt {
 namespace {
@@ -161,5 +162,94 @@ TEST(Value, DeepTreeFreesWithoutRecursion) {
   root.reset();  // would overflow the stack with a recursive destructor
   SUCCEED();
 }
+}  // namespace
+}  // namespace ckpt
+
+namespace ckpt {
+namespace {
+
+TEST(Value, SharedChildOutlivesOneParent) {
+  // A subtree reachable from two parents (a pickle memo hit) survives the first parent's death.
+  ValuePtr leaf = Value::string("shared");
+  ValuePtr inner = Value::list({leaf, Value::integer(7)});
+  ValuePtr a = Value::dict(), b = Value::tuple({inner});
+  a->set("x", inner);
+  a->state = Value::list({Value::list({Value::tuple({inner})})});
+  leaf.reset();
+  a.reset();
+  ASSERT_EQ(b->items.size(), 1u);
+  ASSERT_EQ(b->items[0]->items.size(), 2u);
+  EXPECT_EQ(b->items[0]->items[0]->s, "shared");
+  EXPECT_EQ(b->items[0]->items[1]->i, 7);
+  b.reset();
+  EXPECT_EQ(inner.use_count(), 1);
+  EXPECT_EQ(inner->items.size(), 2u);  // `inner` is still ours: nobody emptied it
+}
+
+TEST(Value, WideAndDeepTreesFree) {
+  // A flat state dict (leaves only), and chains through dict values, object state and items.
+  ValuePtr flat = Value::ordered_dict();
+  for (int i = 0; i < 100000; ++i)
+    flat->entries.emplace_back(Value::string("layer." + std::to_string(i) + ".weight"),
+                               Value::tensor(i));
+  flat.reset();
+  ValuePtr root = Value::dict();
+  Value* cur = root.get();
+  for (int i = 0; i < 300000; ++i) {
+    ValuePtr next = i % 3 == 0   ? Value::dict()
+                    : i % 3 == 1 ? Value::object("m", "C")
+                                 : Value::list();
+    if (cur->kind == Value::Kind::kDict)
+      cur->entries.emplace_back(Value::integer(i), next);
+    else if (cur->kind == Value::Kind::kObject)
+      cur->state = next;
+    else
+      cur->items.push_back(next);
+    cur = next.get();
+  }
+  root.reset();
+  SUCCEED();
+}
+
+TEST(NameIndex, InsertFindAndDuplicates) {
+  std::vector<std::string> names;
+  for (int i = 0; i < 50000; ++i) names.push_back("archive/data/" + std::to_string(i));
+  names.push_back("");
+  names.push_back("a");
+  names.push_back(std::string("nul\0inside", 10));
+  auto name_of = [&](size_t i) -> const std::string& { return names[i]; };
+  internal::NameIndex idx;
+  EXPECT_FALSE(idx.find("x", name_of));  // empty before reset
+  idx.reset(names.size() + 1);
+  for (size_t i = 0; i < names.size(); ++i) ASSERT_FALSE(idx.insert(names[i], i, name_of)) << i;
+  EXPECT_EQ(idx.size(), names.size());
+  for (size_t i = 0; i < names.size(); ++i) ASSERT_EQ(idx.find(names[i], name_of), i) << i;
+  EXPECT_FALSE(idx.find("archive/data/50000", name_of));
+  EXPECT_FALSE(idx.find("archive/data/", name_of));
+  EXPECT_FALSE(idx.find(std::string("nul\0insidf", 10), name_of));
+  // A repeated name keeps its first position and is not added.
+  names.push_back("archive/data/123");
+  EXPECT_EQ(idx.insert(names.back(), names.size() - 1, name_of), 123u);
+  EXPECT_EQ(idx.size(), names.size() - 1);
+  EXPECT_EQ(idx.find("archive/data/123", name_of), 123u);
+  // reset() empties it.
+  idx.reset(4);
+  EXPECT_FALSE(idx.find("a", name_of));
+  EXPECT_EQ(idx.size(), 0u);
+}
+
+TEST(NameIndex, HashDependsOnEveryByte) {
+  // Names that differ in one byte anywhere (first word, middle, the overlapping tail) hash apart.
+  std::string base = "prefix/some/record/name_17";
+  const uint64_t h = internal::name_hash(base);
+  for (size_t i = 0; i < base.size(); ++i) {
+    std::string s = base;
+    s[i] ^= 1;
+    EXPECT_NE(internal::name_hash(s), h) << i;
+  }
+  EXPECT_NE(internal::name_hash(base + '\0'), h);
+  EXPECT_EQ(internal::name_hash(std::string(base)), h);
+}
+
 }  // namespace
 }  // namespace ckpt

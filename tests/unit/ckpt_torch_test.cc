@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 
@@ -136,6 +137,22 @@ TEST(TorchZip, OpenReadsAtMostThreeTimes) {
     Tensor t = c.tensor(n - 1);
     EXPECT_EQ(src->stats().reads.load(), before + 1);
     EXPECT_EQ(reinterpret_cast<const float*>(t.data())[3], 3.0f);
+    // The record table (built on first use) and name lookups need no read either.
+    const auto& records = c.records();
+    ASSERT_GE(records.size(), n + 2);
+    EXPECT_EQ(&c.records(), &records);
+    for (const StorageInfo& s : c.storages()) {
+      auto r = std::find_if(records.begin(), records.end(),
+                            [&](const RecordInfo& x) { return x.name == s.record; });
+      ASSERT_NE(r, records.end()) << s.record;
+      EXPECT_EQ(r->data_offset, s.offset);
+      EXPECT_EQ(r->size, s.nbytes);
+      EXPECT_EQ(r->crc32, s.crc32);
+      if (n > 256) break;
+    }
+    EXPECT_EQ(c.find("layer." + std::to_string(n - 1) + ".w"), n - 1);
+    EXPECT_FALSE(c.find("layer." + std::to_string(n) + ".w"));
+    EXPECT_EQ(src->stats().reads.load(), before + 1);
   }
 }
 

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <libdeflate.h>
 
+#include <optional>
 #include <thread>
 
 #include "test_util.h"
@@ -88,6 +89,69 @@ TEST(ZipReader, LargeDirectoryOpensInTwoReads) {
   ASSERT_EQ(r.entries().size(), 5000u);
   for (size_t i = 0; i < 5000; ++i) ASSERT_TRUE(r.offset_is_computed(i)) << i;
   EXPECT_EQ(r.read(4999).str(), "x");
+}
+
+TEST(ZipReader, NamesOutliveTheSourcePointerAndMoves) {
+  // Entry names are views into the directory bytes the reader holds: a copy (pread source, the
+  // directory read on its own) or the mapping (memory source).
+  auto bytes = build_zip([](ZipWriter& w) {
+    for (int i = 0; i < 5000; ++i) w.add("data/storage_number_" + std::to_string(i), "x");
+  });
+  for (bool mapped : {false, true}) {
+    SourcePtr src = mapped ? memory_source(bytes) : faulty_source(bytes, {});
+    std::optional<ZipReader> r1(ZipReader(src, Limits{}));
+    src.reset();
+    ZipReader r2 = std::move(*r1);
+    r1.reset();
+    ASSERT_EQ(r2.entries().size(), 5000u);
+    for (int i : {0, 1234, 4999}) {
+      const std::string name = "archive/data/storage_number_" + std::to_string(i);
+      EXPECT_EQ(r2.entries()[i].name, name);
+      EXPECT_EQ(r2.find(name), size_t(i));
+      EXPECT_EQ(r2.read(i).str(), "x");
+    }
+  }
+}
+
+TEST(ZipReader, FindWithHint) {
+  ZipReader r = open(three_records());
+  for (size_t hint : {size_t{0}, size_t{2}, size_t{3}, size_t{4}, SIZE_MAX}) {
+    SCOPED_TRACE(hint);
+    EXPECT_EQ(r.find("archive/data/1", hint), 3u);
+    EXPECT_EQ(r.find("archive/data.pkl", hint), 0u);
+    EXPECT_FALSE(r.find("archive/data/2", hint));
+    EXPECT_FALSE(r.find("", hint));
+  }
+}
+
+TEST(ZipFormat, NameProblems) {
+  using internal::zipfmt::name_problem;
+  // Short names take a byte loop, names of 8 bytes and more a word loop whose last word overlaps.
+  for (std::string ok :
+       {"a", "a.b", "...", "..a", "a..", "x/.../y", "archive/data/0", "archive/.data/version",
+        "a/..b/c", "a/b../c", "12345678", "1234567..", "archive/x/...", ".hidden/..x", "ab:c"}) {
+    EXPECT_EQ(name_problem(ok), nullptr) << ok;
+  }
+  const std::string nul = "nul";
+  for (size_t len : {1u, 7u, 8u, 9u, 15u, 16u, 17u, 30u}) {
+    for (size_t at = 0; at < len; ++at) {
+      std::string s(len, 'a');
+      s[at] = '\0';
+      EXPECT_STREQ(name_problem(s), "name contains a NUL byte") << len << " " << at;
+    }
+  }
+  for (std::string dotdot : {"..", "../a", "a/..", "a/../b", "a\\..\\b", "archive/data/..",
+                             "archive/../data/0", "../archive/data/0", "archive/data/0/../.."}) {
+    EXPECT_STREQ(name_problem(dotdot), "name has a '..' component") << dotdot;
+  }
+  EXPECT_STREQ(name_problem(""), "empty name");
+  EXPECT_STREQ(name_problem("/archive/data/0"), "absolute name");
+  EXPECT_STREQ(name_problem("\\x"), "absolute name");
+  EXPECT_STREQ(name_problem("C:archive/data"), "absolute name (drive letter)");
+  EXPECT_STREQ(name_problem("z:"), "absolute name (drive letter)");
+  // The first problem in this order wins: NUL, absolute, drive letter, "..".
+  EXPECT_STREQ(name_problem(std::string("/../\0", 5)), "name contains a NUL byte");
+  EXPECT_STREQ(name_problem("/../archive/data"), "absolute name");
 }
 
 TEST(ZipReader, Torch113File) {

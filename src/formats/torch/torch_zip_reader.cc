@@ -11,7 +11,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cstring>
-#include <map>
+#include <iterator>
 
 #include "ckpt/error.h"
 #include "formats/torch/torch_unpickle.h"
@@ -31,7 +31,7 @@ class ZipStorageDecoder final : public StorageDecoder {
     Bytes b = zip_->read(entry_[index], verify);
     if (b.size() != dst.size())
       throw Error(ErrorCode::kCorrupt, "record size differs from its storage size",
-                  zip_->source().name(), zip_->entries()[entry_[index]].name);
+                  zip_->source().name(), std::string(zip_->entries()[entry_[index]].name));
     if (!dst.empty()) std::memcpy(dst.data(), b.begin(), dst.size());
   }
 
@@ -47,8 +47,10 @@ std::string trim(std::string_view s) {
 
 }  // namespace
 
-std::shared_ptr<CheckpointData> open_torch_zip(SourcePtr source, const OpenOptions& options) {
+std::shared_ptr<CheckpointData> open_torch_zip(SourcePtr source, const OpenOptions& options,
+                                               const ZipDirectoryHook* hook) {
   auto zip = std::make_shared<ZipReader>(source, options.limits);
+  if (hook && *hook) (*hook)(*zip);
   const std::string& prefix = zip->prefix();
   const std::string& src = source->name();
   auto data = std::make_shared<CheckpointData>();
@@ -62,10 +64,10 @@ std::shared_ptr<CheckpointData> open_torch_zip(SourcePtr source, const OpenOptio
                                                        : " under " + prefix),
                 src);
   // TorchScript: constants.pkl, or code/ records (then a missing constants.pkl is an error).
+  const std::string code_dir = prefix + "code/";
   bool torchscript = zip->find(prefix + "constants.pkl").has_value() ||
-                     std::any_of(zip->entries().begin(), zip->entries().end(), [&](const ZipEntry& e) {
-                       return e.name.compare(0, prefix.size() + 5, prefix + "code/") == 0;
-                     });
+                     std::any_of(zip->entries().begin(), zip->entries().end(),
+                                 [&](const ZipEntry& e) { return e.name.starts_with(code_dir); });
   data->format = torchscript ? Format::kTorchScript : Format::kTorchZip;
   data->properties["archive"] = prefix.empty() ? "" : prefix.substr(0, prefix.size() - 1);
 
@@ -73,30 +75,33 @@ std::shared_ptr<CheckpointData> open_torch_zip(SourcePtr source, const OpenOptio
   // after data.pkl and right before the directory, which the zip layer already holds).
   const char* kSmall[] = {".data/version", "version", ".format_version", ".storage_alignment",
                           "byteorder", ".data/serialization_id"};
+  constexpr size_t kNumSmall = std::size(kSmall);
   std::vector<size_t> want = {*pkl};
-  std::map<std::string, size_t> slot;
-  for (const char* n : kSmall) {
-    if (auto i = zip->find(prefix + n)) {
+  size_t slot[kNumSmall];  // position in `want` of each small record, 0 when absent
+  for (size_t k = 0; k < kNumSmall; ++k) {
+    slot[k] = 0;
+    if (auto i = zip->find(prefix + kSmall[k])) {
       const ZipEntry& e = zip->entries()[*i];
       if (e.size > 4096)
         throw Error(ErrorCode::kCorrupt,
                     "record is " + std::to_string(e.size) + " bytes; expected a short text", src,
-                    e.name);
-      slot[n] = want.size();
+                    std::string(e.name));
+      slot[k] = want.size();
       want.push_back(*i);
     }
   }
   const ZipEntry& pe = zip->entries()[*pkl];
   if (pe.size > options.limits.max_metadata_bytes)
     throw Error(ErrorCode::kLimitExceeded,
-                "data.pkl is " + std::to_string(pe.size) + " bytes; Limits::max_metadata_bytes is " +
+                "data.pkl is " + std::to_string(pe.size) +
+                    " bytes; Limits::max_metadata_bytes is " +
                     std::to_string(options.limits.max_metadata_bytes),
-                src, pe.name);
+                src, std::string(pe.name));
   std::vector<Bytes> got = zip->read_many(want);
-  auto small_record = [&](const char* name) -> std::optional<std::string> {
-    auto it = slot.find(name);
-    if (it == slot.end()) return std::nullopt;
-    return std::string(got[it->second].str());
+  auto small_record = [&](std::string_view name) -> std::optional<std::string> {
+    for (size_t k = 0; k < kNumSmall; ++k)
+      if (name == kSmall[k] && slot[k] != 0) return std::string(got[slot[k]].str());
+    return std::nullopt;
   };
 
   // Version: torch requires it; tolerate its absence in archives made by other tools.
@@ -131,7 +136,7 @@ std::shared_ptr<CheckpointData> open_torch_zip(SourcePtr source, const OpenOptio
 
   TorchUnpickleOptions uo;
   uo.source = src;
-  uo.record = pe.name;
+  uo.record = std::string(pe.name);
   uo.base_offset = pe.method == 0 ? zip->data_offset(*pkl) : 0;
   uo.limits = options.limits;
   uo.torchscript = torchscript;
@@ -142,20 +147,30 @@ std::shared_ptr<CheckpointData> open_torch_zip(SourcePtr source, const OpenOptio
 
   std::vector<size_t> entry_of(tp.storages.size(), SIZE_MAX);
   bool any_deflated = false;
+  std::string rec = prefix + "data/";  // "<prefix>data/<key>", rebuilt in place for each storage
+  const size_t rec_stem = rec.size();
+  size_t hint = 0;  // the entry after the last one found: storages usually come in record order
   for (size_t s = 0; s < tp.storages.size(); ++s) {
     StorageInfo& st = tp.storages[s];
     if (st.meta) continue;
-    std::string rec = st.record.empty() ? prefix + "data/" + st.key : st.record;
-    auto i = zip->find(rec);
-    if (!i) throw Error(ErrorCode::kCorrupt, "data.pkl names storage " + st.key +
-                                             " but the archive has no record " + rec, src);
+    if (st.record.empty()) {
+      rec.resize(rec_stem);
+      rec += st.key;
+    }
+    const std::string& name = st.record.empty() ? rec : st.record;
+    auto i = zip->find(name, hint);
+    if (!i)
+      throw Error(ErrorCode::kCorrupt,
+                  "data.pkl names storage " + st.key + " but the archive has no record " + name,
+                  src);
+    hint = *i + 1;
     const ZipEntry& e = zip->entries()[*i];
     if (e.size != st.nbytes)
       throw Error(ErrorCode::kCorrupt,
                   "record holds " + std::to_string(e.size) + " bytes but its storage needs " +
                       std::to_string(st.nbytes),
-                  src, e.name);
-    st.record = e.name;
+                  src, std::string(e.name));
+    if (st.record.empty()) st.record = e.name;  // else it is the name that found e
     if (e.crc32 != 0 || e.size == 0) st.crc32 = e.crc32;
     st.byteswap = big_endian && dtype_info(st.dtype).bits > 8;
     entry_of[s] = *i;
@@ -166,18 +181,23 @@ std::shared_ptr<CheckpointData> open_torch_zip(SourcePtr source, const OpenOptio
     }
   }
 
-  for (size_t i = 0; i < zip->entries().size(); ++i) {
-    const ZipEntry& e = zip->entries()[i];
-    RecordInfo r;
-    r.name = e.name;
-    r.header_offset = e.header_offset;
-    r.data_offset = e.method == 0 && zip->offset_is_computed(i) ? zip->data_offset(i) : kNoOffset;
-    r.size = e.size;
-    r.compressed_size = e.compressed_size;
-    if (e.crc32 != 0 || e.size == 0) r.crc32 = e.crc32;
-    r.deflated = e.method != 0;
-    data->records.push_back(std::move(r));
-  }
+  // The record table is built when first asked for: one name string per record (20,000 for a
+  // 20,000-tensor checkpoint) that opening and listing never need. Needs no I/O.
+  data->make_records = [zip](std::vector<RecordInfo>& records) {
+    records.clear();
+    records.reserve(zip->entries().size());
+    for (size_t i = 0; i < zip->entries().size(); ++i) {
+      const ZipEntry& e = zip->entries()[i];
+      RecordInfo& r = records.emplace_back();
+      r.name = e.name;
+      r.header_offset = e.header_offset;
+      r.data_offset = e.method == 0 && zip->offset_is_computed(i) ? zip->data_offset(i) : kNoOffset;
+      r.size = e.size;
+      r.compressed_size = e.compressed_size;
+      if (e.crc32 != 0 || e.size == 0) r.crc32 = e.crc32;
+      r.deflated = e.method != 0;
+    }
+  };
   data->properties["records"] = std::to_string(zip->entries().size());
   if (any_deflated) data->decoder = std::make_shared<ZipStorageDecoder>(zip, entry_of);
 
@@ -204,7 +224,7 @@ std::shared_ptr<CheckpointData> open_torch_zip(SourcePtr source, const OpenOptio
           char buf2[64];
           std::snprintf(buf2, sizeof buf2, "CRC32 mismatch: stored %08x, computed %08x", e.crc32,
                         crc);
-          throw Error(ErrorCode::kCorrupt, buf2, s.name(), e.name, off);
+          throw Error(ErrorCode::kCorrupt, buf2, s.name(), std::string(e.name), off);
         }
       }
       ++checked;

@@ -253,7 +253,7 @@ Bytes read_record(const ZipReader& zip, size_t entry, uint64_t max) {
     throw Error(ErrorCode::kLimitExceeded,
                 "record is " + std::to_string(e.size) + " bytes; Limits::max_metadata_bytes is " +
                     std::to_string(max),
-                zip.source().name(), e.name);
+                zip.source().name(), std::string(e.name));
   return zip.read(entry, /*verify=*/true, max);
 }
 
@@ -267,7 +267,7 @@ ValuePtr add_torchscript_constants(const ZipReader& zip, TorchPickle& tp,
   Bytes b = read_record(zip, *entry, options.limits.max_metadata_bytes);
   TorchUnpickleOptions uo;
   uo.source = zip.source().name();
-  uo.record = zip.entries()[*entry].name;
+  uo.record = std::string(zip.entries()[*entry].name);
   uo.limits = options.limits;
   uo.torchscript = true;
   TorchPickle c = unpickle_torch(b.data, uo);
@@ -308,17 +308,17 @@ std::shared_ptr<TorchScriptModel> finish_torchscript(std::shared_ptr<ZipReader> 
   // Code files in archive order; debug_pkl records matched to their .py.
   std::map<std::string, size_t> debug_of;
   for (size_t i = 0; i < zip->entries().size(); ++i) {
-    const std::string& n = zip->entries()[i].name;
+    const std::string_view n = zip->entries()[i].name;
     if (starts_with(n, extra_dir)) {
-      m->extra.emplace_back(n.substr(extra_dir.size()), i);
+      m->extra.emplace_back(std::string(n.substr(extra_dir.size())), i);
       continue;
     }
     if (n == m->prefix + "bytecode.pkl") m->bytecode = true;
     if (!starts_with(n, code_dir)) continue;
-    std::string rel = n.substr(code_dir.size());
+    std::string rel(n.substr(code_dir.size()));
     if (!safe_relative(rel))
       throw Error(ErrorCode::kCorrupt, "code record name escapes the archive's code/ folder", src,
-                  n);
+                  std::string(n));
     if (ends_with(rel, ".py.debug_pkl")) {
       debug_of[rel.substr(0, rel.size() - 10)] = i;
     } else if (ends_with(rel, ".py")) {
@@ -450,7 +450,7 @@ internal::DebugInfo load_debug(const TorchScriptModel& m, size_t k) {
   Bytes b = internal::read_record(*m.zip, e, m.limits.max_metadata_bytes);
   internal::DebugPklOptions o;
   o.source = m.zip->source().name();
-  o.record = m.zip->entries()[e].name;
+  o.record = std::string(m.zip->entries()[e].name);
   o.limits = m.limits;
   return internal::parse_debug_pkl(b.data, o);
 }

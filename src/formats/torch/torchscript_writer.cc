@@ -46,8 +46,9 @@ TorchScriptRewriteReport TorchScriptArchive::rewrite(
   for (size_t i : order) {
     const internal::ZipEntry& e = entries[i];
     if (e.name.compare(0, m.prefix.size(), m.prefix) != 0)
-      throw Error(ErrorCode::kUnsupported, "record outside the archive folder", src, e.name);
-    std::string name = e.name.substr(m.prefix.size());
+      throw Error(ErrorCode::kUnsupported, "record outside the archive folder", src,
+                  std::string(e.name));
+    std::string name(e.name.substr(m.prefix.size()));
     bool is_debug = name.size() > 10 && name.compare(0, 5, "code/") == 0 &&
                     name.compare(name.size() - 10, 10, ".debug_pkl") == 0;
     if (e.method == 0 && !is_debug) {
@@ -75,7 +76,7 @@ TorchScriptRewriteReport TorchScriptArchive::rewrite(
     if (is_debug && options.debug == TorchScriptRewriteOptions::Debug::kTable) {
       internal::DebugPklOptions o;
       o.source = src;
-      o.record = e.name;
+      o.record = std::string(e.name);
       o.limits = m.limits;
       internal::DebugInfo info = internal::parse_debug_pkl(b.data, o);
       if (!info.string_table) {
@@ -93,7 +94,7 @@ TorchScriptRewriteReport TorchScriptArchive::rewrite(
     } else {
       out.add_deflated(name, bytes);
     }
-    if (!converted.empty()) converted_names.push_back(e.name);
+    if (!converted.empty()) converted_names.emplace_back(e.name);
     ++report.records_out;
   }
   out.finish();
