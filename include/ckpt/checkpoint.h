@@ -37,6 +37,7 @@ struct RecordInfo {
 namespace internal {
 struct CheckpointData;
 }
+struct LoadedCheckpoint;
 
 class Checkpoint {
  public:
@@ -44,6 +45,15 @@ class Checkpoint {
   // kCorrupt, kTruncated, kUnsupported, kLimitExceeded).
   static Checkpoint open(const std::string& path, const OpenOptions& options = {});
   static Checkpoint open(SourcePtr source, const OpenOptions& options = {});
+
+  // Opens a file and loads every tensor eagerly: the result of
+  // open(path, open_options).load_all(load_options), with the two overlapped. For a torch zip,
+  // reader threads start on the tensor bytes as soon as the central directory is read, while
+  // this thread parses data.pkl, then joins them; on a file of many small tensors that hides
+  // most of the open time. Other formats open, then load. Throws Error like open and load_all.
+  static LoadedCheckpoint open_and_load(const std::string& path,
+                                        const OpenOptions& open_options = {},
+                                        const LoadOptions& load_options = {});
 
   Format format() const;
   // Format facts: "version", "alignment", "byteorder", "serialization_id"...
@@ -99,6 +109,11 @@ class Checkpoint {
 
  private:
   std::shared_ptr<internal::CheckpointData> data_;
+};
+
+struct LoadedCheckpoint {
+  Checkpoint checkpoint;
+  std::vector<Tensor> tensors;  // in checkpoint.tensors() order
 };
 
 // Writes a torch.save zip checkpoint of `root`, whose kTensor nodes index into `tensors`. Tensors

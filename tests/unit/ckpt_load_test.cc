@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "ckpt/ckpt.h"
+#include "ckpt/safetensors.h"
 #include "test_util.h"
 
 namespace ckpt {
@@ -65,6 +66,64 @@ TEST(Load, EagerEveryThreadCountAndFilter) {
       ASSERT_EQ(some.size(), 2u);
       for (auto& t : some) EXPECT_TRUE(f.same(t));
     }
+}
+
+// open_and_load overlaps reading the data records with parsing data.pkl; the result must be
+// what open + load_all gives, for every thread count, source kind and with verification.
+TEST(Load, OpenAndLoadEqualsOpenThenLoadAll) {
+  Fixture f;
+  for (bool mmap : {true, false})
+    for (int threads : {1, 2, 5}) {
+      OpenOptions o;
+      o.mmap = mmap;
+      LoadOptions lo;
+      lo.threads = threads;
+      lo.verify = threads != 1;
+      LoadedCheckpoint l = Checkpoint::open_and_load(f.path, o, lo);
+      Checkpoint c = Checkpoint::open(f.path, o);
+      ASSERT_EQ(l.tensors.size(), c.tensors().size());
+      for (size_t i = 0; i < l.tensors.size(); ++i) {
+        EXPECT_EQ(l.tensors[i].name(), c.tensors()[i].name);
+        EXPECT_TRUE(f.same(l.tensors[i])) << l.tensors[i].name();
+      }
+      EXPECT_EQ(l.tensors[0].storage().get(), l.tensors.back().storage().get());  // view shares
+      EXPECT_EQ(l.checkpoint.tensors().size(), c.tensors().size());
+    }
+}
+
+TEST(Load, OpenAndLoadVerifiesEveryRecordAndNamesTheBadOne) {
+  Fixture f(8, 300000);  // 1.2 MB records: CRCs span several 1 MiB slices
+  auto bytes = test::read_file(f.path);
+  const StorageInfo st = Checkpoint::open(f.path).storages()[5];
+  bytes[st.offset + st.nbytes - 3] ^= std::byte{0x40};
+  test::write_file(f.path, bytes);
+  LoadOptions lo;
+  lo.verify = true;
+  Error e = test::capture_error([&] { Checkpoint::open_and_load(f.path, {}, lo); });
+  EXPECT_EQ(e.code(), ErrorCode::kCorrupt);
+  EXPECT_EQ(e.record(), st.record);
+  EXPECT_NE(e.message().find("t5"), std::string::npos) << e.what();
+  EXPECT_NO_THROW(Checkpoint::open_and_load(f.path));  // without verify: loads as stored
+}
+
+TEST(Load, OpenAndLoadOfOtherFormatsAndBadFiles) {
+  Fixture f(4, 1000);
+  // safetensors: opened, then loaded (no overlap to gain).
+  std::string st = f.dir.file("f.safetensors");
+  save_safetensors(st, std::vector<Tensor>(f.tensors.begin(), f.tensors.begin() + 4));
+  LoadedCheckpoint l = Checkpoint::open_and_load(st);
+  ASSERT_EQ(l.tensors.size(), 4u);
+  for (auto& t : l.tensors) EXPECT_TRUE(f.same(t)) << t.name();
+  // A torch file cut short: the preload's reads and the open both fail cleanly; the error names
+  // the file.
+  auto bytes = test::read_file(f.path);
+  for (size_t keep : {bytes.size() - 30, bytes.size() / 2, size_t{100}}) {
+    std::string cut = f.dir.file("cut.pt");
+    test::write_file(cut, std::span<const std::byte>(bytes.data(), keep));
+    Error e = test::capture_error([&] { Checkpoint::open_and_load(cut); });
+    EXPECT_TRUE(e.code() == ErrorCode::kTruncated || e.code() == ErrorCode::kCorrupt) << e.what();
+    EXPECT_EQ(e.source(), cut);
+  }
 }
 
 TEST(Load, StreamingKeepsToTheBudget) {
