@@ -31,18 +31,20 @@ void add_load(CLI::App& app) {
   add_common(*cmd, o->common);
   cmd->callback([o] {
     double t0 = now_seconds();
-    Checkpoint c = open_checkpoint(o->file, o->common);
     LoadOptions lo;
     lo.verify = o->verify;
     lo.threads = o->threads;
     uint64_t bytes = 0, checksum = 0;
     size_t tensors = 0;
     if (o->mode == "eager") {
-      auto all = c.load_all(lo);
+      // Opening and loading overlapped: reads start once the zip directory is known.
+      LoadedCheckpoint l = Checkpoint::open_and_load(o->file, open_options(o->common), lo);
+      const Checkpoint& c = l.checkpoint;
+      auto& all = l.tensors;
       tensors = all.size();
       for (const auto& s : c.storages()) bytes += s.nbytes;
       for (auto& t : all) checksum += t.info().nbytes() ? std::to_integer<uint8_t>(t.data()[0]) : 0;
-    } else if (o->mode == "mmap") {
+    } else if (Checkpoint c = open_checkpoint(o->file, o->common); o->mode == "mmap") {
       for (size_t i = 0; i < c.tensors().size(); ++i) {
         Tensor t = c.tensor(i, lo);
         const std::byte* p = t.storage()->data;

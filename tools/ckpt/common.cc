@@ -106,6 +106,10 @@ std::string slurp(const std::string& path) {
 }  // namespace
 
 Checkpoint open_checkpoint(const std::string& path, const Common& c) {
+  return Checkpoint::open(path, open_options(c));
+}
+
+OpenOptions open_options(const Common& c) {
   OpenOptions o;
   o.mmap = !c.no_mmap;
   o.limits = limits_of(c);
@@ -121,7 +125,7 @@ Checkpoint open_checkpoint(const std::string& path, const Common& c) {
     if (!p.empty() && p.back() == '\r') p.pop_back();
     o.decrypt_password = p;
   }
-  return Checkpoint::open(path, o);
+  return o;
 }
 
 std::string shape_str(const std::vector<int64_t>& v) {

@@ -26,6 +26,8 @@ void add_common(CLI::App& cmd, Common& c);
 // Limits from the --max-* options.
 Limits limits_of(const Common& c);
 Checkpoint open_checkpoint(const std::string& path, const Common& c);
+// The OpenOptions those flags ask for (mmap, limits, decryption key or password).
+OpenOptions open_options(const Common& c);
 // The line the tool prints for an error: its text, and for kLimitExceeded the option that raises
 // the limit it names ("raise it with --max-tensors").
 std::string error_line(const Error& e);
