@@ -59,6 +59,15 @@ class ByteSource {
   virtual const std::byte* memory() const { return nullptr; }
   virtual std::shared_ptr<const void> memory_owner() const { return nullptr; }
 
+  // Says that [offset, offset + len) will not be read again soon: a file mapping drops those
+  // pages from the process (they stay in the page cache, so a later read is a cheap fault);
+  // other sources ignore it. Openers call it for metadata they have parsed (data.pkl), so that
+  // opening does not leave megabytes of mapped metadata in the process's resident set.
+  virtual void release(uint64_t offset, uint64_t len) const {
+    (void)offset;
+    (void)len;
+  }
+
   SourceStats& stats() const { return stats_; }
 
  protected:

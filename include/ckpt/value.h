@@ -24,6 +24,7 @@ struct Value {
   };
   Kind kind = Kind::kNone;
   bool b = false;
+  bool bytearray = false;    // kBytes: was a bytearray
   int64_t i = 0;          // kInt; kTensor: index
   double f = 0;
   std::complex<double> c;
@@ -32,7 +33,6 @@ struct Value {
   std::vector<std::pair<ValuePtr, ValuePtr>> entries;   // kDict, in insertion order
   std::string module, name;  // kGlobal; kObject and kDict: class (empty for a plain dict)
   ValuePtr state;            // kObject/kDict: state from BUILD (e.g. OrderedDict's _metadata), may be null
-  bool bytearray = false;    // kBytes: was a bytearray
 
   Value() = default;
   Value(const Value&) = default;

@@ -114,6 +114,16 @@ class MmapSource final : public MemorySourceBase {
     size_ = size;
     owner_ = std::move(m);
   }
+  // Whole pages inside the range only: a neighbouring page may hold bytes a caller wrote to
+  // (the mapping is copy-on-write), which MADV_DONTNEED would throw away.
+  void release(uint64_t offset, uint64_t len) const override {
+    if (offset >= size_ || len == 0) return;
+    len = std::min(len, size_ - offset);
+    static const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+    const uintptr_t a = reinterpret_cast<uintptr_t>(base_ + offset);
+    const uintptr_t start = (a + page - 1) & ~(page - 1), end = (a + len) & ~(page - 1);
+    if (end > start) ::madvise(reinterpret_cast<void*>(start), end - start, MADV_DONTNEED);
+  }
 };
 
 class BufferSource final : public MemorySourceBase {

@@ -105,19 +105,38 @@ void Checkpoint::stream(uint64_t budget, const std::function<void(const Tensor&)
                         const LoadOptions& options,
                         const std::function<bool(const TensorInfo&)>& filter) const {
   const internal::CheckpointData& d = *data_;
-  std::vector<std::vector<size_t>> by_storage(d.storages.size());
+  // The selected tensors of each storage, as one array (first[s], first[s + 1]) into `members`:
+  // a vector per storage would cost an allocation per storage, inside the memory budget.
+  const size_t ns = d.storages.size();
+  if (d.tensors.size() >= UINT32_MAX)
+    throw Error(ErrorCode::kLimitExceeded, "stream supports up to 2^32 tensors", d.source->name());
+  std::vector<uint32_t> first(ns + 1, 0);
+  std::vector<uint8_t> take(d.tensors.size(), 0);
   for (size_t i = 0; i < d.tensors.size(); ++i)
-    if (!filter || filter(d.tensors[i])) by_storage[d.tensors[i].storage].push_back(i);
+    if (!filter || filter(d.tensors[i])) {
+      take[i] = 1;
+      ++first[d.tensors[i].storage + 1];
+    }
+  for (size_t s = 0; s < ns; ++s) first[s + 1] += first[s];
+  std::vector<uint32_t> members(first[ns]);
+  {
+    std::vector<uint32_t> fill(first.begin(), first.end() - 1);
+    for (size_t i = 0; i < d.tensors.size(); ++i)
+      if (take[i]) members[fill[d.tensors[i].storage]++] = static_cast<uint32_t>(i);
+  }
+  auto tensors_of = [&](size_t s) {
+    return std::span<const uint32_t>(members.data() + first[s], first[s + 1] - first[s]);
+  };
   std::vector<size_t> order;
-  for (size_t s = 0; s < d.storages.size(); ++s) {
-    if (by_storage[s].empty()) continue;
+  for (size_t s = 0; s < ns; ++s) {
+    if (first[s + 1] == first[s]) continue;
     uint64_t need = (d.storages[s].nbytes + 63) & ~uint64_t(63);
     if (need > budget)
       throw Error(ErrorCode::kInvalidArgument,
                   "storage of " + std::to_string(d.storages[s].nbytes) +
                       " bytes does not fit the streaming budget of " + std::to_string(budget) +
                       " bytes",
-                  d.source->name(), d.tensors[by_storage[s][0]].name);
+                  d.source->name(), d.tensors[tensors_of(s)[0]].name);
     order.push_back(s);
   }
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
@@ -209,7 +228,7 @@ void Checkpoint::stream(uint64_t budget, const std::function<void(const Tensor&)
       st->info = d.storages[slot.storage];
       st->data = ring.get() + slot.off;
       st->owner = ring;
-      for (size_t i : by_storage[slot.storage]) fn(Tensor(d.tensors[i], st));
+      for (uint32_t i : tensors_of(slot.storage)) fn(Tensor(d.tensors[i], st));
       {
         std::lock_guard<std::mutex> lock(mu);
         in_flight.pop_front();

@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include <filesystem>
 
 #include "ckpt/dtype.h"
@@ -91,6 +93,25 @@ TEST(Sources, FileMmapMemoryAgree) {
     EXPECT_GE(src->stats().reads.load(), 1u);
   }
   EXPECT_CKPT_ERROR(open_file_source(dir.file("missing")), ErrorCode::kNotFound);
+}
+
+// release() drops a mapping's pages from the process; the bytes stay what the file holds, and
+// a memory source (whose bytes exist nowhere else) ignores it.
+TEST(Sources, ReleaseKeepsTheBytes) {
+  test::TempDir dir;
+  std::string path = dir.file("x.bin");
+  std::vector<std::byte> bytes(5 * 4096 + 123);
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = std::byte(i * 7 + 3);
+  test::write_file(path, bytes);
+  for (auto src : {open_file_source(path), open_mmap_source(path), memory_source(bytes)}) {
+    auto before = src->read(0, bytes.size());
+    ASSERT_EQ(std::memcmp(before.begin(), bytes.data(), bytes.size()), 0);
+    src->release(100, 4 * 4096);
+    src->release(0, bytes.size() + 999);  // past the end: clipped
+    src->release(bytes.size() + 5, 10);   // outside: ignored
+    auto after = src->read(0, bytes.size());
+    EXPECT_EQ(std::memcmp(after.begin(), bytes.data(), bytes.size()), 0) << src->name();
+  }
 }
 
 TEST(Sinks, AtomicFileSinkCommitsOrLeavesNothing) {

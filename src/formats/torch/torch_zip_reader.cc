@@ -141,6 +141,8 @@ std::shared_ptr<CheckpointData> open_torch_zip(SourcePtr source, const OpenOptio
   uo.limits = options.limits;
   uo.torchscript = torchscript;
   TorchPickle tp = unpickle_torch(pkl_bytes.data, uo);
+  // The object tree holds copies of what it needs: drop data.pkl's mapped pages (if mapped).
+  if (pe.method == 0) source->release(zip->data_offset(*pkl), pe.size);
   size_t module_tensors = tp.tensors.size();
   ValuePtr constants;
   if (torchscript) constants = add_torchscript_constants(*zip, tp, options);
