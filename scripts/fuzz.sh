@@ -25,12 +25,7 @@ export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 status=0
 for t in "${targets[@]}"; do
   bin="$build/fuzz/${t}_fuzz"
-  # Leak detection is off for the targets that run the pickle VM: reference cycles (which leaked)
-  # are now refused and freed (docs/security.md); re-enable it after a longer run confirms.
-  case $t in
-    pickle | torch | legacy | torchscript) export ASAN_OPTIONS=${CKPT_ASAN_OPTIONS:-${asan_default/detect_leaks=1/detect_leaks=0}} ;;
-    *) export ASAN_OPTIONS=${CKPT_ASAN_OPTIONS:-$asan_default} ;;
-  esac
+  export ASAN_OPTIONS=${CKPT_ASAN_OPTIONS:-$asan_default}
   [ -x "$bin" ] || { echo "fuzz.sh: no $bin" >&2; exit 2; }
   # -rss_limit_mb / -malloc_limit_mb: a file that makes ckpt allocate past the limits is a
   # finding (the fuzz targets use Limits far below these, fuzz/fuzz_util.h).
