@@ -68,6 +68,11 @@ class ByteSource {
     (void)len;
   }
 
+  // For a file mapping: a pread source over the same open file (not reopened by name, so a file
+  // replaced since is not read), for copies that should not make the mapping's pages resident.
+  // Null for other sources.
+  virtual std::shared_ptr<const ByteSource> pread_twin() const { return nullptr; }
+
   SourceStats& stats() const { return stats_; }
 
  protected:

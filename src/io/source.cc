@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <mutex>
 
 #include "ckpt/error.h"
 
@@ -108,11 +109,16 @@ class MemorySourceBase : public ByteSource {
 
 class MmapSource final : public MemorySourceBase {
  public:
-  MmapSource(std::string path, std::shared_ptr<Mapping> m, uint64_t size) {
+  MmapSource(std::string path, std::shared_ptr<Mapping> m, uint64_t size, std::shared_ptr<Fd> fd)
+      : fd_(std::move(fd)) {
     name_ = std::move(path);
     base_ = static_cast<const std::byte*>(m->addr);
     size_ = size;
     owner_ = std::move(m);
+  }
+  SourcePtr pread_twin() const override {
+    std::call_once(twin_once_, [&] { twin_ = std::make_shared<FileSource>(name_, fd_, size_); });
+    return twin_;
   }
   // Whole pages inside the range only: a neighbouring page may hold bytes a caller wrote to
   // (the mapping is copy-on-write), which MADV_DONTNEED would throw away.
@@ -124,6 +130,11 @@ class MmapSource final : public MemorySourceBase {
     const uintptr_t start = (a + page - 1) & ~(page - 1), end = (a + len) & ~(page - 1);
     if (end > start) ::madvise(reinterpret_cast<void*>(start), end - start, MADV_DONTNEED);
   }
+
+ private:
+  std::shared_ptr<Fd> fd_;
+  mutable std::once_flag twin_once_;
+  mutable SourcePtr twin_;
 };
 
 class BufferSource final : public MemorySourceBase {
@@ -168,7 +179,7 @@ SourcePtr open_mmap_source(const std::string& path) {
     m->addr = p;
     m->len = size;
   }
-  return std::make_shared<MmapSource>(path, std::move(m), size);
+  return std::make_shared<MmapSource>(path, std::move(m), size, std::move(fd));
 }
 
 SourcePtr memory_source(std::vector<std::byte> bytes, std::string name) {

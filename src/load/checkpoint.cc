@@ -167,38 +167,6 @@ SourcePtr Checkpoint::source_ptr() const { return data_->source; }
 
 std::optional<size_t> Checkpoint::find(std::string_view name) const { return data_->find(name); }
 
-namespace {
-
-[[noreturn]] void crc_mismatch(const CheckpointData& d, const StorageInfo& s, uint32_t got) {
-  char buf[96];
-  std::snprintf(buf, sizeof buf, "CRC32 mismatch: stored %08x, computed %08x", *s.crc32, got);
-  std::string tensors;
-  for (const auto& t : d.tensors)
-    if (&d.storages[t.storage] == &s) tensors += (tensors.empty() ? "" : ", ") + t.name;
-  throw Error(ErrorCode::kCorrupt, std::string(buf) + (tensors.empty() ? "" : " (tensors: " + tensors + ")"),
-              d.source->name(), s.record.empty() ? s.key : s.record, s.offset);
-}
-
-// Reads a raw storage into dst in 1 MiB pieces, checksumming each piece while it is hot.
-void read_raw(const CheckpointData& d, const StorageInfo& s, std::byte* dst, bool verify) {
-  constexpr uint64_t kPiece = 1 << 20;
-  uint32_t crc = 0;
-  for (uint64_t done = 0; done < s.nbytes; done += kPiece) {
-    uint64_t n = std::min(kPiece, s.nbytes - done);
-    d.source->read_into(s.offset + done, std::span<std::byte>(dst + done, n));
-    if (verify) crc = internal::crc32(crc, std::span<const std::byte>(dst + done, n));
-  }
-  if (verify && s.crc32 && crc != *s.crc32) crc_mismatch(d, s, crc);
-}
-
-void finish_storage(const StorageInfo& s, std::byte* p) {
-  if (s.byteswap) {
-    const auto& info = dtype_info(s.dtype);
-    internal::byteswap_elements(p, s.nbytes, dtype_size(s.dtype), info.is_complex);
-  }
-}
-
-}  // namespace
 
 StoragePtr Checkpoint::storage(size_t index, const LoadOptions& options) const {
   const CheckpointData& d = *data_;
@@ -224,18 +192,11 @@ StoragePtr Checkpoint::storage(size_t index, const LoadOptions& options) const {
     st->owner = d.source->memory_owner();
     if (options.verify && si.crc32) {
       uint32_t crc = internal::crc32(st->bytes());
-      if (crc != *si.crc32) crc_mismatch(d, si, crc);
+      if (crc != *si.crc32) throw internal::crc_mismatch(d, &si - d.storages.data(), crc);
     }
   } else {
     auto buf = internal::allocate_arena(si.nbytes);
-    if (raw) {
-      read_raw(d, si, buf.get(), options.verify);
-    } else if (d.decoder) {
-      d.decoder->read(index, std::span<std::byte>(buf.get(), si.nbytes), options.verify);
-    } else {
-      throw Error(ErrorCode::kCorrupt, "storage has no data", d.source->name(), si.key);
-    }
-    finish_storage(si, buf.get());
+    internal::load_storage_into(d, index, buf.get(), options.verify);
     st->data = buf.get();
     st->owner = buf;
   }

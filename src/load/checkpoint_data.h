@@ -69,6 +69,11 @@ struct CheckpointData {
   void finalize();
 };
 
+// Reads storage `s` into dst (exactly nbytes): meta as zeros, raw bytes from the copy source in
+// 1 MiB pieces (CRC32 of each while it is hot, with `verify`), else through the decoder; then
+// swaps the byte order if the storage needs it. Throws Error.
+void load_storage_into(const CheckpointData& d, size_t s, std::byte* dst, bool verify);
+
 // Error{kCorrupt} for storage `s` whose bytes have CRC32 `computed`, naming its record and tensors.
 Error crc_mismatch(const CheckpointData& d, size_t s, uint32_t computed);
 

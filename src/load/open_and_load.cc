@@ -27,7 +27,7 @@ LoadedCheckpoint Checkpoint::open_and_load(const std::string& path,
   SourcePtr source = open_options.mmap ? open_mmap_source(path) : open_file_source(path);
   // Copies go through pread, as load_all's do (copy_source()): reading out of a mapping would
   // make the file's pages resident beside the copy.
-  SourcePtr copy = source->memory() ? open_file_source(path) : source;
+  SourcePtr copy = source->pread_twin() ? source->pread_twin() : source;
   const int threads =
       load_options.threads > 0 ? load_options.threads : internal::default_threads();
 

@@ -20,26 +20,13 @@ namespace internal {
 
 SourcePtr CheckpointData::copy_source() const {
   std::call_once(copy_once, [&] {
-    copy_source_ = source;
-    if (source->memory() && source->name() != "<memory>") {
-      try {
-        auto f = open_file_source(source->name());
-        if (f->size() == source->size()) copy_source_ = f;
-      } catch (const Error&) {
-        // not a path we can open again: copy from the mapping
-      }
-    }
+    copy_source_ = source->pread_twin();
+    if (!copy_source_) copy_source_ = source;
   });
   return copy_source_;
 }
 
-}  // namespace internal
-
-namespace {
-
-// Reads storage `s` into dst (exactly nbytes), from the copy source or the decoder, checking the
-// CRC when asked, and swapping byte order.
-void load_storage_into(const internal::CheckpointData& d, size_t s, std::byte* dst, bool verify) {
+void load_storage_into(const CheckpointData& d, size_t s, std::byte* dst, bool verify) {
   const StorageInfo& si = d.storages[s];
   if (si.meta) {
     std::memset(dst, 0, si.nbytes);
@@ -55,12 +42,7 @@ void load_storage_into(const internal::CheckpointData& d, size_t s, std::byte* d
       src->read_into(si.offset + done, std::span<std::byte>(dst + done, n));
       if (verify) crc = internal::crc32(crc, std::span<const std::byte>(dst + done, n));
     }
-    if (verify && si.crc32 && crc != *si.crc32) {
-      char buf[96];
-      std::snprintf(buf, sizeof buf, "CRC32 mismatch: stored %08x, computed %08x", *si.crc32, crc);
-      throw Error(ErrorCode::kCorrupt, buf, d.source->name(), si.record.empty() ? si.key : si.record,
-                  si.offset);
-    }
+    if (verify && si.crc32 && crc != *si.crc32) throw internal::crc_mismatch(d, s, crc);
   } else if (d.decoder) {
     d.decoder->read(s, std::span<std::byte>(dst, si.nbytes), verify);
   } else {
@@ -71,7 +53,7 @@ void load_storage_into(const internal::CheckpointData& d, size_t s, std::byte* d
                                 dtype_info(si.dtype).is_complex);
 }
 
-}  // namespace
+}  // namespace internal
 
 void Checkpoint::read_into(size_t index, std::span<std::byte> dst,
                            const LoadOptions& options) const {
@@ -89,7 +71,7 @@ void Checkpoint::read_into(size_t index, std::span<std::byte> dst,
   bool whole = t.byte_offset() == 0 && t.nbytes() == si.nbytes;
   if (t.is_contiguous() && ((raw && !si.byteswap && !options.verify) || whole)) {
     if (whole) {
-      load_storage_into(d, t.storage, dst.data(), options.verify);
+      internal::load_storage_into(d, t.storage, dst.data(), options.verify);
     } else {
       d.copy_source()->read_into(si.offset + t.byte_offset(), dst);
     }
@@ -192,7 +174,7 @@ void Checkpoint::stream(uint64_t budget, const std::function<void(const Tensor&)
           if (stop) return;
           in_flight.push_back({s, off, len});
         }
-        load_storage_into(d, s, ring.get() + off, options.verify);
+        internal::load_storage_into(d, s, ring.get() + off, options.verify);
         {
           std::lock_guard<std::mutex> lock(mu);
           ++ready;

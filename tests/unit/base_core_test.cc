@@ -114,6 +114,25 @@ TEST(Sources, ReleaseKeepsTheBytes) {
   }
 }
 
+// Eager and streaming copies of a mapped file go through pread_twin(): the same open file, so
+// replacing the path (an atomic rename by a writer) does not change what a loaded checkpoint reads.
+TEST(Sources, PreadTwinReadsTheMappedFileNotThePath) {
+  test::TempDir dir;
+  std::string path = dir.file("x.bin"), other = dir.file("y.bin");
+  test::write_file(path, test::to_bytes("first version"));
+  test::write_file(other, test::to_bytes("other content"));  // same length
+  auto m = open_mmap_source(path);
+  std::filesystem::rename(other, path);
+  auto twin = m->pread_twin();
+  ASSERT_TRUE(twin);
+  EXPECT_EQ(twin.get(), m->pread_twin().get());
+  std::vector<std::byte> buf(13);
+  twin->read_into(0, buf);
+  EXPECT_EQ(test::to_string(buf), "first version");
+  EXPECT_FALSE(open_file_source(path)->pread_twin());
+  EXPECT_FALSE(memory_source(test::to_bytes("abc"))->pread_twin());
+}
+
 TEST(Sinks, AtomicFileSinkCommitsOrLeavesNothing) {
   test::TempDir dir;
   std::string path = dir.file("out.bin");
