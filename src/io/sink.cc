@@ -1,16 +1,51 @@
 #include "ckpt/sink.h"
 
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
+#include <memory>
+#include <system_error>
+#include <thread>
 
 #include "ckpt/error.h"
 
 namespace ckpt {
+
+namespace {
+
+// The slices of a write_sliced() block that starts at sink position `start`: cut where the
+// position is a multiple of `slice`.
+struct Slices {
+  uint64_t lead;  // start % slice: how far the block starts into its first slice's span
+  uint64_t size, slice;
+  uint64_t count() const { return size == 0 ? 0 : (lead + size + slice - 1) / slice; }
+  uint64_t begin(uint64_t i) const { return i == 0 ? 0 : i * slice - lead; }
+  uint64_t end(uint64_t i) const { return std::min(size, (i + 1) * slice - lead); }
+};
+
+}  // namespace
+
+void ByteSink::write_sliced(std::span<const std::byte> bytes, size_t slice,
+                            const SliceVisitor& visit) {
+  if (slice == 0)
+    throw Error(ErrorCode::kInvalidArgument, "write_sliced with slices of 0 bytes", name());
+  const Slices s{position() % slice, bytes.size(), slice};
+  for (uint64_t i = 0; i < s.count(); ++i) {
+    auto piece = bytes.subspan(s.begin(i), s.end(i) - s.begin(i));
+    visit(i, s.begin(i), piece);
+    write(piece);
+  }
+}
 
 void MemorySink::write(std::span<const std::byte> bytes) {
   buf_.insert(buf_.end(), bytes.begin(), bytes.end());
@@ -35,6 +70,64 @@ std::string base_of(const std::string& path) {
   return slash == std::string::npos ? path : path.substr(slash + 1);
 }
 
+// Waits until `a` differs from `old` and returns its value. It spins for up to ~200 us before
+// sleeping on the futex: write_sliced hands blocks over one after another with microseconds
+// between them, and waking a sleeping thread cost tens of microseconds here (a VM), per block.
+uint32_t await_change(const std::atomic<uint32_t>& a, uint32_t old) {
+  using Clock = std::chrono::steady_clock;
+  const auto give_up = Clock::now() + std::chrono::microseconds(200);
+  for (uint32_t i = 1;; ++i) {
+    uint32_t v = a.load(std::memory_order_acquire);
+    if (v != old) return v;
+    if (i % 64 == 0 && Clock::now() > give_up) break;
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+  }
+  a.wait(old, std::memory_order_acquire);
+  return a.load(std::memory_order_acquire);
+}
+
+// A second thread for FileSink::write_sliced, kept for the sink's life: starting a thread per
+// block costs ~35 us here, ~9 ms over the 256 storages of a 1 GiB save.
+class Helper {
+ public:
+  Helper() : thread_([this] { loop(); }) {}
+  ~Helper() {
+    stop_.store(true);
+    gen_.fetch_add(1, std::memory_order_release);
+    gen_.notify_one();
+    thread_.join();
+  }
+  // Runs job(0) on the calling thread and job(1) on the helper; returns when both have.
+  // `job` must not throw.
+  void run_pair(const std::function<void(unsigned)>& job) {
+    job_ = &job;
+    const uint32_t g = gen_.fetch_add(1, std::memory_order_release) + 1;
+    gen_.notify_one();
+    job(0);
+    for (uint32_t d; (d = done_.load(std::memory_order_acquire)) != g;) await_change(done_, d);
+    job_ = nullptr;
+  }
+
+ private:
+  void loop() {
+    uint32_t seen = 0;
+    for (;;) {
+      seen = await_change(gen_, seen);
+      if (stop_.load()) return;
+      (*job_)(1);
+      done_.store(seen, std::memory_order_release);
+      done_.notify_one();
+    }
+  }
+
+  std::atomic<uint32_t> gen_{0}, done_{0};
+  std::atomic<bool> stop_{false};
+  const std::function<void(unsigned)>* job_ = nullptr;
+  std::thread thread_;  // last: starts once the rest is initialized
+};
+
 class FileSink final : public ByteSink {
  public:
   FileSink(std::string path, FileSinkOptions opt) : path_(std::move(path)), opt_(opt) {
@@ -55,6 +148,7 @@ class FileSink final : public ByteSink {
     }
   }
   ~FileSink() override {
+    helper_.reset();
     if (fd_ >= 0) ::close(fd_);
     if (!committed_ && !tmp_.empty()) ::unlink(tmp_.c_str());
   }
@@ -70,8 +164,63 @@ class FileSink final : public ByteSink {
     pwrite_all(offset, bytes);
   }
   uint64_t position() const override { return pos_; }
+
+  void reserve(uint64_t size) override {
+    if (size == 0 || !preallocate_) return;
+    // On ext4, writes into preallocated (unwritten) extents skip the per-block work of delayed
+    // allocation: 1 GiB into the page cache took ~120 ms instead of ~180 ms here. tmpfs gains
+    // nothing (it got ~3% slower), so it is left alone. KEEP_SIZE: the file's size still
+    // grows with the writes alone, so a reservation never shows up as content.
+    struct statfs fs;
+    if (::fstatfs(fd_, &fs) == 0 && fs.f_type == TMPFS_MAGIC) {
+      preallocate_ = false;
+      return;
+    }
+    if (::fallocate(fd_, FALLOC_FL_KEEP_SIZE, static_cast<off_t>(pos_), static_cast<off_t>(size)) ==
+        0)
+      return;
+    if (errno == ENOSPC || errno == EDQUOT)
+      throw Error(ErrorCode::kIo,
+                  "cannot reserve " + std::to_string(size) + " bytes: " + std::strerror(errno),
+                  path_, {}, pos_);
+    preallocate_ = false;  // not supported here (EOPNOTSUPP, ...): a hint, so carry on without
+  }
+
+  void write_sliced(std::span<const std::byte> bytes, size_t slice,
+                    const SliceVisitor& visit) override {
+    // Two threads take slices in turn, each checksumming a slice (visit) and then writing it
+    // while it is in cache. The kernel serializes buffered writes to one file (the inode lock),
+    // so the gain is that one thread's checksum and its read of the next slice overlap the
+    // other's write: saving 1 GiB of 4 MiB storages took ~125 ms this way against ~140 ms on
+    // one thread. Slices end on multiples of `slice` in the file: writes that cover whole large
+    // folios of the page cache were 15-20% faster than the same writes 64 bytes off.
+    if (slice == 0 || bytes.size() / slice < kMinParallelSlices || !start_helper())
+      return ByteSink::write_sliced(bytes, slice, visit);
+    const uint64_t at = pos_;
+    const Slices s{at % slice, bytes.size(), slice};
+    const uint64_t count = s.count();
+    std::atomic<uint64_t> next{0};
+    std::atomic<bool> failed{false};
+    std::exception_ptr first;
+    helper_->run_pair([&](unsigned) {
+      try {
+        for (uint64_t i; !failed.load(std::memory_order_relaxed) &&
+                         (i = next.fetch_add(1, std::memory_order_relaxed)) < count;) {
+          auto piece = bytes.subspan(s.begin(i), s.end(i) - s.begin(i));
+          visit(i, s.begin(i), piece);
+          pwrite_all(at + s.begin(i), piece);
+        }
+      } catch (...) {
+        if (!failed.exchange(true)) first = std::current_exception();
+      }
+    });
+    if (first) std::rethrow_exception(first);
+    pos_ += bytes.size();
+  }
+
   void commit() override {
     if (committed_) return;
+    helper_.reset();
     if (opt_.fsync && ::fsync(fd_) != 0) fail("fsync");
     if (::close(fd_) != 0) {
       fd_ = -1;
@@ -92,6 +241,20 @@ class FileSink final : public ByteSink {
   }
 
  private:
+  // Blocks of fewer slices are written on the calling thread: handing over costs a few us.
+  static constexpr size_t kMinParallelSlices = 4;
+
+  bool start_helper() {
+    if (helper_) return true;
+    if (std::thread::hardware_concurrency() < 2) return false;
+    try {
+      helper_ = std::make_unique<Helper>();
+    } catch (const std::system_error&) {
+      return false;  // no thread to be had: write on this one
+    }
+    return true;
+  }
+
   [[noreturn]] void fail(const std::string& what) {
     throw Error(ErrorCode::kIo, what + ": " + std::strerror(errno), path_);
   }
@@ -114,6 +277,8 @@ class FileSink final : public ByteSink {
   int fd_ = -1;
   uint64_t pos_ = 0;
   bool committed_ = false;
+  bool preallocate_ = true;
+  std::unique_ptr<Helper> helper_;
 };
 
 }  // namespace

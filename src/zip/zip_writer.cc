@@ -169,14 +169,26 @@ void ZipWriter::write(std::span<const std::byte> piece) {
   if (!piece.empty()) open_crc_ = crc32(open_crc_, piece);
 }
 
-void ZipWriter::write_unchecked(std::span<const std::byte> piece) {
+void ZipWriter::check_piece(std::span<const std::byte> piece) const {
   if (!open_) throw Error(ErrorCode::kInvalidArgument, "write() without begin()", sink_.name());
   if (piece.size() > open_size_ - open_written_)
     throw Error(ErrorCode::kInvalidArgument,
                 "pieces pass the declared size of " + std::to_string(open_size_) + " bytes",
                 sink_.name(), central_.back().name, sink_.position());
+}
+
+void ZipWriter::write_unchecked(std::span<const std::byte> piece) {
+  check_piece(piece);
   if (piece.empty()) return;
   sink_.write(piece);
+  open_written_ += piece.size();
+}
+
+void ZipWriter::write_sliced(std::span<const std::byte> piece, size_t slice,
+                             const ByteSink::SliceVisitor& visit) {
+  check_piece(piece);
+  if (piece.empty()) return;
+  sink_.write_sliced(piece, slice, visit);
   open_written_ += piece.size();
 }
 
@@ -225,6 +237,15 @@ void ZipWriter::add_deflated(std::string_view name, std::span<const std::byte> d
 
 uint64_t ZipWriter::next_data_offset(std::string_view name, uint64_t size) const {
   return torch_data_offset(sink_.position(), prefix_.size() + name.size(), size, alignment_);
+}
+
+uint64_t ZipWriter::stored_end(std::string_view name, uint64_t size,
+                               uint64_t header_offset) const {
+  const uint64_t data_at =
+      torch_data_offset(header_offset, prefix_.size() + name.size(), size, alignment_);
+  if (size == 0) return data_at;  // no descriptor after an empty record
+  return data_at + size +
+         (torch_needs_zip64(header_offset, size) ? kDescriptorSize64 : kDescriptorSize32);
 }
 
 void ZipWriter::finish() {

@@ -38,11 +38,19 @@ class ZipWriter {
   // caller's CRC of the whole record. Same size checks as write()/end().
   void write_unchecked(std::span<const std::byte> piece);
   void end(uint32_t crc);
+  // Like write_unchecked(), through ByteSink::write_sliced(): the sink may write the slices from
+  // two threads, calling `visit` on each just before (where the caller takes its CRC).
+  void write_sliced(std::span<const std::byte> piece, size_t slice,
+                    const ByteSink::SliceVisitor& visit);
   // A deflated record (TorchScript code/ and debug_pkl records), compressed with libdeflate.
   void add_deflated(std::string_view name, std::span<const std::byte> data, int level = 6);
 
   // Data offset the next record of this name and size would get (for planning).
   uint64_t next_data_offset(std::string_view name, uint64_t size) const;
+  // Where a stored record of this name and size whose header starts at `header_offset` ends
+  // (past its descriptor): chained from position(), the extent of a run of records.
+  uint64_t stored_end(std::string_view name, uint64_t size, uint64_t header_offset) const;
+  uint64_t position() const { return sink_.position(); }
   // Writes the central directory and end records. No record may be added after.
   void finish();
 
@@ -58,6 +66,7 @@ class ZipWriter {
     uint16_t method = 0, flags = 0;
   };
   std::string full_name(std::string_view name) const;
+  void check_piece(std::span<const std::byte> piece) const;
   void start_record(std::string full, uint64_t size, uint16_t method);
   void end_record(uint32_t crc, uint64_t compressed_size);
 

@@ -9,11 +9,11 @@
 // numel), with torch's object identities (one 'storage' and one 'cpu' string, one key string per
 // storage) so that the memo numbering — and the bytes — match.
 
+#include <zlib.h>
+
 #include <cinttypes>
-#include <thread>
 #include <cstdio>
 #include <string_view>
-#include <unordered_map>
 #include <unordered_map>
 
 #include "ckpt/checkpoint.h"
@@ -26,8 +26,9 @@ namespace ckpt {
 namespace {
 
 constexpr const char* kStorageMarker = "<storage>";
-// Storages at least this large get their CRC computed on a second thread while being written.
-constexpr uint64_t kParallelCrcBytes = 4 << 20;
+// Storage bytes are checksummed and written a slice at a time, so that the write reads the slice
+// from L2 (1 MiB here) rather than from memory.
+constexpr size_t kSlice = 1 << 20;
 
 class TorchPickleBuilder {
  public:
@@ -223,35 +224,37 @@ void save_torch(ByteSink& sink, const ValuePtr& root, const std::vector<Tensor>&
   zip.add(".storage_alignment", std::to_string(options.alignment));
   zip.add("byteorder", std::string_view("little"));
   auto storages = builder.ordered_storages();
+  // Preallocate the storage records (ByteSink::reserve): their extent is computed, not guessed,
+  // so no block is left allocated past the end of the file.
+  uint64_t end = zip.position();
+  for (size_t k = 0; k < storages.size(); ++k)
+    end = zip.stored_end("data/" + std::to_string(k), storages[k]->info.nbytes, end);
+  sink.reserve(end - zip.position());
+  struct Slice {
+    uint32_t crc = 0;
+    uint64_t size = 0;
+  };
+  std::vector<Slice> slices;
   for (size_t k = 0; k < storages.size(); ++k) {
     const Storage* st = storages[k];
     const uint64_t n = st->info.nbytes;
+    const std::span<const std::byte> bytes(st->data, n);
     zip.begin("data/" + std::to_string(k), n);
-    constexpr uint64_t kPiece = 1 << 20;  // CRC then write while the piece is in L2
-    if (n < kParallelCrcBytes) {
-      for (uint64_t done = 0; done < n; done += kPiece)
-        zip.write(std::span<const std::byte>(st->data + done, std::min(kPiece, n - done)));
+    if (n <= kSlice) {
+      zip.write(bytes);
       zip.end();
       continue;
     }
-    // A large storage: its CRC runs on a second core while this one writes it (the two read the
-    // same memory), so saving costs the write alone rather than CRC + write.
-    uint32_t crc = 0;
-    std::thread summer([&] {
-      for (uint64_t done = 0; done < n; done += kPiece)
-        crc = internal::crc32(crc, std::span<const std::byte>(st->data + done,
-                                                             std::min(kPiece, n - done)));
+    // A file sink writes the slices of a large storage from two threads; each slice's CRC is
+    // taken by the thread that writes it, just before, and the CRCs are joined afterwards.
+    slices.assign(n / kSlice + 2, Slice{});
+    zip.write_sliced(bytes, kSlice, [&](size_t i, uint64_t, std::span<const std::byte> slice) {
+      slices[i] = {internal::crc32(slice), slice.size()};
     });
-    try {
-      for (uint64_t done = 0; done < n; done += 8 * kPiece)
-        zip.write_unchecked(
-            std::span<const std::byte>(st->data + done, std::min(8 * kPiece, n - done)));
-    } catch (...) {
-      summer.join();
-      throw;
-    }
-    summer.join();
-    zip.end(crc);
+    uLong crc = slices[0].crc;
+    for (size_t i = 1; i < slices.size() && slices[i].size > 0; ++i)
+      crc = crc32_combine(crc, slices[i].crc, static_cast<z_off_t>(slices[i].size));
+    zip.end(static_cast<uint32_t>(crc));
   }
   zip.add("version", std::string_view("3\n"));
   uint64_t names = 14695981039346656037ull, crcs = 14695981039346656037ull;

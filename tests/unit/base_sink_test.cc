@@ -1,0 +1,187 @@
+// ByteSink's optional speed-ups: reserve() and write_sliced(), on the file sink (two threads,
+// preallocation) and on the sequential defaults (MemorySink).
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+
+#include <filesystem>
+#include <mutex>
+#include <set>
+#include <stdexcept>
+#include <tuple>
+
+#include "ckpt/error.h"
+#include "ckpt/sink.h"
+#include "test_util.h"
+
+namespace ckpt {
+namespace {
+
+constexpr size_t kSlice = 1 << 20;
+
+// Bytes that differ from slice to slice and within one, so a slice written at the wrong offset
+// shows.
+std::vector<std::byte> pattern(size_t n) {
+  std::vector<std::byte> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<std::byte>((i * 131 + i / 4093) & 0xFF);
+  return v;
+}
+
+// Records the slices a write_sliced() call visits (from any thread).
+struct Visits {
+  std::mutex mu;
+  std::set<std::tuple<size_t, uint64_t, size_t>> seen;  // index, offset, size
+  size_t calls = 0;
+  std::span<const std::byte> block;
+  bool bytes_ok = true;
+
+  ByteSink::SliceVisitor visitor() {
+    return [this](size_t i, uint64_t off, std::span<const std::byte> s) {
+      std::lock_guard<std::mutex> lock(mu);
+      ++calls;
+      seen.emplace(i, off, s.size());
+      bytes_ok &= s.data() == block.data() + off;
+    };
+  }
+  // Each slice of a block of `n` bytes written at sink position `start` visited exactly once, with
+  // its own bytes; cuts where the position is a multiple of kSlice.
+  void expect_every_slice(uint64_t start, size_t n) const {
+    std::set<std::tuple<size_t, uint64_t, size_t>> want;
+    size_t i = 0;
+    for (uint64_t off = 0; off < n; ++i) {
+      uint64_t next = std::min<uint64_t>(n, (start + off) / kSlice * kSlice + kSlice - start);
+      want.emplace(i, off, next - off);
+      off = next;
+    }
+    EXPECT_EQ(seen, want);
+    EXPECT_EQ(calls, want.size());
+    EXPECT_LE(calls, n / kSlice + 2);
+    EXPECT_TRUE(bytes_ok);
+  }
+};
+
+std::vector<std::byte> concat(std::string_view a, std::span<const std::byte> b, std::string_view c) {
+  std::vector<std::byte> out = test::to_bytes(a);
+  out.insert(out.end(), b.begin(), b.end());
+  auto tail = test::to_bytes(c);
+  out.insert(out.end(), tail.begin(), tail.end());
+  return out;
+}
+
+TEST(Sinks, FileSinkWritesSlicesFromTwoThreadsInPlace) {
+  test::TempDir dir;
+  std::string path = dir.file("sliced.bin");
+  // Large enough for the two-thread path, with a short last slice, after an unaligned header.
+  const auto block = pattern(9 * kSlice + 12345);
+  {
+    auto s = create_file_sink(path);
+    s->write(std::string_view("head"));
+    s->reserve(block.size() + 4);
+    Visits v;
+    v.block = block;
+    s->write_sliced(block, kSlice, v.visitor());
+    v.expect_every_slice(4, block.size());
+    EXPECT_EQ(s->position(), 4 + block.size());
+    s->write(std::string_view("tail"));
+    s->patch(0, test::to_bytes("HEAD"));
+    s->commit();
+  }
+  EXPECT_EQ(test::read_file(path), concat("HEAD", block, "tail"));
+}
+
+TEST(Sinks, SequentialWriteSlicedByDefault) {
+  const auto block = pattern(5 * kSlice + 7);
+  MemorySink m;
+  m.reserve(1 << 30);  // a hint: no effect on a memory sink
+  m.write(std::string_view("head"));
+  Visits v;
+  v.block = block;
+  std::vector<uint64_t> order;
+  m.write_sliced(block, kSlice, [&](size_t i, uint64_t off, std::span<const std::byte> s) {
+    order.push_back(off);
+    v.visitor()(i, off, s);
+  });
+  v.expect_every_slice(4, block.size());
+  EXPECT_TRUE(std::is_sorted(order.begin(), order.end()));
+  m.write(std::string_view("tail"));
+  EXPECT_EQ(m.bytes(), concat("head", block, "tail"));
+
+  // Small blocks take the sequential path in a file sink too; an empty block visits nothing.
+  test::TempDir dir;
+  std::string path = dir.file("small.bin");
+  auto s = create_file_sink(path);
+  const auto small = pattern(2 * kSlice + 1);
+  Visits w;
+  w.block = small;
+  s->write_sliced(small, kSlice, w.visitor());
+  w.expect_every_slice(0, small.size());
+  s->write_sliced({}, kSlice, w.visitor());
+  EXPECT_EQ(w.calls, 3u);
+  EXPECT_CKPT_ERROR(s->write_sliced(small, 0, w.visitor()), ErrorCode::kInvalidArgument);
+  EXPECT_CKPT_ERROR(m.write_sliced(small, 0, w.visitor()), ErrorCode::kInvalidArgument);
+  s->commit();
+  EXPECT_EQ(test::read_file(path), small);
+}
+
+TEST(Sinks, ReserveChangesNoContent) {
+  test::TempDir dir;
+  std::string path = dir.file("reserved.bin");
+  auto s = create_file_sink(path);
+  s->write(std::string_view("abc"));
+  s->reserve(64 << 20);  // more than is written: the size still follows the writes
+  s->write(std::string_view("def"));
+  s->commit();
+  EXPECT_EQ(test::to_string(test::read_file(path)), "abcdef");
+  EXPECT_EQ(std::filesystem::file_size(path), 6u);
+}
+
+TEST(Sinks, VisitorExceptionStopsWriteSliced) {
+  test::TempDir dir;
+  std::string path = dir.file("thrown.bin");
+  const auto block = pattern(16 * kSlice);
+  {
+    auto s = create_file_sink(path);
+    EXPECT_THROW(s->write_sliced(block, kSlice,
+                                 [](size_t, uint64_t off, std::span<const std::byte>) {
+                                   if (off == 5 * kSlice) throw std::runtime_error("visitor");
+                                 }),
+                 std::runtime_error);
+    // The sink is still usable for another block once the failed one has stopped.
+    Visits v;
+    v.block = block;
+    s->write_sliced(block, kSlice, v.visitor());
+    v.expect_every_slice(0, block.size());
+    // destroyed without commit
+  }
+  EXPECT_TRUE(std::filesystem::is_empty(dir.path()));
+}
+
+// A write that fails on either thread (here: past RLIMIT_FSIZE, EFBIG) is an Error{kIo} naming
+// the file, and the temporary file goes with the sink.
+TEST(Sinks, WriteSlicedFailureIsAnIoError) {
+  test::TempDir dir;
+  std::string path = dir.file("big.bin");
+  const auto block = pattern(24 * kSlice);
+  struct rlimit old;
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
+  auto old_handler = ::signal(SIGXFSZ, SIG_IGN);  // write() returns EFBIG instead of a signal
+  struct rlimit small = old;
+  small.rlim_cur = 10 * kSlice + 100;
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+  Error e = test::capture_error([&] {
+    auto s = create_file_sink(path);
+    s->reserve(block.size());
+    s->write_sliced(block, kSlice, [](size_t, uint64_t, std::span<const std::byte>) {});
+    s->commit();
+  });
+  ::setrlimit(RLIMIT_FSIZE, &old);
+  ::signal(SIGXFSZ, old_handler);
+  EXPECT_EQ(e.code(), ErrorCode::kIo);
+  EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+  EXPECT_TRUE(std::filesystem::is_empty(dir.path()));
+}
+
+}  // namespace
+}  // namespace ckpt
