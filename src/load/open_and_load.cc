@@ -81,16 +81,8 @@ LoadedCheckpoint Checkpoint::open_and_load(const std::string& path,
     return {std::move(c), std::move(tensors)};
   }
 
-  pre->finish();
-  // The preload's ranges are in offset order, so range k's CRC is pre->crc(k).
-  if (load_options.verify)
-    for (size_t s = 0; s < d.storages.size(); ++s) {
-      const StorageInfo& si = d.storages[s];
-      if (range_of[s] == SIZE_MAX || !si.crc32) continue;
-      if (pre->crc(range_of[s]) != *si.crc32)
-        throw internal::crc_mismatch(d, s, pre->crc(range_of[s]));
-    }
-
+  // The tensor table is built while the background threads are still reading (the pointers are
+  // known; the bytes are not needed yet), then this thread joins the reading.
   std::shared_ptr<std::byte> meta_arena;
   if (meta_bytes) {
     meta_arena = internal::allocate_arena(meta_bytes);
@@ -108,15 +100,28 @@ LoadedCheckpoint Checkpoint::open_and_load(const std::string& path,
     } else if (range_of[s] != SIZE_MAX) {
       st->data = pre->data(range_of[s]);
       st->owner = pre->arena();
-      if (st->info.byteswap)
-        internal::byteswap_elements(st->data, st->info.nbytes, dtype_size(st->info.dtype),
-                                    dtype_info(st->info.dtype).is_complex);
     }
     storages[s] = std::move(st);
   }
   std::vector<Tensor> tensors;
   tensors.reserve(d.tensors.size());
   for (const TensorInfo& t : d.tensors) tensors.emplace_back(t, storages[t.storage]);
+
+  pre->finish();
+  // The preload's ranges are in offset order, so range k's CRC is pre->crc(k).
+  if (load_options.verify)
+    for (size_t s = 0; s < d.storages.size(); ++s) {
+      const StorageInfo& si = d.storages[s];
+      if (range_of[s] == SIZE_MAX || !si.crc32) continue;
+      if (pre->crc(range_of[s]) != *si.crc32)
+        throw internal::crc_mismatch(d, s, pre->crc(range_of[s]));
+    }
+  for (size_t s = 0; s < d.storages.size(); ++s) {
+    const StorageInfo& si = d.storages[s];
+    if (si.byteswap && range_of[s] != SIZE_MAX)
+      internal::byteswap_elements(storages[s]->data, si.nbytes, dtype_size(si.dtype),
+                                  dtype_info(si.dtype).is_complex);
+  }
   return {std::move(c), std::move(tensors)};
 }
 

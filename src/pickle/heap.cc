@@ -249,9 +249,12 @@ bool PickleHeap::has_cycle(std::span<const Ref> roots) const {
 }
 
 ValuePtr PickleHeap::to_value(Ref root, CopyBudget& budget) const {
-  // made[r]: the Value of node r once made. Containers are made as shells when first reached and
-  // filled in depth-first order by an explicit stack (a hostile tree can nest 1e6 deep).
-  std::vector<ValuePtr> made(nodes_.size());
+  // Containers are made as shells when first reached and filled in depth-first order by an
+  // explicit stack (a hostile tree can nest 1e6 deep). made_at[r]: 1 + the index in `made` of
+  // node r's Value, 0 while not made (4 bytes a node rather than 16: most nodes are temporaries
+  // the result never reaches).
+  std::vector<uint32_t> made_at(nodes_.size(), 0);
+  std::vector<ValuePtr> made;
   std::vector<uint8_t> open(nodes_.size());  // 1 while the node's frame is on the stack
   struct Frame {
     Ref r;
@@ -260,9 +263,8 @@ ValuePtr PickleHeap::to_value(Ref root, CopyBudget& budget) const {
   };
   std::vector<Frame> stack;
 
-  auto make = [&](Ref r) -> const ValuePtr& {
-    ValuePtr& slot = made[r];
-    if (slot) return slot;
+  auto make = [&](Ref r) -> ValuePtr {
+    if (made_at[r]) return made[made_at[r] - 1];
     const Node& n = nodes_[r];
     auto v = std::make_shared<Value>();
     v->kind = n.kind;
@@ -315,8 +317,9 @@ ValuePtr PickleHeap::to_value(Ref root, CopyBudget& budget) const {
         }
         break;
     }
-    slot = std::move(v);
-    return slot;
+    made.push_back(v);
+    made_at[r] = static_cast<uint32_t>(made.size());
+    return v;
   };
 
   ValuePtr result = make(root);
@@ -332,15 +335,15 @@ ValuePtr PickleHeap::to_value(Ref root, CopyBudget& budget) const {
         throw Error(ErrorCode::kUnsupported,
                     "the object graph contains a cycle (a container that contains itself); "
                     "checkpoints never do");
-      const ValuePtr& cv = make(c);
+      ValuePtr cv = make(c);
       if (pk == Kind::kDict) {
         if (k % 2 == 0) {
-          parent->entries.emplace_back(cv, nullptr);
+          parent->entries.emplace_back(std::move(cv), nullptr);
         } else {
-          parent->entries.back().second = cv;
+          parent->entries.back().second = std::move(cv);
         }
       } else {
-        parent->items.push_back(cv);
+        parent->items.push_back(std::move(cv));
       }
       continue;
     }

@@ -197,6 +197,11 @@ class Vm {
   // Ids are dense in every pickler we know, so the memo is a vector; ids far beyond the number
   // of entries (hostile, or hand-made) go to a map so that one PUT cannot allocate gigabytes.
   void memo_put(uint64_t id, Ref v) {
+    if (id == memo_.size() && memo_map_.empty()) {  // the next dense id: every pickler's case
+      count_memo_entry();
+      memo_.push_back(v);
+      return;
+    }
     if (id < memo_.size() || id <= 2 * memo_count_ + 1024) {
       if (id >= memo_.size()) memo_.resize(id + 1, kNoRef);
       bool fresh = memo_[id] == kNoRef;
