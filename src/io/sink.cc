@@ -1,6 +1,8 @@
 #include "ckpt/sink.h"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <linux/magic.h>
 #include <sys/stat.h>
 #include <sys/vfs.h>
@@ -12,6 +14,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <exception>
 #include <memory>
 #include <system_error>
@@ -128,16 +131,43 @@ class Helper {
   std::thread thread_;  // last: starts once the rest is initialized
 };
 
+// Temporaries of writers that died (SIGKILL, power loss) before commit: ".<base>.tmp-XXXXXX"
+// beside the target. A live writer holds an exclusive flock on its temporary from the moment it
+// exists (well, microseconds later) until it commits or removes it, and the kernel drops the lock
+// when a process dies; so a temporary that is older than a minute and whose lock can be taken is
+// debris, and is removed. Best effort: any error leaves the file alone.
+void sweep_stale_temporaries(const std::string& dir, const std::string& base) {
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) return;
+  const std::string prefix = "." + base + ".tmp-";
+  const time_t now = ::time(nullptr);
+  while (dirent* e = ::readdir(d)) {
+    std::string_view n = e->d_name;
+    if (n.size() != prefix.size() + 6 || n.compare(0, prefix.size(), prefix) != 0) continue;
+    const int fd = ::openat(::dirfd(d), e->d_name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) continue;
+    struct stat st;
+    if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && now - st.st_mtime >= 60 &&
+        ::flock(fd, LOCK_EX | LOCK_NB) == 0)
+      ::unlinkat(::dirfd(d), e->d_name, 0);
+    ::close(fd);
+  }
+  ::closedir(d);
+}
+
 class FileSink final : public ByteSink {
  public:
   FileSink(std::string path, FileSinkOptions opt) : path_(std::move(path)), opt_(opt) {
     if (opt_.atomic) {
+      sweep_stale_temporaries(dir_of(path_), base_of(path_));
       std::string tmpl = dir_of(path_) + "/." + base_of(path_) + ".tmp-XXXXXX";
       std::vector<char> buf(tmpl.begin(), tmpl.end());
       buf.push_back('\0');
       fd_ = ::mkostemp(buf.data(), O_CLOEXEC);
       if (fd_ < 0) fail("cannot create temporary file in " + dir_of(path_));
       tmp_ = buf.data();
+      // Marks it as a live writer's (see sweep_stale_temporaries).
+      ::flock(fd_, LOCK_EX | LOCK_NB);
       // mkostemp makes 0600 files; give the usual mode (umask applies).
       mode_t mask = ::umask(0);
       ::umask(mask);

@@ -4,7 +4,10 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/resource.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <mutex>
@@ -181,6 +184,40 @@ TEST(Sinks, WriteSlicedFailureIsAnIoError) {
   EXPECT_EQ(e.code(), ErrorCode::kIo);
   EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
   EXPECT_TRUE(std::filesystem::is_empty(dir.path()));
+}
+
+// A writer killed before commit leaves ".<name>.tmp-XXXXXX". The next atomic sink for the same
+// target removes such a file once it is a minute old and no live writer holds its lock; a fresh
+// one (a writer that just created it) and a locked one (a writer still at work) stay.
+TEST(FileSinkTemporaries, StaleOnesAreSweptLiveOnesKept) {
+  test::TempDir dir;
+  const std::string target = dir.file("m.pt");
+  auto make = [&](const std::string& suffix, bool old) {
+    std::string p = dir.file(".m.pt.tmp-" + suffix);
+    test::write_file(p, test::to_bytes("partial"));
+    if (old) {
+      timespec t[2] = {{::time(nullptr) - 3600, 0}, {::time(nullptr) - 3600, 0}};
+      EXPECT_EQ(::utimensat(AT_FDCWD, p.c_str(), t, 0), 0);
+    }
+    return p;
+  };
+  const std::string stale = make("AAAAAA", true), fresh = make("BBBBBB", false),
+                    locked = make("CCCCCC", true), other = dir.file(".n.pt.tmp-DDDDDD");
+  test::write_file(other, test::to_bytes("x"));
+  int fd = ::open(locked.c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::flock(fd, LOCK_EX | LOCK_NB), 0);
+  {
+    auto s = create_file_sink(target, {.atomic = true, .fsync = false});
+    s->write(std::string_view("done"));
+    s->commit();
+  }
+  ::close(fd);
+  EXPECT_FALSE(std::filesystem::exists(stale));
+  EXPECT_TRUE(std::filesystem::exists(fresh));
+  EXPECT_TRUE(std::filesystem::exists(locked));
+  EXPECT_TRUE(std::filesystem::exists(other));  // another target's: not ours to judge
+  EXPECT_EQ(test::to_string(test::read_file(target)), "done");
 }
 
 }  // namespace
