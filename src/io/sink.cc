@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/uio.h>
 #include <linux/magic.h>
 #include <sys/stat.h>
 #include <sys/vfs.h>
@@ -183,14 +184,27 @@ class FileSink final : public ByteSink {
     if (!committed_ && !tmp_.empty()) ::unlink(tmp_.c_str());
   }
   const std::string& name() const override { return path_; }
+  // Small writes (zip headers, short records) are staged and go out with the next large write in
+  // one pwritev: a checkpoint of 20,000 small tensors is otherwise 40,000 write calls, half of
+  // them for ~100-byte headers. Large writes are never copied.
   void write(std::span<const std::byte> bytes) override {
-    pwrite_all(pos_, bytes);
+    if (bytes.size() <= kStageMax) {
+      if (stage_.size() + bytes.size() > kStageCap) flush();
+      if (stage_.empty()) stage_at_ = pos_;
+      stage_.insert(stage_.end(), bytes.begin(), bytes.end());
+    } else if (stage_.empty()) {
+      pwrite_all(pos_, bytes);
+    } else {
+      pwrite_two(stage_at_, stage_, bytes);
+      stage_.clear();
+    }
     pos_ += bytes.size();
   }
   using ByteSink::write;
   void patch(uint64_t offset, std::span<const std::byte> bytes) override {
     if (offset > pos_ || bytes.size() > pos_ - offset)
       throw Error(ErrorCode::kInvalidArgument, "patch past the written bytes", path_, {}, offset);
+    flush();
     pwrite_all(offset, bytes);
   }
   uint64_t position() const override { return pos_; }
@@ -224,6 +238,7 @@ class FileSink final : public ByteSink {
     // other's write: saving 1 GiB of 4 MiB storages took ~125 ms this way against ~140 ms on
     // one thread. Slices end on multiples of `slice` in the file: writes that cover whole large
     // folios of the page cache were 15-20% faster than the same writes 64 bytes off.
+    flush();
     if (slice == 0 || bytes.size() / slice < kMinParallelSlices || !start_helper())
       return ByteSink::write_sliced(bytes, slice, visit);
     const uint64_t at = pos_;
@@ -250,6 +265,7 @@ class FileSink final : public ByteSink {
 
   void commit() override {
     if (committed_) return;
+    flush();
     helper_.reset();
     if (opt_.fsync && ::fsync(fd_) != 0) fail("fsync");
     if (::close(fd_) != 0) {
@@ -288,6 +304,30 @@ class FileSink final : public ByteSink {
   [[noreturn]] void fail(const std::string& what) {
     throw Error(ErrorCode::kIo, what + ": " + std::strerror(errno), path_);
   }
+  static constexpr size_t kStageMax = 4096, kStageCap = 256 << 10;
+  void flush() {
+    if (stage_.empty()) return;
+    pwrite_all(stage_at_, stage_);
+    stage_.clear();
+  }
+  // `a` then `b` at `offset`, in one pwritev when the kernel takes it all.
+  void pwrite_two(uint64_t offset, std::span<const std::byte> a, std::span<const std::byte> b) {
+    iovec iov[2] = {{const_cast<std::byte*>(a.data()), a.size()},
+                    {const_cast<std::byte*>(b.data()), b.size()}};
+    ssize_t n;
+    do {
+      n = ::pwritev(fd_, iov, 2, static_cast<off_t>(offset));
+    } while (n < 0 && errno == EINTR);
+    if (n < 0)
+      throw Error(ErrorCode::kIo, std::string("write: ") + std::strerror(errno), path_, {}, offset);
+    const size_t done = static_cast<size_t>(n);
+    if (done < a.size()) {
+      pwrite_all(offset + done, a.subspan(done));
+      pwrite_all(offset + a.size(), b);
+    } else {
+      pwrite_all(offset + done, b.subspan(done - a.size()));
+    }
+  }
   void pwrite_all(uint64_t offset, std::span<const std::byte> bytes) {
     size_t done = 0;
     while (done < bytes.size()) {
@@ -308,6 +348,8 @@ class FileSink final : public ByteSink {
   uint64_t pos_ = 0;
   bool committed_ = false;
   bool preallocate_ = true;
+  std::vector<std::byte> stage_;  // small writes not yet written, for the file at stage_at_
+  uint64_t stage_at_ = 0;
   std::unique_ptr<Helper> helper_;
 };
 
