@@ -184,9 +184,11 @@ class FileSink final : public ByteSink {
     if (!committed_ && !tmp_.empty()) ::unlink(tmp_.c_str());
   }
   const std::string& name() const override { return path_; }
-  // Small writes (zip headers, short records) are staged and go out with the next large write in
-  // one pwritev: a checkpoint of 20,000 small tensors is otherwise 40,000 write calls, half of
-  // them for ~100-byte headers. Large writes are never copied.
+  // Small writes (zip headers, records up to 64 KiB) are staged in a 1 MiB buffer and go out when
+  // it fills, or with the next large write in one pwritev. A checkpoint of 20,000 tensors of
+  // 52 KB was otherwise 60,000 writes, mostly not page-aligned, and ext4's buffered-write path
+  // per call cost more than the copy: its save took ~450 ms, ~330 ms staged. Large writes are
+  // never copied.
   void write(std::span<const std::byte> bytes) override {
     if (bytes.size() <= kStageMax) {
       if (stage_.size() + bytes.size() > kStageCap) flush();
@@ -304,7 +306,7 @@ class FileSink final : public ByteSink {
   [[noreturn]] void fail(const std::string& what) {
     throw Error(ErrorCode::kIo, what + ": " + std::strerror(errno), path_);
   }
-  static constexpr size_t kStageMax = 4096, kStageCap = 256 << 10;
+  static constexpr size_t kStageMax = 64 << 10, kStageCap = 1 << 20;
   void flush() {
     if (stage_.empty()) return;
     pwrite_all(stage_at_, stage_);

@@ -220,5 +220,36 @@ TEST(FileSinkTemporaries, StaleOnesAreSweptLiveOnesKept) {
   EXPECT_EQ(test::to_string(test::read_file(target)), "done");
 }
 
+// FileSink stages small writes and sends them with later ones; whatever the mix of sizes and
+// patches (into staged bytes too), the file holds exactly what a MemorySink holds.
+TEST(FileSinkStaging, MixedWritesAndPatchesMatchMemory) {
+  test::TempDir dir;
+  const std::string path = dir.file("mix.bin");
+  MemorySink mem;
+  auto file = create_file_sink(path, {.atomic = true, .fsync = false});
+  std::vector<std::byte> big(300000);
+  for (size_t i = 0; i < big.size(); ++i) big[i] = std::byte(i * 13 + 1);
+  uint64_t seed = 7;
+  for (int step = 0; step < 400; ++step) {
+    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+    const size_t n = (seed >> 33) % 5 == 0 ? 70000 + (seed >> 40) % 200000 : (seed >> 40) % 3000;
+    auto piece = std::span<const std::byte>(big).subspan((seed >> 20) % 1000, n);
+    mem.write(piece);
+    file->write(piece);
+    if (step % 37 == 0 && mem.position() > 8) {
+      const uint64_t at = mem.position() - 1 - (seed >> 45) % std::min<uint64_t>(mem.position() - 1, 5000);
+      auto patch = test::to_bytes("PATCH");
+      const size_t len = std::min<uint64_t>(patch.size(), mem.position() - at);
+      mem.patch(at, std::span<const std::byte>(patch).first(len));
+      file->patch(at, std::span<const std::byte>(patch).first(len));
+    }
+    ASSERT_EQ(file->position(), mem.position());
+  }
+  file->commit();
+  auto got = test::read_file(path);
+  ASSERT_EQ(got.size(), mem.bytes().size());
+  EXPECT_TRUE(got == mem.bytes());
+}
+
 }  // namespace
 }  // namespace ckpt
