@@ -492,9 +492,9 @@ double thread_cpu_ms() {
 
 // A torch-like data.pkl (OrderedDict of 100k _rebuild_tensor_v2 reduces with persistent ids),
 // written by ckpt's pickler, unpickled with hooks the way the torch layer uses them. Measured
-// in thread CPU time, best of three, since the test machines are shared. The target is 100 ms;
-// with 208-byte Values (about 15 allocations per tensor) this VM needs about 180 ms on the
-// development machine, so the bound here only guards against regressions.
+// in thread CPU time, best of three, since the test machines are shared. With the VM's compact
+// heap it takes ~50 ms on the development machine (~180 ms when every object was a Value); the
+// bound here only guards against gross regressions (docs/benchmarks.md has the figure).
 TEST(UnpicklerSpeed, HundredThousandTensors) {
   auto storage = S("storage");
   auto cpu = S("cpu");
