@@ -9,6 +9,7 @@ byte offsets into the file, `ckpt extract` values; plus smoke tests of
 import json
 import math
 import os
+import zlib
 
 import pytest
 
@@ -114,6 +115,19 @@ def test_extract(ckpt, cache, file_id, tmp_path):
             # int_repr of a packed dtype is the packed bytes; either shape is acceptable.
             assert math.prod(header["shape"]) in (t.numel(), len(want)), f"{name!r}: .npy shape {header['shape']}"
         assert data == want, f"{name!r}: extracted bytes differ from torch's"
+
+
+@pytest.mark.parametrize("mode", ["eager", "mmap", "stream"])
+@pytest.mark.parametrize("file_id", ALL_IDS)
+def test_every_load_path_matches_torch(ckpt, cache, file_id, mode):
+    """`ckpt load --digest`: each tensor's elements as the eager load (open_and_load: reads that
+    overlap the pickle parse), the zero-copy mmap views and the streaming ring give them, against
+    torch.load's, by CRC32 — with CRC verification on."""
+    got = ckpt.json("load", cache.path(file_id), "--mode", mode, "--verify", "--digest",
+                    "--json")["digests"]
+    expected = _expected(cache, file_id)
+    want = {name: "%08x" % zlib.crc32(helpers.tensor_bytes(t)) for name, t in expected}
+    assert {n: got.get(n) for n in want} == want
 
 
 def test_info_and_show(ckpt, cache):

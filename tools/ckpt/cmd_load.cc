@@ -3,6 +3,7 @@
 // measure memory in a fresh process).
 
 #include <sys/resource.h>
+#include <zlib.h>
 
 #include <cstdio>
 #include <cstring>
@@ -15,7 +16,7 @@ void add_load(CLI::App& app) {
   struct Opts {
     std::string file, mode = "eager";
     double budget_mb = 64;
-    bool verify = false, json = false;
+    bool verify = false, json = false, digest = false;
     int threads = 0;
     Common common;
   };
@@ -28,6 +29,9 @@ void add_load(CLI::App& app) {
   cmd->add_option("--threads", o->threads, "eager: reader threads (default: per machine)");
   cmd->add_flag("--verify", o->verify, "check CRC32 while loading");
   cmd->add_flag("--json", o->json, "machine-readable output");
+  cmd->add_flag("--digest", o->digest,
+                "with --json: CRC32 of each tensor's elements (row-major), by name, to compare "
+                "load paths with each other and with torch");
   add_common(*cmd, o->common);
   cmd->callback([o] {
     double t0 = now_seconds();
@@ -36,6 +40,15 @@ void add_load(CLI::App& app) {
     lo.threads = o->threads;
     uint64_t bytes = 0, checksum = 0;
     size_t tensors = 0;
+    nlohmann::ordered_json digests = nlohmann::ordered_json::object();
+    auto digest = [&](const Tensor& t) {
+      if (!o->digest) return;
+      std::vector<std::byte> b = t.contiguous_bytes();
+      char hex[9];
+      std::snprintf(hex, sizeof hex, "%08lx",
+                    ::crc32(0, reinterpret_cast<const Bytef*>(b.data()), static_cast<uInt>(b.size())));
+      digests[t.name()] = hex;
+    };
     if (o->mode == "eager") {
       // Opening and loading overlapped: reads start once the zip directory is known.
       LoadedCheckpoint l = Checkpoint::open_and_load(o->file, open_options(o->common), lo);
@@ -43,13 +56,17 @@ void add_load(CLI::App& app) {
       auto& all = l.tensors;
       tensors = all.size();
       for (const auto& s : c.storages()) bytes += s.nbytes;
-      for (auto& t : all) checksum += t.info().nbytes() ? std::to_integer<uint8_t>(t.data()[0]) : 0;
+      for (auto& t : all) {
+        checksum += t.info().nbytes() ? std::to_integer<uint8_t>(t.data()[0]) : 0;
+        digest(t);
+      }
     } else if (Checkpoint c = open_checkpoint(o->file, o->common); o->mode == "mmap") {
       for (size_t i = 0; i < c.tensors().size(); ++i) {
         Tensor t = c.tensor(i, lo);
         const std::byte* p = t.storage()->data;
         for (uint64_t off = 0; off < t.storage()->info.nbytes; off += 4096)
           checksum += std::to_integer<uint8_t>(p[off]);
+        digest(t);
         ++tensors;
       }
       for (const auto& s : c.storages()) bytes += s.nbytes;
@@ -62,6 +79,7 @@ void add_load(CLI::App& app) {
         const std::byte* p = t.data();
         for (uint64_t off = 0; off < t.info().nbytes(); off += 4096)
           checksum += std::to_integer<uint8_t>(p[off]);
+        digest(t);
       }, lo);
     }
     double dt = now_seconds() - t0;
@@ -71,6 +89,7 @@ void add_load(CLI::App& app) {
     if (o->json) {
       nlohmann::ordered_json j{{"mode", o->mode}, {"tensors", tensors}, {"bytes", bytes},
                                {"seconds", dt}, {"peak_rss_bytes", rss}, {"checksum", checksum}};
+      if (o->digest) j["digests"] = std::move(digests);
       std::printf("%s\n", j.dump().c_str());
     } else {
       std::printf("%s load: %zu tensors, %s in %.3f s (%.2f GB/s), peak RSS %s\n", o->mode.c_str(),
