@@ -13,7 +13,7 @@ FUZZ_SMOKE_SECONDS ?= 10
 FUZZ_TARGETS ?=
 # The unit tests that run threads (eager loader, parallel decryption, zip offset cache, the
 # concurrency tests): run under ThreadSanitizer by `make tsan`.
-TSAN_FILTER ?= *Concurrent*:*Thread*:*Parallel*:*Encrypted*:Concurrency.*
+TSAN_FILTER ?= *Concurrent*:*Thread*:*Parallel*:*Encrypted*:Concurrency.*:Load.*:FileSink*:*Sliced*:*Save*
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=RelWithDebInfo
 PY := /usr/bin/python3

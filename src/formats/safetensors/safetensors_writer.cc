@@ -193,6 +193,8 @@ void save_safetensors(ByteSink& sink, const std::vector<Tensor>& tensors,
                     " bytes exceeds the safetensors maximum of 100000000",
                 sink.name());
 
+  // The file's exact size is known: a file sink preallocates it (ByteSink::reserve).
+  sink.reserve(8 + json.size() + offset);
   Gather out(sink);
   std::byte len[8];
   internal::store_le<uint64_t>(len, json.size());
