@@ -2,17 +2,17 @@
 // the file when they are dense, several reader threads doing positional reads straight into
 // place, CRC32 fused with the reads); decoded storages (encrypted, meta) by the same threads.
 
-#include <zlib.h>
-
-#include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <cstring>
+#include <exception>
+#include <mutex>
 #include <thread>
 
 #include "ckpt/checkpoint.h"
 #include "load/checkpoint_data.h"
-#include "util/arena.h"
 #include "load/preload.h"
+#include "util/arena.h"
 
 namespace ckpt {
 
