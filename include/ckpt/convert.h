@@ -1,0 +1,200 @@
+#pragma once
+// Converting a checkpoint to another format (what `ckpt convert` does), and the flat view of a
+// checkpoint's object tree that the flat formats (safetensors, tensorizer) store.
+//
+//   ckpt::Checkpoint c = ckpt::Checkpoint::open("model.pt");
+//   ckpt::ConvertOptions o;                       // format from the extension: .safetensors
+//   ckpt::ConvertReport r = ckpt::convert(c, "model.safetensors", o);
+//
+// What is preserved, reported and refused is described in docs/cli.md (`ckpt convert`), which
+// is a thin layer over this header. Thread-safety: conversions of different checkpoints, or of
+// one checkpoint to different outputs, may run at once.
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "ckpt/checkpoint.h"
+#include "ckpt/options.h"
+#include "ckpt/sink.h"
+
+namespace ckpt {
+
+// ---------------------------------------------------------------------------------------------
+// Target formats
+
+enum class ConvertFormat {
+  kAuto,         // from the output's name (see convert_format_for_path)
+  kTorch,        // a torch.save zip
+  kSafetensors,
+  kTensorizer,
+};
+
+// "pt", "safetensors", "tensorizer" ("auto" for kAuto).
+const char* convert_format_name(ConvertFormat format) noexcept;
+// "pt" or "torch", "safetensors", "tensorizer". Throws Error{kInvalidArgument} for anything else.
+ConvertFormat parse_convert_format(std::string_view name);
+// The format a path's extension names: .pt .pth .bin .ckpt -> kTorch, .safetensors ->
+// kSafetensors, .tensors -> kTensorizer. Throws Error{kInvalidArgument} (naming the extension
+// and the path) for any other.
+ConvertFormat convert_format_for_path(const std::string& path);
+
+// ---------------------------------------------------------------------------------------------
+// The flat view: every name a flat format would store, and how the tensors share bytes
+
+// One name under which a tensor is stored in a flat format.
+struct StateDictEntry {
+  std::string name;   // the dotted path ("model.layers.0.weight", "state.0.exp_avg")
+  size_t tensor = 0;  // index into Checkpoint::tensors()
+  // A tensor reached under several paths (a tied weight: torch.save writes it once and refers to
+  // it from "encoder.weight" and "decoder.weight"): the later paths are entries of their own,
+  // with `alias_of` = the index in `entries` of the tensor's first entry.
+  std::optional<size_t> alias_of;
+  // Set when this entry's bytes are bytes of an earlier entry too: the same tensor (an alias),
+  // a view of the same storage, or a storage stored at the same place. The index in `entries` of
+  // the first such entry. A flat format cannot express this: safetensors refuses it unless told
+  // to copy, tensorizer writes copies.
+  std::optional<size_t> shares_with;
+};
+
+struct FlatStateDict {
+  // The checkpoint's tensors in its order under their names (Checkpoint::tensors()[i].name;
+  // a TorchScript archive: its parameters and buffers by module path, as
+  // TorchScriptArchive::state_dict() lists them), then the further paths of tied tensors in tree
+  // order. Quantization parameters (TensorInfo::type "qparams") are part of their tensor and
+  // not listed.
+  std::vector<StateDictEntry> entries;
+  // Paths of the values that are not tensors (numbers, strings, None, empty containers,
+  // "<attributes of OrderedDict>" for a state dict's _metadata, objects), in tree order: what a
+  // flat format drops. Filled for torch zip and legacy checkpoints only (a safetensors or
+  // tensorizer file holds tensors only; a TorchScript archive is exported as its state dict).
+  std::vector<std::string> non_tensors;
+};
+
+struct FlattenOptions {
+  // Unset (the default): the tree is walked to any depth. Set: a tree nested deeper than
+  // limits->max_pickle_depth is refused with Error{kLimitExceeded} naming
+  // Limits::max_pickle_depth.
+  std::optional<Limits> limits;
+};
+
+// The flat view of a checkpoint. The object tree is walked with an explicit stack and one path
+// buffer (no recursion, memory linear in the depth), so that any depth is walked whole, never
+// silently cut short; options.limits bounds it when set. (Checkpoint::open already refuses a
+// tree nested deeper than the Limits::max_pickle_depth it was opened with.) A container reached
+// twice is walked once, as the pickle memo shares it. Reads metadata only.
+FlatStateDict flatten_state_dict(const Checkpoint& checkpoint, const FlattenOptions& options = {});
+
+// ---------------------------------------------------------------------------------------------
+// Converting
+
+// tensorizer output: encryption (XSalsa20-Poly1305, data version 3/4). Set at most one of key,
+// key_file, password, password_file; any of them with another target is Error{kInvalidArgument}.
+struct ConvertEncryption {
+  std::string key;  // 32 raw bytes or 64 hex digits
+  // The key in a file: 64 hex digits or 32 raw bytes (trailing whitespace ignored). When the
+  // file does not exist, a new random key is written there (64 hex digits and a newline) and
+  // committed before the output is, so that an output never exists without its key.
+  std::string key_file;
+  std::string password;       // a key derived from it with Argon2id; salt and cost stored
+  std::string password_file;  // the password is the file's first line (without \r\n)
+  // Argon2id cost (libsodium's MODERATE profile, as tensorizer: ~0.5 s, 256 MiB).
+  uint64_t pwhash_opslimit = 3;
+  uint64_t pwhash_memlimit = 256ull << 20;
+
+  bool enabled() const noexcept {
+    return !key.empty() || !key_file.empty() || !password.empty() || !password_file.empty();
+  }
+};
+
+struct ConvertOptions {
+  // kAuto: from the output path's extension (convert_format_for_path); for the sink overload,
+  // from sink.name().
+  ConvertFormat to = ConvertFormat::kAuto;
+  // pt: payload alignment (0 = 64; a power of two below 64 KiB). safetensors: the data buffer
+  // starts at a multiple of it (0 = 8; a power of two up to 1 GiB; 4096 gives page-aligned
+  // data). Ignored for tensorizer.
+  uint32_t alignment = 0;
+  // safetensors: tensors that share bytes (views, tied weights: StateDictEntry::shares_with) are
+  // refused with Error{kInvalidArgument} unless this is set; then each name gets its own copy.
+  bool copy_shared = false;
+  ConvertEncryption encryption;  // tensorizer only
+  // pt: the zip's folder name. Empty: the output file name up to its first dot (as torch.save);
+  // "archive" for the sink overload.
+  std::string archive_name;
+  // The path overload: write a temporary beside the output and rename it over the output at the
+  // end (nothing appears under the output's name unless the conversion succeeds), and fsync.
+  bool atomic = true;
+  bool fsync = true;
+  // How tensor bytes are read from the checkpoint. A mapped checkpoint is written from views of
+  // the mapping (no copy; `verify` checks each storage's CRC32 first); an unmapped one, or with
+  // `copy`, is loaded first with Checkpoint::load_all (`threads` readers).
+  LoadOptions load;
+  // Flat targets: bounds the depth of the tree walk (FlattenOptions::limits). Unset: any depth.
+  std::optional<Limits> limits;
+  // Called as the output is written: `done` bytes written so far, `total` the expected size (the
+  // tensor bytes, raised to `done` when headers and padding pass it, so done <= total). Called
+  // on the thread that called convert() (never from a writer thread), with `done` never going
+  // back, at most once per `progress_interval` while writing, and once more at the end with
+  // done == total == the size of the output, after it was committed. An exception thrown by the
+  // callback aborts the conversion (the path overload leaves nothing under the output's name).
+  // Counting the bytes keeps the sink's fast paths (reserve, write_sliced) in use.
+  std::function<void(uint64_t done, uint64_t total)> progress;
+  std::chrono::milliseconds progress_interval{100};
+};
+
+struct ConvertReport {
+  ConvertFormat format = ConvertFormat::kAuto;  // the format written
+  // Tensors in the output (a flat format: every name, tied aliases included) and their bytes
+  // (pt: the bytes of every storage).
+  size_t tensors = 0;
+  uint64_t tensor_bytes = 0;
+  uint64_t bytes_written = 0;  // size of the output
+  // Converting to a flat format: paths of the non-tensor values not written
+  // (FlatStateDict::non_tensors).
+  std::vector<std::string> not_written;
+  // Converting safetensors to another format: keys of its __metadata__ other than "format",
+  // which neither pt nor tensorizer has a place for.
+  std::vector<std::string> metadata_not_written;
+  // Converting to a flat format: (tensor, the tensor it shares bytes with) for every name whose
+  // bytes were written as a separate copy (safetensors with copy_shared, tensorizer).
+  std::vector<std::pair<std::string, std::string>> copied_shared;
+  // Encrypting: the raw 32-byte key used, and whether it was a new random key written to
+  // ConvertEncryption::key_file.
+  std::string key;
+  bool key_file_written = false;
+};
+
+// Converts `checkpoint` to `out_path` (format: options.to, or the path's extension).
+//
+// To pt: the whole object tree (dicts, lists, tuples, numbers, strings, OrderedDict _metadata,
+// Parameters, requires_grad), storage sharing and tied weights are kept; a safetensors file
+// becomes an OrderedDict of name -> tensor, a TorchScript archive its state dict. To safetensors
+// or tensorizer: the tensors of flatten_state_dict() under their dotted names; tensorizer keeps
+// param/buffer types and meta tensors; safetensors keeps the input's __metadata__
+// ({"format": "pt"} when there is none). Tensor bytes are written bit-exact (non-contiguous
+// tensors contiguous) straight from the checkpoint's memory, through the sink's fast paths (a
+// pt -> pt conversion of a mapped file writes as fast as save_torch of loaded tensors).
+//
+// Throws Error: kInvalidArgument (no format for the path, encryption with a target other than
+// tensorizer, shared tensors to safetensors without copy_shared, a checkpoint that is one
+// unnamed tensor to a flat format), kUnsupported (a dtype the target cannot hold: quantized and
+// sub-byte dtypes in a flat format, complex128/complex32 in safetensors), kLimitExceeded (a tree
+// deeper than options.limits, see flatten_state_dict; pt: save_torch's pickler refuses trees
+// nested deeper than Limits{}.max_pickle_depth), kNotFound (an encryption key_file/password_file that
+// cannot be read), and whatever reading the checkpoint or writing throws. On failure nothing is
+// left under out_path (with options.atomic; the key file of a new random key may remain).
+ConvertReport convert(const Checkpoint& checkpoint, const std::string& out_path,
+                      const ConvertOptions& options = {});
+// Same, into a sink: the sink is committed at the end (after a new random key's key file).
+// options.atomic and fsync do not apply (the sink decides); they do for the key file.
+ConvertReport convert(const Checkpoint& checkpoint, ByteSink& sink,
+                      const ConvertOptions& options = {});
+
+}  // namespace ckpt

@@ -1,0 +1,47 @@
+// The target formats of a conversion: their names, and the format an output path's extension
+// names.
+
+#include <filesystem>
+#include <string>
+
+#include "ckpt/convert.h"
+#include "ckpt/error.h"
+
+namespace ckpt {
+
+const char* convert_format_name(ConvertFormat format) noexcept {
+  switch (format) {
+    case ConvertFormat::kAuto:
+      return "auto";
+    case ConvertFormat::kTorch:
+      return "pt";
+    case ConvertFormat::kSafetensors:
+      return "safetensors";
+    case ConvertFormat::kTensorizer:
+      return "tensorizer";
+  }
+  return "?";
+}
+
+ConvertFormat parse_convert_format(std::string_view name) {
+  if (name == "pt" || name == "torch") return ConvertFormat::kTorch;
+  if (name == "safetensors") return ConvertFormat::kSafetensors;
+  if (name == "tensorizer") return ConvertFormat::kTensorizer;
+  throw Error(ErrorCode::kInvalidArgument,
+              "unknown output format '" + std::string(name) +
+                  "': the format must be pt, safetensors or tensorizer");
+}
+
+ConvertFormat convert_format_for_path(const std::string& path) {
+  const std::string ext = std::filesystem::path(path).extension().string();
+  if (ext == ".safetensors") return ConvertFormat::kSafetensors;
+  if (ext == ".tensors") return ConvertFormat::kTensorizer;
+  if (ext == ".pt" || ext == ".pth" || ext == ".bin" || ext == ".ckpt") return ConvertFormat::kTorch;
+  throw Error(ErrorCode::kInvalidArgument,
+              "cannot tell the output format from '" + ext +
+                  "' (.pt .pth .bin .ckpt, .safetensors, .tensors); name it "
+                  "(pt, safetensors or tensorizer)",
+              path);
+}
+
+}  // namespace ckpt
