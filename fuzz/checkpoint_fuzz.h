@@ -9,11 +9,11 @@
 
 #include "ckpt/checkpoint.h"
 #include "fuzz_util.h"
-#include "load/checkpoint_data.h"
+#include "formats/open.h"
 
 namespace ckpt::fuzz {
 
-using Opener = std::shared_ptr<internal::CheckpointData> (*)(SourcePtr, const OpenOptions&);
+using Opener = std::shared_ptr<internal::CheckpointModel> (*)(SourcePtr, const OpenOptions&);
 
 inline void touch(const Tensor& t) {
   if (!t.storage() || t.info().numel() == 0) return;

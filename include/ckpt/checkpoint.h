@@ -12,33 +12,29 @@
 #include <vector>
 
 #include "ckpt/error.h"
+#include "ckpt/format.h"
 #include "ckpt/options.h"
 #include "ckpt/sink.h"
 #include "ckpt/source.h"
 #include "ckpt/tensor.h"
+#include "ckpt/torch.h"
 #include "ckpt/value.h"
 
 namespace ckpt {
 
-enum class Format { kTorchZip, kTorchLegacy, kTorchScript, kSafetensors, kTensorizer };
-const char* format_name(Format format) noexcept;  // "torch-zip", "torch-legacy", ...
-
-// One entry of a container (zip record, legacy storage), for `info` and `verify`.
-struct RecordInfo {
-  std::string name;
-  uint64_t header_offset = 0;
-  uint64_t data_offset = kNoOffset;  // kNoOffset until known
-  uint64_t size = 0;                 // uncompressed
-  uint64_t compressed_size = 0;
-  std::optional<uint32_t> crc32;     // nullopt where the file stores 0 / none
-  bool deflated = false;
-};
-
 namespace internal {
-struct CheckpointData;
+struct CheckpointAccess;
 }
 struct LoadedCheckpoint;
 
+// A tensor selection: true keeps the tensor.
+using TensorFilter = std::function<bool(const TensorInfo&)>;
+
+// An opened checkpoint. A Checkpoint is a handle: copies share one opened file and its loaded
+// storages, and the file stays open while any copy, Tensor or Storage from it lives. Every method
+// is const and thread-safe: any number of threads may load from one Checkpoint at once. The
+// metadata (tensors(), storages(), root(), ...) never changes after open; references to it stay
+// valid while the Checkpoint (or a copy) lives.
 class Checkpoint {
  public:
   // Opens a file, detecting its format from its first bytes. Throws Error (kNotFound, kIo,
@@ -61,16 +57,18 @@ class Checkpoint {
   const std::vector<TensorInfo>& tensors() const;
   const std::vector<StorageInfo>& storages() const;
   const std::vector<RecordInfo>& records() const;
-  // The object tree; tensors appear as Value::Kind::kTensor with an index into tensors().
-  const ValuePtr& root() const;
+  // The object tree (read-only); tensors appear as Value::Kind::kTensor with an index into
+  // tensors(). Copy it (Value::clone) to change it.
+  const ConstValuePtr& root() const;
   const ByteSource& source() const;
   SourcePtr source_ptr() const;
   // Index of the tensor with this name.
   std::optional<size_t> find(std::string_view name) const;
 
   // The storage's bytes: a view into the mapping when the source is mapped and the bytes are
-  // stored raw in native order, else read into owned memory. Storages stay shared: asking twice
-  // while the first result lives returns the same object. Throws Error.
+  // stored raw in native order (read-only: Storage::writable is false), else read into owned,
+  // writable memory (also with options.copy). Storages stay shared: asking twice while the first
+  // result lives returns the same object. Throws Error.
   StoragePtr storage(size_t index, const LoadOptions& options = {}) const;
   // A tensor with its storage loaded (see storage()). Throws Error{kNotFound} for a bad name.
   Tensor tensor(size_t index, const LoadOptions& options = {}) const;
@@ -78,7 +76,7 @@ class Checkpoint {
   // Loads every tensor (or those `filter` accepts) eagerly into owned memory with a coalesced
   // read plan and several threads. Order follows tensors().
   std::vector<Tensor> load_all(const LoadOptions& options = {},
-                               const std::function<bool(const TensorInfo&)>& filter = {}) const;
+                               const TensorFilter& filter = {}) const;
   // Copies tensor `index`'s elements (row-major, contiguous) into `dst`, which must hold exactly
   // nbytes() bytes: for raw storages one positional read straight into dst. Throws Error
   // (kInvalidArgument for a wrong size, kCorrupt with options.verify on a CRC mismatch).
@@ -92,7 +90,7 @@ class Checkpoint {
   // and whatever `fn` or a read throws. Peak memory: budget + a small constant.
   void stream(uint64_t budget_bytes, const std::function<void(const Tensor&)>& fn,
               const LoadOptions& options = {},
-              const std::function<bool(const TensorInfo&)>& filter = {}) const;
+              const TensorFilter& filter = {}) const;
 
   // Asks the kernel to read ahead the bytes of these tensors (all when empty), for zero-copy use
   // of a mapped file: madvise(MADV_WILLNEED) over their storages. With `populate`, also faults
@@ -103,27 +101,16 @@ class Checkpoint {
   // Returns the number of records checked.
   size_t verify() const;
 
-  // internal
-  explicit Checkpoint(std::shared_ptr<internal::CheckpointData> data);
-  const internal::CheckpointData& data() const { return *data_; }
-
  private:
-  std::shared_ptr<internal::CheckpointData> data_;
+  friend struct internal::CheckpointAccess;
+  struct Impl;
+  explicit Checkpoint(std::shared_ptr<const Impl> impl);
+  std::shared_ptr<const Impl> impl_;
 };
 
 struct LoadedCheckpoint {
   Checkpoint checkpoint;
   std::vector<Tensor> tensors;  // in checkpoint.tensors() order
 };
-
-// Writes a torch.save zip checkpoint of `root`, whose kTensor nodes index into `tensors`. Tensors
-// whose storage() is the same object share one storage record. Atomic per options. Throws Error.
-void save_torch(const std::string& path, const ValuePtr& root, const std::vector<Tensor>& tensors,
-                const SaveOptions& options = {});
-// Same, into any sink (commit() is called at the end).
-void save_torch(ByteSink& sink, const ValuePtr& root, const std::vector<Tensor>& tensors,
-                const SaveOptions& options = {});
-// A state dict: an OrderedDict of name -> tensor, the way model.state_dict() saves.
-ValuePtr state_dict_value(const std::vector<Tensor>& tensors);
 
 }  // namespace ckpt

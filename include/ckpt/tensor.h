@@ -65,14 +65,21 @@ struct TensorInfo {
 // Contiguous row-major strides for `shape`.
 std::vector<int64_t> contiguous_strides(std::span<const int64_t> shape);
 
-// Bytes that tensors view. Views of one storage share one Storage object.
+// Bytes that tensors view. Views of one storage share one Storage object. A Storage is not
+// synchronized: threads may read it at once; whoever writes through mutable_bytes() must make
+// sure nobody reads meanwhile.
 struct Storage {
   StorageInfo info;
-  std::byte* data = nullptr;  // nbytes bytes, valid while `owner` lives
+  const std::byte* data = nullptr;  // nbytes bytes, valid while `owner` lives
   std::shared_ptr<const void> owner;
+  // True when `data` is memory allocated for this storage (an eager load, a copy, a stream's
+  // ring slot during the callback); false for views into a mapped file or caller memory.
+  bool writable = false;
 
   std::span<const std::byte> bytes() const noexcept { return {data, info.nbytes}; }
-  std::span<std::byte> mutable_bytes() noexcept { return {data, info.nbytes}; }
+  // The bytes, for changing in place. Throws Error{kInvalidArgument} when !writable (load with
+  // LoadOptions::copy, or copy the bytes, to change a mapped file's tensor).
+  std::span<std::byte> mutable_bytes();
 };
 using StoragePtr = std::shared_ptr<Storage>;
 

@@ -13,6 +13,7 @@ namespace ckpt {
 
 struct Value;
 using ValuePtr = std::shared_ptr<Value>;
+using ConstValuePtr = std::shared_ptr<const Value>;
 
 struct Value {
   enum class Kind : uint8_t {

@@ -67,7 +67,7 @@ Tensor Tensor::from_bytes(std::string name, DType dtype, std::vector<int64_t> sh
   st->info.key = info.name;
   st->info.dtype = dtype;
   st->info.nbytes = bytes.size();
-  st->data = const_cast<std::byte*>(bytes.data());
+  st->data = bytes.data();
   st->owner = std::move(owner);
   return Tensor(std::move(info), std::move(st));
 }
@@ -76,7 +76,18 @@ Tensor Tensor::copy_of(std::string name, DType dtype, std::vector<int64_t> shape
                        std::span<const std::byte> bytes) {
   auto buf = std::make_shared<std::vector<std::byte>>(bytes.begin(), bytes.end());
   std::span<const std::byte> view(buf->data(), buf->size());
-  return from_bytes(std::move(name), dtype, std::move(shape), view, buf);
+  Tensor t = from_bytes(std::move(name), dtype, std::move(shape), view, buf);
+  t.storage()->writable = true;
+  return t;
+}
+
+std::span<std::byte> Storage::mutable_bytes() {
+  if (!writable)
+    throw Error(ErrorCode::kInvalidArgument,
+                "storage is a read-only view (of a mapped file or caller memory); load with "
+                "LoadOptions::copy to change it",
+                {}, info.key);
+  return {const_cast<std::byte*>(data), info.nbytes};
 }
 
 const std::byte* Tensor::data() const noexcept {

@@ -7,14 +7,14 @@
 #include <nlohmann/json.hpp>
 
 #include "ckpt/safetensors.h"
-#include "load/checkpoint_data.h"
+#include "formats/open.h"
 #include "test_util.h"
 #include "util/bytes.h"
 
 namespace ckpt {
 namespace {
 
-using internal::CheckpointData;
+using internal::CheckpointModel;
 using internal::open_safetensors;
 
 std::vector<std::byte> make_file(std::string_view header, size_t data_bytes,
@@ -27,7 +27,7 @@ std::vector<std::byte> make_file(std::string_view header, size_t data_bytes,
   return f;
 }
 
-std::shared_ptr<CheckpointData> open_bytes(std::vector<std::byte> b, OpenOptions opt = {}) {
+std::shared_ptr<CheckpointModel> open_bytes(std::vector<std::byte> b, OpenOptions opt = {}) {
   return open_safetensors(memory_source(std::move(b), "t.safetensors"), opt);
 }
 
@@ -35,7 +35,7 @@ ErrorCode code_of(std::string_view header, size_t data_bytes, OpenOptions opt = 
   return test::capture_error([&] { open_bytes(make_file(header, data_bytes), opt); }).code();
 }
 
-std::vector<std::byte> storage_bytes(const CheckpointData& d, size_t i) {
+std::vector<std::byte> storage_bytes(const CheckpointModel& d, size_t i) {
   std::vector<std::byte> out(d.storages[i].nbytes);
   d.source->read_into(d.storages[i].offset, out);
   return out;

@@ -10,7 +10,7 @@
 
 #include "ckpt/sink.h"
 #include "ckpt/tensorizer.h"
-#include "load/checkpoint_data.h"
+#include "formats/open.h"
 #include "test_util.h"
 #include "util/bytes.h"
 #include "util/crc32.h"
@@ -18,7 +18,7 @@
 namespace ckpt {
 namespace {
 
-using internal::CheckpointData;
+using internal::CheckpointModel;
 using internal::open_tensorizer;
 
 std::string fixture_dir() {
@@ -42,7 +42,7 @@ std::string sha256_hex(std::span<const std::byte> b) {
   return s;
 }
 
-std::vector<std::byte> load(const CheckpointData& d, size_t i, bool verify = false) {
+std::vector<std::byte> load(const CheckpointModel& d, size_t i, bool verify = false) {
   const StorageInfo& s = d.storages[i];
   std::vector<std::byte> out(s.nbytes);
   if (s.meta) return out;
@@ -65,7 +65,7 @@ OpenOptions options_for(const std::string& file) {
   return o;
 }
 
-std::shared_ptr<CheckpointData> open_fixture(const std::string& file, OpenOptions o) {
+std::shared_ptr<CheckpointModel> open_fixture(const std::string& file, OpenOptions o) {
   return open_tensorizer(open_file_source(fixture_dir() + "/" + file), o);
 }
 
@@ -318,7 +318,7 @@ std::vector<TensorizerEntry> writer_entries() {
   return es;
 }
 
-void expect_read_back(const std::shared_ptr<CheckpointData>& d,
+void expect_read_back(const std::shared_ptr<CheckpointModel>& d,
                       const std::vector<TensorizerEntry>& es) {
   ASSERT_EQ(d->tensors.size(), es.size());
   for (size_t i = 0; i < es.size(); ++i) {

@@ -1,5 +1,5 @@
 // ckpt bench FILE [--json] [--repeat N]: times open, mmap load, eager load (with and without
-// verification) of FILE beside this machine's limits (memcpy into fresh 4 KiB and huge pages,
+// verification), save and convert of FILE beside this machine's limits (memcpy into fresh 4 KiB and huge pages,
 // page-cache read), in one run. Medians; GB/s = 1e9 bytes per second.
 
 #include <sys/mman.h>
@@ -9,6 +9,9 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <optional>
+
+#include "ckpt/convert.h"
 
 #include "common.h"
 
@@ -133,6 +136,7 @@ void add_bench(CLI::App& app) {
             for (uint64_t off = 0; off < t.info().nbytes(); off += 4096) sink += std::to_integer<uint8_t>(p[off]);
           });
         }), bytes);
+    double save_seconds = 0, convert_seconds = 0;
     {
       // Save what an eager load produced, to the page cache and then to disk (fsync).
       Checkpoint c = Checkpoint::open(o->file);
@@ -140,19 +144,37 @@ void add_bench(CLI::App& app) {
       std::string out = o->file + ".bench-save.pt";
       // Flat formats (safetensors, tensorizer) are saved as the state dict torch would write.
       bool torch_tree = c.format() == Format::kTorchZip || c.format() == Format::kTorchLegacy;
-      ValuePtr root = torch_tree ? c.root() : state_dict_value(tensors);
+      auto state_dict = state_dict_value(tensors);
       for (bool fsync : {false, true}) {
         SaveOptions so;
         so.fsync = fsync;
         // Every save starts from a clean page cache (sync untimed): otherwise earlier writes
         // still waiting for the disk throttle this one (vm.dirty_ratio) and the figure measures
         // the disk's backlog.
-        add(fsync ? "ckpt: save (+ fsync)" : "ckpt: save (page cache)", time_it(r, [&] {
-              save_torch(out, root, tensors, so);
-            }, [&] { std::remove(out.c_str()); ::sync(); }), bytes);
+        double s = time_it(r, [&] {
+              if (torch_tree)
+                save_torch(out, c.root(), tensors, so);
+              else
+                save_torch(out, state_dict, tensors, so);
+            }, [&] { std::remove(out.c_str()); ::sync(); });
+        add(fsync ? "ckpt: save (+ fsync)" : "ckpt: save (page cache)", s, bytes);
+        if (!fsync) save_seconds = s;
       }
+      // ckpt::convert to pt from a freshly opened (mapped) checkpoint: the same save, written
+      // from views of the mapping instead of loaded tensors (its page faults included).
+      std::optional<Checkpoint> fresh;
+      ConvertOptions co;
+      co.to = ConvertFormat::kTorch;
+      co.fsync = false;
+      convert_seconds = time_it(r, [&] { convert(*fresh, out, co); }, [&] {
+        std::remove(out.c_str());
+        ::sync();
+        fresh.emplace(Checkpoint::open(o->file));
+      });
+      add("ckpt: convert to pt (page cache)", convert_seconds, bytes);
       std::remove(out.c_str());
     }
+    const double convert_ratio = convert_seconds / save_seconds;
 
     // Peak memory of a load, measured in a fresh process (`ckpt load` reports its own peak RSS).
     struct Rss {
@@ -193,6 +215,7 @@ void add_bench(CLI::App& app) {
         j["results"].push_back({{"name", row.name}, {"seconds", row.seconds},
                                 {"gb_per_s", row.bytes ? row.bytes / row.seconds / 1e9 : 0.0},
                                 {"vs_fresh_huge_memcpy", row.bytes ? (row.bytes / row.seconds) / huge_rate : 0.0}});
+      j["convert_vs_save"] = convert_ratio;
       for (auto& m : rss)
         j["memory"].push_back({{"name", m.name}, {"peak_rss_bytes", m.bytes}, {"target_bytes", m.target}});
       std::printf("%s\n", j.dump(1).c_str());
@@ -208,6 +231,8 @@ void add_bench(CLI::App& app) {
       else
         std::printf("%-46s %10.3f %9s %12s\n", row.name.c_str(), row.seconds * 1e3, "-", "-");
     }
+    std::printf("%-46s %10.2fx  (time of convert to pt / save of loaded tensors; target <= 1.10)\n",
+                "convert vs save", convert_ratio);
     for (auto& m : rss)
       std::printf("%-46s %10s   (target <= %s)\n", m.name.c_str(), human_bytes(m.bytes).c_str(),
                   human_bytes(m.target).c_str());

@@ -9,7 +9,7 @@
 namespace ckpt::cli {
 namespace {
 
-void count_values(const ValuePtr& v, std::map<std::string, size_t>& kinds, std::set<const Value*>& seen,
+void count_values(const ConstValuePtr& v, std::map<std::string, size_t>& kinds, std::set<const Value*>& seen,
                   int depth) {
   if (!v || depth > 200 || !seen.insert(v.get()).second) return;
   switch (v->kind) {

@@ -215,7 +215,7 @@ void print_values(const Tensor& t) {
   std::printf("%s\n", out.c_str());
 }
 
-void print_tree(const Checkpoint& c, const ValuePtr& v, const std::string& label, int indent,
+void print_tree(const Checkpoint& c, const ConstValuePtr& v, const std::string& label, int indent,
                 std::set<const Value*>& seen) {
   std::string pad(indent * 2, ' ');
   std::string head = pad + label;

@@ -20,7 +20,7 @@
 
 #include "ckpt/error.h"
 #include "ckpt/sink.h"  // checkpoint.h needs it (until it includes it itself)
-#include "load/checkpoint_data.h"
+#include "formats/open.h"
 #include "util/bytes.h"
 
 namespace ckpt::internal {
@@ -43,7 +43,7 @@ class Parser {
   Parser(SourcePtr source, const OpenOptions& options)
       : src_(std::move(source)), opt_(options), name_(src_->name()) {}
 
-  std::shared_ptr<CheckpointData> run();
+  std::shared_ptr<CheckpointModel> run();
 
  private:
   [[noreturn]] void fail(ErrorCode code, const std::string& msg, const std::string& tensor = {},
@@ -150,7 +150,7 @@ Entry Parser::parse_entry(const std::string& name, const Json& v) const {
   return e;
 }
 
-std::shared_ptr<CheckpointData> Parser::run() {
+std::shared_ptr<CheckpointModel> Parser::run() {
   const uint64_t file_size = src_->size();
   if (file_size < 8)
     fail(ErrorCode::kTruncated, "file is shorter than the 8-byte header size", {}, 0);
@@ -175,7 +175,7 @@ std::shared_ptr<CheckpointData> Parser::run() {
   Json root = parse_header(header.str());
   if (!root.is_object()) fail(ErrorCode::kCorrupt, "header is not a JSON object", {}, 8);
 
-  auto data = std::make_shared<CheckpointData>();
+  auto data = std::make_shared<CheckpointModel>();
   data->format = Format::kSafetensors;
   data->source = src_;
   data->options = opt_;
@@ -271,7 +271,7 @@ std::shared_ptr<CheckpointData> Parser::run() {
 
 }  // namespace
 
-std::shared_ptr<CheckpointData> open_safetensors(SourcePtr source, const OpenOptions& options) {
+std::shared_ptr<CheckpointModel> open_safetensors(SourcePtr source, const OpenOptions& options) {
   return Parser(std::move(source), options).run();
 }
 

@@ -25,7 +25,7 @@
 #include "ckpt/sink.h"  // checkpoint.h needs it (until it includes it itself)
 #include "formats/tensorizer/tensorizer_crypt.h"
 #include "formats/tensorizer/tensorizer_format.h"
-#include "load/checkpoint_data.h"
+#include "formats/open.h"
 #include "util/bytes.h"
 #include "util/crc32.h"
 
@@ -209,7 +209,7 @@ class Reader {
  public:
   Reader(SourcePtr src, const OpenOptions& opt)
       : src_(std::move(src)), opt_(opt), name_(src_->name()) {}
-  std::shared_ptr<CheckpointData> run();
+  std::shared_ptr<CheckpointModel> run();
 
  private:
   [[noreturn]] void fail(ErrorCode code, const std::string& msg, const std::string& tensor = {},
@@ -307,7 +307,7 @@ void Reader::resolve_keys(TzrState& st, const std::vector<std::optional<KdfParam
   }
 }
 
-std::shared_ptr<CheckpointData> Reader::run() {
+std::shared_ptr<CheckpointModel> Reader::run() {
   const uint64_t size = src_->size();
   const uint64_t first_len = std::min<uint64_t>(size, kPrologueBytes + kIndexReserve);
   Bytes first = src_->read(0, first_len);
@@ -385,7 +385,7 @@ std::shared_ptr<CheckpointData> Reader::run() {
   state->tensors.resize(count);
   state->names.resize(count);
   std::vector<std::optional<KdfParams>> kdfs(count);
-  auto data = std::make_shared<CheckpointData>();
+  auto data = std::make_shared<CheckpointModel>();
   data->format = Format::kTensorizer;
   data->source = src_;
   data->options = opt_;
@@ -506,7 +506,7 @@ std::shared_ptr<CheckpointData> Reader::run() {
 
 }  // namespace
 
-std::shared_ptr<CheckpointData> open_tensorizer(SourcePtr source, const OpenOptions& options) {
+std::shared_ptr<CheckpointModel> open_tensorizer(SourcePtr source, const OpenOptions& options) {
   return Reader(std::move(source), options).run();
 }
 

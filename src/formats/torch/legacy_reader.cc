@@ -12,7 +12,7 @@
 
 #include "ckpt/error.h"
 #include "formats/torch/torch_unpickle.h"
-#include "load/checkpoint_data.h"
+#include "formats/open.h"
 #include "pickle/unpickler.h"
 #include "util/bytes.h"
 
@@ -40,9 +40,9 @@ class Prefix {
 
 }  // namespace
 
-std::shared_ptr<CheckpointData> open_torch_legacy(SourcePtr source, const OpenOptions& options) {
+std::shared_ptr<CheckpointModel> open_torch_legacy(SourcePtr source, const OpenOptions& options) {
   const std::string& src = source->name();
-  auto data = std::make_shared<CheckpointData>();
+  auto data = std::make_shared<CheckpointModel>();
   data->source = source;
   data->options = options;
   data->format = Format::kTorchLegacy;
@@ -126,6 +126,8 @@ std::shared_ptr<CheckpointData> open_torch_legacy(SourcePtr source, const OpenOp
       for (size_t i = 0; i < counts.size(); ++i)
         reqs.push_back({counts[i].first, std::as_writable_bytes(std::span<int64_t>(&got[i], 1))});
       source->read_batch(reqs);
+      std::vector<RecordInfo> records;
+      records.reserve(counts.size());
       for (size_t i = 0; i < counts.size(); ++i) {
         const StorageInfo& st = tp.storages[counts[i].second];
         size_t es = storage_element_size(st.dtype);
@@ -139,8 +141,9 @@ std::shared_ptr<CheckpointData> open_torch_legacy(SourcePtr source, const OpenOp
         r.header_offset = counts[i].first;
         r.data_offset = st.offset;
         r.size = r.compressed_size = st.nbytes;
-        data->records.push_back(std::move(r));
+        records.push_back(std::move(r));
       }
+      data->set_records(std::move(records));
       data->properties["version"] = "1001";
       data->properties["records"] = std::to_string(counts.size());
       data->root = std::move(tp.root);

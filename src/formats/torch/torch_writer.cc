@@ -19,7 +19,7 @@
 #include <thread>
 #include <unordered_map>
 
-#include "ckpt/checkpoint.h"
+#include "ckpt/torch.h"
 #include "ckpt/error.h"
 #include "pickle/pickler.h"
 #include "util/crc32.h"
@@ -40,7 +40,7 @@ class TorchPickleBuilder {
     cpu_str_ = Value::string("cpu");
   }
 
-  ValuePtr convert(const ValuePtr& v, uint32_t depth = 0) {
+  ValuePtr convert(const ConstValuePtr& v, uint32_t depth = 0) {
     if (!v) return Value::none();
     if (depth > 10000)
       throw Error(ErrorCode::kInvalidArgument, "object tree too deep to pickle");
@@ -67,7 +67,8 @@ class TorchPickleBuilder {
         return out;
       }
       default:
-        out = v;
+        // A leaf is shared, not copied: the pickler only reads the tree it is given.
+        out = std::const_pointer_cast<Value>(v);
     }
     copied_[v.get()] = out;
     return out;
@@ -257,7 +258,7 @@ class CrcAhead {
 
 }  // namespace
 
-void save_torch(ByteSink& sink, const ValuePtr& root, const std::vector<Tensor>& tensors,
+void save_torch(ByteSink& sink, const ConstValuePtr& root, const std::vector<Tensor>& tensors,
                 const SaveOptions& options) {
   TorchPickleBuilder builder(tensors);
   ValuePtr tree = builder.convert(root);
@@ -323,7 +324,7 @@ void save_torch(ByteSink& sink, const ValuePtr& root, const std::vector<Tensor>&
   sink.commit();
 }
 
-void save_torch(const std::string& path, const ValuePtr& root, const std::vector<Tensor>& tensors,
+void save_torch(const std::string& path, const ConstValuePtr& root, const std::vector<Tensor>& tensors,
                 const SaveOptions& options) {
   SaveOptions o = options;
   if (o.archive_name.empty()) o.archive_name = archive_name_for(path);

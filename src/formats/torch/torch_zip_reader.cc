@@ -16,7 +16,7 @@
 #include "ckpt/error.h"
 #include "formats/torch/torch_unpickle.h"
 #include "formats/torch/torchscript_reader.h"
-#include "load/checkpoint_data.h"
+#include "formats/open.h"
 #include "util/crc32.h"
 #include "zip/zip_reader.h"
 
@@ -40,6 +40,21 @@ class ZipStorageDecoder final : public StorageDecoder {
   std::vector<size_t> entry_;
 };
 
+// Hands the byte ranges of the data/ records to `report` (OpenHooks::storage_ranges) when every
+// one of them is stored and located without a read; else reports nothing.
+void report_storage_ranges(const ZipReader& zip,
+                           const std::function<void(std::span<const ByteRange>)>& report) {
+  const std::string data_prefix = zip.prefix() + "data/";
+  std::vector<ByteRange> ranges;
+  for (size_t i = 0; i < zip.entries().size(); ++i) {
+    const ZipEntry& e = zip.entries()[i];
+    if (e.size == 0 || !e.name.starts_with(data_prefix)) continue;
+    if (e.method != 0 || !zip.offset_is_computed(i)) return;
+    ranges.push_back({zip.data_offset(i), e.size});
+  }
+  if (!ranges.empty()) report(ranges);
+}
+
 std::string trim(std::string_view s) {
   while (!s.empty() && (s.back() == '\n' || s.back() == '\r' || s.back() == ' ')) s.remove_suffix(1);
   return std::string(s);
@@ -47,13 +62,13 @@ std::string trim(std::string_view s) {
 
 }  // namespace
 
-std::shared_ptr<CheckpointData> open_torch_zip(SourcePtr source, const OpenOptions& options,
-                                               const ZipDirectoryHook* hook) {
+std::shared_ptr<CheckpointModel> open_torch_zip(SourcePtr source, const OpenOptions& options,
+                                                const OpenHooks& hooks) {
   auto zip = std::make_shared<ZipReader>(source, options.limits);
-  if (hook && *hook) (*hook)(*zip);
+  if (hooks.storage_ranges) report_storage_ranges(*zip, hooks.storage_ranges);
   const std::string& prefix = zip->prefix();
   const std::string& src = source->name();
-  auto data = std::make_shared<CheckpointData>();
+  auto data = std::make_shared<CheckpointModel>();
   data->source = source;
   data->options = options;
 
@@ -223,10 +238,7 @@ std::shared_ptr<CheckpointData> open_torch_zip(SourcePtr source, const OpenOptio
           crc = crc32(crc, b.data);
         }
         if (crc != e.crc32) {
-          char buf2[64];
-          std::snprintf(buf2, sizeof buf2, "CRC32 mismatch: stored %08x, computed %08x", e.crc32,
-                        crc);
-          throw Error(ErrorCode::kCorrupt, buf2, s.name(), std::string(e.name), off);
+          throw crc_mismatch(s.name(), std::string(e.name), off, e.crc32, crc);
         }
       }
       ++checked;
@@ -237,7 +249,7 @@ std::shared_ptr<CheckpointData> open_torch_zip(SourcePtr source, const OpenOptio
   data->root = std::move(tp.root);
   data->storages = std::move(tp.storages);
   data->tensors = std::move(tp.tensors);
-  if (torchscript) data->torchscript = finish_torchscript(zip, *data, module_tensors, constants);
+  if (torchscript) data->extension = finish_torchscript(zip, *data, module_tensors, constants);
   return data;
 }
 

@@ -24,14 +24,14 @@
 #include <utility>
 #include <vector>
 
-#include "ckpt/torchscript.h"
+#include "ckpt/torchscript_types.h"
 #include "formats/torch/torch_unpickle.h"
-#include "load/checkpoint_data.h"
+#include "formats/open.h"
 #include "zip/zip_reader.h"
 
 namespace ckpt::internal {
 
-struct TorchScriptModel {
+struct TorchScriptModel final : FormatExtension {
   std::shared_ptr<ZipReader> zip;
   std::string prefix;  // "archive/"
   Limits limits;
@@ -57,8 +57,16 @@ ValuePtr add_torchscript_constants(const ZipReader& zip, TorchPickle& tp,
 // TorchScript properties. Throws Error (kCorrupt for code names that escape the archive folder,
 // inflate errors from the zip layer).
 std::shared_ptr<TorchScriptModel> finish_torchscript(std::shared_ptr<ZipReader> zip,
-                                                     CheckpointData& data, size_t module_tensors,
+                                                     CheckpointModel& data, size_t module_tensors,
                                                      ValuePtr constants);
+
+// Writes the archive again (TorchScriptArchive::rewrite, which documents it). Throws Error.
+TorchScriptRewriteReport rewrite_torchscript(const TorchScriptModel& m, const std::string& path,
+                                             const TorchScriptRewriteOptions& options);
+
+// A relative record path that stays inside its folder: no empty, "." or ".." components, no
+// backslashes, not absolute.
+bool safe_relative(std::string_view p);
 
 // Bytes of a record, with a size cap (kLimitExceeded past `max`).
 Bytes read_record(const ZipReader& zip, size_t entry, uint64_t max);

@@ -14,16 +14,16 @@
 #include <numeric>
 
 #include "ckpt/error.h"
-#include "ckpt/torchscript.h"
+#include "ckpt/torchscript_types.h"
 #include "formats/torch/debug_pkl.h"
 #include "formats/torch/torchscript_reader.h"
 #include "zip/zip_writer.h"
 
 namespace ckpt {
 
-TorchScriptRewriteReport TorchScriptArchive::rewrite(
-    const std::string& path, const TorchScriptRewriteOptions& options) const {
-  const internal::TorchScriptModel& m = *model_;
+TorchScriptRewriteReport internal::rewrite_torchscript(const TorchScriptModel& m,
+                                                       const std::string& path,
+                                                       const TorchScriptRewriteOptions& options) {
   const internal::ZipReader& zip = *m.zip;
   const std::string& src = zip.source().name();
   if (m.prefix.empty())

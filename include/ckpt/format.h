@@ -1,0 +1,28 @@
+#pragma once
+// Format: which kind of file a checkpoint is, and RecordInfo: one entry of its container.
+// Plain values; safe to share between threads.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "ckpt/tensor.h"
+
+namespace ckpt {
+
+enum class Format { kTorchZip, kTorchLegacy, kTorchScript, kSafetensors, kTensorizer };
+// "torch-zip", "torch-legacy", "torchscript", "safetensors", "tensorizer".
+const char* format_name(Format format) noexcept;
+
+// One entry of a container (zip record, legacy storage), for `info` and `verify`.
+struct RecordInfo {
+  std::string name;
+  uint64_t header_offset = 0;
+  uint64_t data_offset = kNoOffset;  // kNoOffset until known
+  uint64_t size = 0;                 // uncompressed
+  uint64_t compressed_size = 0;
+  std::optional<uint32_t> crc32;     // nullopt where the file stores 0 / none
+  bool deflated = false;
+};
+
+}  // namespace ckpt
