@@ -2,13 +2,10 @@
 // `budget` bytes storage by storage (file order) while the caller's function consumes them.
 
 #include <algorithm>
-#include <condition_variable>
-#include <deque>
-#include <mutex>
 #include <thread>
 
 #include "load/plan.h"
-#include "util/arena.h"
+#include "load/ring_buffer.h"
 #include "util/bytes.h"
 
 namespace ckpt::internal {
@@ -42,104 +39,35 @@ void execute_stream(const LoadPlan& plan, uint64_t budget,
                   d.source->name(), d.tensors[tensors_of(s)[0]].name);
   }
   if (plan.storages.empty()) return;
-  auto ring = allocate_arena(std::max<uint64_t>(budget, 64));
 
-  struct Slot {
-    size_t storage;
-    uint64_t off, len;
-  };
-  std::mutex mu;
-  std::condition_variable cv;
-  std::deque<Slot> in_flight;  // FIFO of ring allocations, oldest first
-  size_t ready = 0;            // slots at the front of in_flight that hold loaded bytes
-  bool stop = false;
-  std::exception_ptr failure;
-
+  RingBuffer ring(std::max<uint64_t>(budget, RingBuffer::kAlign));
   std::thread reader([&] {
     try {
       for (const PlannedStorage& p : plan.storages) {
-        const size_t s = p.storage;
-        uint64_t len = align_up(d.storages[s].nbytes, 64);
-        uint64_t off = 0;
-        {
-          std::unique_lock<std::mutex> lock(mu);
-          // First fit after the newest allocation, wrapping to the start of the ring.
-          cv.wait(lock, [&] {
-            if (stop) return true;
-            if (in_flight.empty()) {
-              off = 0;
-              return true;
-            }
-            uint64_t tail = in_flight.front().off;
-            uint64_t head = in_flight.back().off + in_flight.back().len;
-            if (head > tail) {
-              if (head + len <= budget) {
-                off = head;
-                return true;
-              }
-              if (len <= tail) {
-                off = 0;
-                return true;
-              }
-              return false;
-            }
-            if (head + len <= tail) {
-              off = head;
-              return true;
-            }
-            return false;
-          });
-          if (stop) return;
-          in_flight.push_back({s, off, len});
-        }
-        load_into(plan, p, ring.get() + off);
-        {
-          std::lock_guard<std::mutex> lock(mu);
-          ++ready;
-        }
-        cv.notify_all();
+        auto slot = ring.acquire(d.storages[p.storage].nbytes, p.storage);
+        if (!slot) return;  // the consumer stopped
+        load_into(plan, p, slot->data);
+        ring.commit();
       }
+      ring.close();
     } catch (...) {
-      std::lock_guard<std::mutex> lock(mu);
-      failure = std::current_exception();
-      stop = true;
-      cv.notify_all();
+      ring.fail(std::current_exception());
     }
   });
-
-  auto finish = [&] {
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      stop = true;
-    }
-    cv.notify_all();
-    reader.join();
-  };
   try {
-    for (size_t n = 0; n < plan.storages.size(); ++n) {
-      Slot slot;
-      {
-        std::unique_lock<std::mutex> lock(mu);
-        cv.wait(lock, [&] { return ready > 0 || failure; });
-        if (failure) break;
-        slot = in_flight.front();
-      }
+    while (auto slot = ring.wait_ready()) {
       // Writable: the ring's bytes are this load's own until fn returns.
-      StoragePtr st = make_storage(d.storages[slot.storage], ring.get() + slot.off, ring, true);
-      for (uint32_t i : tensors_of(slot.storage)) fn(Tensor(d.tensors[i], st));
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        in_flight.pop_front();
-        --ready;
-      }
-      cv.notify_all();
+      StoragePtr st = make_storage(d.storages[slot->tag], slot->data, ring.arena(), true);
+      for (uint32_t i : tensors_of(slot->tag)) fn(Tensor(d.tensors[i], st));
+      ring.release();
     }
   } catch (...) {
-    finish();
+    ring.stop();
+    reader.join();
     throw;
   }
-  finish();
-  if (failure) std::rethrow_exception(failure);
+  reader.join();
+  ring.rethrow_if_failed();
 }
 
 }  // namespace ckpt::internal
