@@ -1,1 +1,0 @@
-// Keeps the target non-empty while the layer grows.
