@@ -1,7 +1,10 @@
 # ckpt: two commands for a new user.
 #   make demo  - build, then generate a sample checkpoint and list, verify and load it
-#   make test  - build, then run every test (unit, interop with torch, sanitizers, fuzz smoke)
+#   make test  - layer check, build, then every test (unit, install, interop with torch,
+#                sanitizers, fuzz smoke)
 #   make fuzz  - build the libFuzzer targets (clang) and fuzz each for FUZZ_SECONDS
+#   make layers        - check that #includes only run down the layers (scripts/check_layers.py)
+#   make install-check - install into a temporary prefix and build consumers against it
 # Both install missing Debian packages first (apt-get, non-interactive).
 
 BUILD ?= build
@@ -26,7 +29,7 @@ DEB_PACKAGES := cmake ninja-build g++ pkg-config libgtest-dev libgmock-dev libbe
 FUZZ_PACKAGES := clang libclang-rt-14-dev
 
 .PHONY: all deps build demo test unit interop asan interop-asan tsan fuzz-build fuzz fuzz-smoke \
-  clean
+  layers install-check clean
 
 all: build
 
@@ -41,6 +44,15 @@ build: deps $(BUILD)/build.ninja
 
 demo: build
 	@./scripts/demo.sh $(BUILD)/ckpt $(DEMO_DIR)
+
+# The layer rule of DESIGN.md §2: no #include from a lower layer to a higher one.
+layers:
+	$(PY) scripts/check_layers.py
+
+# cmake --install into a temporary prefix; a consumer built with find_package(ckpt) and with
+# pkg-config --static against it; ckpt as an add_subdirectory subproject (library only).
+install-check: build
+	./scripts/check-install.sh $(BUILD)
 
 unit: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
@@ -83,8 +95,9 @@ fuzz: fuzz-build
 fuzz-smoke: fuzz-build
 	./scripts/fuzz.sh $(BUILD_FUZZ) $(FUZZ_SMOKE_SECONDS) $(FUZZ_TARGETS)
 
-test: build
+test: layers build
 	$(MAKE) --no-print-directory unit
+	$(MAKE) --no-print-directory install-check
 	$(MAKE) --no-print-directory interop
 	$(MAKE) --no-print-directory asan
 	$(MAKE) --no-print-directory tsan
