@@ -31,7 +31,8 @@
 //     wait_ready() returns nullopt.
 //   - stop(): either side gives up now; acquire() and wait_ready() return nullopt at once (also
 //     when they are already blocked), even if committed slots remain.
-//   - fail(e): stop() that also records `e` (the first failure wins); rethrow_if_failed() throws it.
+//   - fail(e): stop() that also records `e` (the first failure wins); rethrow_if_failed()
+//     throws it.
 // A typical streaming loop:
 //
 //   RingBuffer ring(budget);
@@ -70,10 +71,10 @@ class RingBuffer {
   static constexpr uint64_t kAlign = kStorageAlign;  // 64
 
   struct Slot {
-    uint64_t offset = 0;       // in the arena; a multiple of kAlign
-    uint64_t size = 0;         // the length asked for (the slot occupies footprint(size) bytes)
-    std::byte* data = nullptr; // arena() + offset
-    uint64_t tag = 0;          // the caller's, from acquire()
+    uint64_t offset = 0;        // in the arena; a multiple of kAlign
+    uint64_t size = 0;          // the length asked for (the slot occupies footprint(size) bytes)
+    std::byte* data = nullptr;  // arena() + offset
+    uint64_t tag = 0;           // the caller's, from acquire()
   };
 
   // Bytes a slot of `len` bytes occupies: len rounded up to kAlign.

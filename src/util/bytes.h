@@ -40,9 +40,19 @@ inline std::optional<uint64_t> checked_mul(uint64_t a, uint64_t b) noexcept {
   if (__builtin_mul_overflow(a, b, &r)) return std::nullopt;
   return r;
 }
-inline uint64_t round_up(uint64_t v, uint64_t align) noexcept {
+// `v` rounded up to a multiple of `align` (any alignment; 0 and 1 leave `v` as is). The caller
+// makes sure the result fits: v + align - 1 must not overflow.
+constexpr uint64_t round_up(uint64_t v, uint64_t align) noexcept {
   return align <= 1 ? v : (v + align - 1) / align * align;
 }
+constexpr bool is_pow2(uint64_t v) noexcept { return v != 0 && (v & (v - 1)) == 0; }
+// round_up() for a power-of-two `align` (64 for slots and storages, 4096 for pages), without a
+// division: align_up(v, 64) == (v + 63) & ~63. Same overflow contract as round_up().
+constexpr uint64_t align_up(uint64_t v, uint64_t align) noexcept {
+  return (v + align - 1) & ~(align - 1);
+}
+// The alignment ckpt gives every storage it places in memory (cache lines; AVX-512 loads).
+inline constexpr uint64_t kStorageAlign = 64;
 
 inline std::span<const std::byte> as_bytes(std::string_view s) noexcept {
   return {reinterpret_cast<const std::byte*>(s.data()), s.size()};

@@ -1,8 +1,10 @@
 #include <gtest/gtest.h>
+#include <pthread.h>
 
+#include <atomic>
 #include <cstring>
-
 #include <filesystem>
+#include <functional>
 
 #include "ckpt/dtype.h"
 #include "ckpt/error.h"
@@ -14,6 +16,7 @@
 #include "util/bytes.h"
 #include "util/crc32.h"
 #include "util/name_index.h"
+#include "util/text.h"
 
 namespace ckpt {
 namespace {
@@ -191,16 +194,57 @@ TEST(Value, DictAndRepr) {
 
 namespace ckpt {
 namespace {
+
+// Value nodes made with a deleter that counts, so that a test can check that a whole tree died.
+std::atomic<size_t> g_values_freed{0};
+ValuePtr counted(Value::Kind kind) {
+  auto* v = new Value;
+  v->kind = kind;
+  return ValuePtr(v, [](Value* p) {
+    ++g_values_freed;
+    delete p;
+  });
+}
+
+// Runs `fn` on a thread with a stack of `stack_bytes` (std::thread cannot set one) and waits for
+// it. A recursive destructor of a tree nested 1e5+ deep needs megabytes of stack: it would crash
+// the test here instead of passing on the main thread's 8 MiB.
+void run_on_small_stack(size_t stack_bytes, std::function<void()> fn) {
+  pthread_attr_t attr;
+  ASSERT_EQ(pthread_attr_init(&attr), 0);
+  ASSERT_EQ(pthread_attr_setstacksize(&attr, stack_bytes), 0);
+  pthread_t thread;
+  int rc = pthread_create(
+      &thread, &attr,
+      [](void* arg) -> void* {
+        (*static_cast<std::function<void()>*>(arg))();
+        return nullptr;
+      },
+      &fn);
+  pthread_attr_destroy(&attr);
+  ASSERT_EQ(rc, 0);
+  ASSERT_EQ(pthread_join(thread, nullptr), 0);
+}
+constexpr size_t kSmallStack = 256 << 10;
+
 TEST(Value, DeepTreeFreesWithoutRecursion) {
-  ValuePtr root = Value::list();
+  g_values_freed = 0;
+  constexpr size_t kDepth = 1000000;
+  ValuePtr root = counted(Value::Kind::kList);
   Value* cur = root.get();
-  for (int i = 0; i < 1000000; ++i) {
-    auto next = Value::list();
+  std::weak_ptr<Value> deepest;
+  for (size_t i = 0; i < kDepth; ++i) {
+    auto next = counted(Value::Kind::kList);
     cur->items.push_back(next);
     cur = next.get();
+    if (i + 1 == kDepth) deepest = next;
   }
-  root.reset();  // would overflow the stack with a recursive destructor
-  SUCCEED();
+  std::weak_ptr<Value> top = root;
+  // A recursive destructor would overflow this stack (one frame per level).
+  run_on_small_stack(kSmallStack, [&] { root.reset(); });
+  EXPECT_TRUE(top.expired());
+  EXPECT_TRUE(deepest.expired());
+  EXPECT_EQ(g_values_freed.load(), kDepth + 1);  // every node, not just the root
 }
 }  // namespace
 }  // namespace ckpt
@@ -228,27 +272,51 @@ TEST(Value, SharedChildOutlivesOneParent) {
 
 TEST(Value, WideAndDeepTreesFree) {
   // A flat state dict (leaves only), and chains through dict values, object state and items.
-  ValuePtr flat = Value::ordered_dict();
-  for (int i = 0; i < 100000; ++i)
-    flat->entries.emplace_back(Value::string("layer." + std::to_string(i) + ".weight"),
-                               Value::tensor(i));
-  flat.reset();
-  ValuePtr root = Value::dict();
-  Value* cur = root.get();
-  for (int i = 0; i < 300000; ++i) {
-    ValuePtr next = i % 3 == 0   ? Value::dict()
-                    : i % 3 == 1 ? Value::object("m", "C")
-                                 : Value::list();
-    if (cur->kind == Value::Kind::kDict)
-      cur->entries.emplace_back(Value::integer(i), next);
-    else if (cur->kind == Value::Kind::kObject)
-      cur->state = next;
-    else
-      cur->items.push_back(next);
-    cur = next.get();
+  g_values_freed = 0;
+  constexpr size_t kWide = 100000, kDeep = 300000;
+  ValuePtr flat = counted(Value::Kind::kDict);
+  flat->module = "collections";
+  flat->name = "OrderedDict";
+  std::weak_ptr<Value> first_leaf, last_leaf;
+  for (size_t i = 0; i < kWide; ++i) {
+    ValuePtr key = counted(Value::Kind::kString), leaf = counted(Value::Kind::kTensor);
+    key->s = "layer." + std::to_string(i) + ".weight";
+    leaf->i = static_cast<int64_t>(i);
+    if (i == 0) first_leaf = leaf;
+    if (i + 1 == kWide) last_leaf = leaf;
+    flat->entries.emplace_back(std::move(key), std::move(leaf));
   }
-  root.reset();
-  SUCCEED();
+  run_on_small_stack(kSmallStack, [&] { flat.reset(); });
+  EXPECT_TRUE(first_leaf.expired());
+  EXPECT_TRUE(last_leaf.expired());
+  EXPECT_EQ(g_values_freed.load(), 2 * kWide + 1);
+
+  g_values_freed = 0;
+  size_t made = 1;
+  ValuePtr root = counted(Value::Kind::kDict);
+  Value* cur = root.get();
+  std::weak_ptr<Value> deepest;
+  for (size_t i = 0; i < kDeep; ++i) {
+    ValuePtr next = counted(i % 3 == 0   ? Value::Kind::kDict
+                            : i % 3 == 1 ? Value::Kind::kObject
+                                         : Value::Kind::kList);
+    ++made;
+    if (cur->kind == Value::Kind::kDict) {
+      ValuePtr key = counted(Value::Kind::kInt);
+      key->i = static_cast<int64_t>(i);
+      ++made;
+      cur->entries.emplace_back(std::move(key), next);
+    } else if (cur->kind == Value::Kind::kObject) {
+      cur->state = next;
+    } else {
+      cur->items.push_back(next);
+    }
+    cur = next.get();
+    if (i + 1 == kDeep) deepest = next;
+  }
+  run_on_small_stack(kSmallStack, [&] { root.reset(); });
+  EXPECT_TRUE(deepest.expired());
+  EXPECT_EQ(g_values_freed.load(), made);
 }
 
 TEST(NameIndex, InsertFindAndDuplicates) {
@@ -293,3 +361,81 @@ TEST(NameIndex, HashDependsOnEveryByte) {
 
 }  // namespace
 }  // namespace ckpt
+
+namespace ckpt::internal {
+namespace {
+
+TEST(Bytes, AlignUpAndRoundUp) {
+  static_assert(align_up(0, 64) == 0 && align_up(1, 64) == 64 && align_up(64, 64) == 64);
+  static_assert(align_up(65, 64) == 128 && align_up(4097, 4096) == 8192 && align_up(7, 1) == 7);
+  static_assert(is_pow2(1) && is_pow2(64) && is_pow2(uint64_t{1} << 63));
+  static_assert(!is_pow2(0) && !is_pow2(3) && !is_pow2(96));
+  for (uint64_t align : {1, 2, 8, 64, 4096, 1 << 20})
+    for (uint64_t v : {0, 1, 7, 63, 64, 65, 4095, 4096, 123456789})
+      EXPECT_EQ(align_up(v, align), round_up(v, align)) << v << " " << align;
+  EXPECT_EQ(round_up(10, 0), 10u);
+  EXPECT_EQ(round_up(10, 3), 12u);  // round_up also takes alignments that are no power of two
+}
+
+TEST(Text, Hex) {
+  EXPECT_EQ(hex_digit_value('0'), 0);
+  EXPECT_EQ(hex_digit_value('9'), 9);
+  EXPECT_EQ(hex_digit_value('a'), 10);
+  EXPECT_EQ(hex_digit_value('F'), 15);
+  EXPECT_EQ(hex_digit_value('g'), -1);
+  EXPECT_EQ(hex_digit_value('\0'), -1);
+  EXPECT_EQ(hex32(0), "00000000");
+  EXPECT_EQ(hex32(0xCBF43926u), "cbf43926");
+  const unsigned char raw[] = {0x00, 0x7f, 0x80, 0xff, 0x1a};
+  EXPECT_EQ(to_hex(std::span<const unsigned char>(raw)), "007f80ff1a");
+  EXPECT_EQ(to_hex(std::as_bytes(std::span<const unsigned char>(raw))), "007f80ff1a");
+  EXPECT_EQ(to_hex(std::span<const std::byte>()), "");
+  unsigned char out[5];
+  ASSERT_TRUE(parse_hex("007F80fF1a", out));
+  EXPECT_EQ(std::memcmp(out, raw, 5), 0);
+  EXPECT_FALSE(parse_hex("007f80ff1", out));    // too short
+  EXPECT_FALSE(parse_hex("007f80ff1a0", out));  // too long
+  EXPECT_FALSE(parse_hex("007f80ff1g", out));   // not hex
+  EXPECT_FALSE(parse_hex("0x7f80ff1a", out));
+}
+
+TEST(Text, Utf8) {
+  EXPECT_TRUE(is_utf8(""));
+  EXPECT_TRUE(is_utf8("plain ascii, longer than eight bytes"));
+  EXPECT_TRUE(is_utf8("caf\xC3\xA9 \xE2\x82\xAC \xF0\x9F\x98\x80"));  // 2, 3 and 4 bytes
+  EXPECT_TRUE(is_utf8("\xF4\x8F\xBF\xBF"));                           // U+10FFFF
+  for (std::string_view bad : {
+           std::string_view("\x80"),              // stray continuation byte
+           std::string_view("abcdefgh\xC3"),      // truncated after an ASCII run
+           std::string_view("\xE2\x82"),          // truncated
+           std::string_view("\xC3\x28"),          // bad continuation
+           std::string_view("\xC0\xAF"),          // overlong '/'
+           std::string_view("\xE0\x80\xAF"),      // overlong
+           std::string_view("\xF0\x80\x80\xAF"),  // overlong
+           std::string_view("\xF4\x90\x80\x80"),  // above U+10FFFF
+           std::string_view("\xF8\x88\x80\x80\x80"),
+           std::string_view("\xFF"),
+       }) {
+    EXPECT_FALSE(is_utf8(bad)) << to_hex(as_bytes(bad));
+    EXPECT_FALSE(is_utf8(bad, Surrogates::kAllow)) << to_hex(as_bytes(bad));
+  }
+  // An encoded surrogate (U+D800): strict UTF-8 refuses it, CPython's 'surrogatepass' does not.
+  EXPECT_FALSE(is_utf8("x\xED\xA0\x80"));
+  EXPECT_TRUE(is_utf8("x\xED\xA0\x80", Surrogates::kAllow));
+  EXPECT_TRUE(is_utf8("\xED\x9F\xBF"));  // U+D7FF, just below
+  uint32_t cp = 0;
+  EXPECT_EQ(utf8_decode("\xF0\x9F\x98\x80", 0, cp), 4u);
+  EXPECT_EQ(cp, 0x1F600u);
+  EXPECT_EQ(utf8_decode("a\xC3\xA9", 1, cp), 2u);
+  EXPECT_EQ(cp, 0xE9u);
+  EXPECT_EQ(utf8_decode("\xED\xA0\x80", 0, cp), 0u);
+  EXPECT_EQ(utf8_decode("\xED\xA0\x80", 0, cp, Surrogates::kAllow), 3u);
+  EXPECT_EQ(cp, 0xD800u);
+  std::string enc;
+  for (uint32_t c : {0x41u, 0xE9u, 0x20ACu, 0x1F600u, 0x10FFFFu}) append_utf8(enc, c);
+  EXPECT_EQ(enc, "A\xC3\xA9\xE2\x82\xAC\xF0\x9F\x98\x80\xF4\x8F\xBF\xBF");
+  EXPECT_TRUE(is_utf8(enc));
+}
+
+}  // namespace
+}  // namespace ckpt::internal

@@ -334,7 +334,7 @@ TEST(RingBuffer, ConsumerFailureStopsProducer) {
   } catch (const std::runtime_error&) {
     ring.stop();  // what the consumer does with its own exception before rethrowing it
   }
-  producer.join();  // would hang if the blocked producer were not woken
+  producer.join();                // would hang if the blocked producer were not woken
   EXPECT_LE(produced.load(), 2);  // two slots fit; none after the stop
   EXPECT_FALSE(ring.failure());
 }
@@ -373,7 +373,8 @@ TEST(RingBuffer, RandomizedStressNoLiveSlotsOverlap) {
         }
         auto s = ring.acquire(len, tag);
         if (!s) return;
-        if (s->offset % 64 != 0 || s->offset + len > kCapacity || s->data != ring.data() + s->offset)
+        if (s->offset % 64 != 0 || s->offset + len > kCapacity ||
+            s->data != ring.data() + s->offset)
           out_of_bounds = true;
         if (len > 0) {
           std::lock_guard<std::mutex> lock(shadow_mu);
