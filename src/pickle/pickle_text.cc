@@ -1,8 +1,9 @@
 #include "pickle/pickle_text.h"
 
 #include <algorithm>
-#include <cstring>
 #include <vector>
+
+#include "util/text.h"
 
 namespace ckpt::internal::pickle_text {
 namespace {
@@ -31,59 +32,6 @@ std::string magnitude_to_decimal(const std::vector<uint8_t>& mag) {
   if (digits.empty()) digits = "0";
   std::reverse(digits.begin(), digits.end());
   return digits;
-}
-
-void append_utf8(std::string& out, uint32_t cp) {
-  if (cp < 0x80) {
-    out.push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    out.push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else if (cp < 0x10000) {
-    out.push_back(static_cast<char>(0xE0 | (cp >> 12)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else {
-    out.push_back(static_cast<char>(0xF0 | (cp >> 18)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
-}
-
-// Decodes one UTF-8 sequence at s[i]; returns its length, or 0 if invalid. Encoded surrogates
-// pass (CPython's 'surrogatepass').
-size_t utf8_next(std::string_view s, size_t i, uint32_t& cp) {
-  auto b = [&](size_t k) { return static_cast<uint8_t>(s[k]); };
-  uint8_t c = b(i);
-  size_t n;
-  uint32_t min;
-  if (c < 0x80) {
-    cp = c;
-    return 1;
-  } else if ((c & 0xE0) == 0xC0) {
-    n = 2, cp = c & 0x1F, min = 0x80;
-  } else if ((c & 0xF0) == 0xE0) {
-    n = 3, cp = c & 0x0F, min = 0x800;
-  } else if ((c & 0xF8) == 0xF0) {
-    n = 4, cp = c & 0x07, min = 0x10000;
-  } else {
-    return 0;
-  }
-  if (s.size() - i < n) return 0;
-  for (size_t k = 1; k < n; ++k) {
-    if ((b(i + k) & 0xC0) != 0x80) return 0;
-    cp = (cp << 6) | (b(i + k) & 0x3F);
-  }
-  if (cp < min || cp > 0x10FFFF) return 0;
-  return n;
-}
-
-int hex_value(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
 }
 
 // Sign and digits of Python int text; false on bad syntax.
@@ -207,24 +155,6 @@ bool encode_long_decimal(std::string_view decimal, std::string& out) {
   return true;
 }
 
-bool is_utf8(std::string_view s) {
-  for (size_t i = 0; i < s.size();) {
-    // ASCII runs dominate (state-dict keys); skip them eight at a time.
-    while (i + 8 <= s.size()) {
-      uint64_t w;
-      std::memcpy(&w, s.data() + i, 8);
-      if (w & 0x8080808080808080ull) break;
-      i += 8;
-    }
-    if (i >= s.size()) break;
-    uint32_t cp;
-    size_t n = utf8_next(s, i, cp);
-    if (n == 0) return false;
-    i += n;
-  }
-  return true;
-}
-
 std::string latin1_to_utf8(std::string_view s) {
   std::string out;
   out.reserve(s.size());
@@ -237,7 +167,7 @@ bool utf8_to_latin1(std::string_view s, std::string& out) {
   out.reserve(s.size());
   for (size_t i = 0; i < s.size();) {
     uint32_t cp;
-    size_t n = utf8_next(s, i, cp);
+    size_t n = utf8_decode(s, i, cp, Surrogates::kAllow);
     if (n == 0 || cp > 0xFF) return false;
     out.push_back(static_cast<char>(cp));
     i += n;
@@ -246,7 +176,7 @@ bool utf8_to_latin1(std::string_view s, std::string& out) {
 }
 
 std::string py2_str_to_utf8(std::string_view s) {
-  return is_utf8(s) ? std::string(s) : latin1_to_utf8(s);
+  return is_utf8(s, Surrogates::kAllow) ? std::string(s) : latin1_to_utf8(s);
 }
 
 bool decode_string_literal(std::string_view quoted, std::string& out) {
@@ -297,7 +227,7 @@ bool decode_string_literal(std::string_view quoted, std::string& out) {
         break;
       case 'x': {
         if (s.size() - i < 3) return false;
-        int hi = hex_value(s[i + 1]), lo = hex_value(s[i + 2]);
+        int hi = hex_digit_value(s[i + 1]), lo = hex_digit_value(s[i + 2]);
         if (hi < 0 || lo < 0) return false;
         out.push_back(static_cast<char>(hi * 16 + lo));
         i += 2;
@@ -339,7 +269,7 @@ bool decode_raw_unicode_escape(std::string_view s, std::string& out) {
     if (s.size() - i < count) return false;
     uint32_t cp = 0;
     for (size_t k = 0; k < count; ++k) {
-      int h = hex_value(s[i + k]);
+      int h = hex_digit_value(s[i + k]);
       if (h < 0) return false;
       cp = cp * 16 + static_cast<uint32_t>(h);
     }

@@ -28,8 +28,7 @@ bool parse_int_text(std::string_view text, bool allow_l_suffix, int64_t& small, 
 std::string encode_long(int64_t v);
 bool encode_long_decimal(std::string_view decimal, std::string& out);
 
-// UTF-8 check that, like CPython's 'surrogatepass', accepts encoded surrogates.
-bool is_utf8(std::string_view s);
+// UTF-8 checks: util/text.h is_utf8(s, Surrogates::kAllow), CPython's 'surrogatepass'.
 // Each byte as the code point of the same value.
 std::string latin1_to_utf8(std::string_view s);
 // UTF-8 -> latin-1 bytes; false when a code point is above U+00FF or the text is not UTF-8.

@@ -20,6 +20,7 @@
 #include "pickle/compat_names.h"
 #include "pickle/opcodes.h"
 #include "pickle/pickle_text.h"
+#include "util/text.h"
 
 namespace ckpt::internal {
 namespace {
@@ -368,7 +369,7 @@ void Pickler::save(const ValuePtr& vp, bool persistent_ok) {
   }
   if (const uint32_t* id = memo_.find(&v)) return write_get(*id);
   if (v.kind == Kind::kString) {
-    if (!pickle_text::is_utf8(v.s)) invalid("str is not valid UTF-8");
+    if (!is_utf8(v.s, Surrogates::kAllow)) invalid("str is not valid UTF-8");
     write_unicode(v.s);
     return memoize(&v);
   }

@@ -38,6 +38,7 @@
 #include "pickle/compat_names.h"
 #include "pickle/opcodes.h"
 #include "pickle/pickle_text.h"
+#include "util/text.h"
 
 namespace ckpt::internal {
 namespace {
@@ -241,11 +242,12 @@ class Vm {
     return slot;
   }
   Ref make_string(std::string_view s) {
-    if (!pickle_text::is_utf8(s)) fail(ErrorCode::kCorrupt, "string is not valid UTF-8");
+    if (!is_utf8(s, Surrogates::kAllow)) fail(ErrorCode::kCorrupt, "string is not valid UTF-8");
     return heap_.input_text(Kind::kString, offset_of(s), s.size());
   }
   Ref make_py2_string(std::string_view s) {
-    if (pickle_text::is_utf8(s)) return heap_.input_text(Kind::kString, offset_of(s), s.size());
+    if (is_utf8(s, Surrogates::kAllow))
+      return heap_.input_text(Kind::kString, offset_of(s), s.size());
     return heap_.string(pickle_text::py2_str_to_utf8(s));
   }
   Ref make_int_text(std::string_view text, bool long_suffix) {

@@ -16,13 +16,13 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdio>
 #include <cstring>
 #include <numeric>
 
 #include "ckpt/error.h"
 #include "util/bytes.h"
 #include "util/crc32.h"
+#include "util/text.h"
 #include "zip/zip_format.h"
 
 namespace ckpt::internal {
@@ -50,12 +50,6 @@ static_assert(kTailRead >= kMaxComment + kEndSize + kZip64LocatorSize + kZip64En
   throw Error(code, std::move(message), source, std::string(record), offset);
 }
 
-std::string hex32(uint32_t v) {
-  char buf[16];
-  std::snprintf(buf, sizeof buf, "%08x", v);
-  return buf;
-}
-
 libdeflate_decompressor* thread_decompressor() {
   struct Free {
     void operator()(libdeflate_decompressor* d) const { libdeflate_free_decompressor(d); }
@@ -76,11 +70,6 @@ Bytes read_for(const ByteSource& src, std::string_view record, uint64_t offset, 
     e.with_record(std::string(record));
     throw;
   }
-}
-
-// round_up for a power-of-two alignment, without a division.
-inline uint64_t round_up_pow2(uint64_t v, uint64_t align) noexcept {
-  return (v + align - 1) & ~(align - 1);
 }
 
 // Where the end records say the central directory is.
@@ -367,7 +356,7 @@ void ZipReader::validate_and_compute(uint64_t cd_offset) {
     const uint64_t start = torch_data_offset(e.header_offset, e.name.size(), e.size, 1);
     if (guess >= start && guess - start < 32768) {
       for (uint64_t a = 1; a <= 32768; a <<= 1) {
-        if (round_up_pow2(start, a) == guess) {
+        if (align_up(start, a) == guess) {
           e.data_offset = guess;
           computed_[i] = 1;
           break;

@@ -61,7 +61,7 @@ uint32_t clamp32(uint64_t v) { return static_cast<uint32_t>(std::min<uint64_t>(v
 ZipWriter::ZipWriter(ByteSink& sink, std::string prefix, uint32_t alignment)
     : sink_(sink), prefix_(std::move(prefix)), alignment_(alignment) {
   // The padding length is a u16, so an alignment of 64 KiB could need 65535+ bytes of it.
-  if (alignment == 0 || (alignment & (alignment - 1)) != 0 || alignment >= 65536)
+  if (!is_pow2(alignment) || alignment >= 65536)
     throw Error(
         ErrorCode::kInvalidArgument,
         "zip alignment must be a power of two below 65536, got " + std::to_string(alignment),

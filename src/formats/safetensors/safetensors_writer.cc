@@ -13,15 +13,13 @@
 
 #include "ckpt/error.h"
 #include "ckpt/safetensors.h"
+#include "io/gather.h"
 #include "util/bytes.h"
 
 namespace ckpt {
 namespace {
 
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;
-// Small tensors are gathered into one buffer so a file sink sees few, large writes; big ones go
-// straight from the tensor's memory.
-constexpr size_t kGatherBytes = 1 << 20;
 
 // The reference `Dtype` enum order (safetensors.md §2.1), which its writer sorts by (descending).
 int alignment_rank(DType d) {
@@ -75,35 +73,13 @@ int alignment_rank(DType d) {
   }
 }
 
-class Gather {
- public:
-  explicit Gather(ByteSink& sink) : sink_(sink) {}
-  void write(std::span<const std::byte> b) {
-    if (b.size() >= kGatherBytes) {
-      flush();
-      sink_.write(b);
-      return;
-    }
-    if (buf_.size() + b.size() > kGatherBytes) flush();
-    buf_.insert(buf_.end(), b.begin(), b.end());
-  }
-  void flush() {
-    if (!buf_.empty()) sink_.write(buf_);
-    buf_.clear();
-  }
-
- private:
-  ByteSink& sink_;
-  std::vector<std::byte> buf_;
-};
-
 }  // namespace
 
 void save_safetensors(ByteSink& sink, const std::vector<Tensor>& tensors,
                       const std::map<std::string, std::string>& metadata,
                       const SafetensorsSaveOptions& options) {
   const uint64_t align = options.alignment;
-  if (align == 0 || (align & (align - 1)) != 0 || align > (1ull << 30))
+  if (!internal::is_pow2(align) || align > (1ull << 30))
     throw Error(ErrorCode::kInvalidArgument,
                 "alignment must be a power of two up to 1 GiB, got " + std::to_string(align),
                 sink.name());
@@ -185,7 +161,7 @@ void save_safetensors(ByteSink& sink, const std::vector<Tensor>& tensors,
     offset = end;
   }
   json += "}";
-  const uint64_t padded = internal::round_up(8 + json.size(), std::max<uint64_t>(align, 1)) - 8;
+  const uint64_t padded = internal::align_up(8 + json.size(), align) - 8;
   json.append(padded - json.size(), ' ');
   if (json.size() > kMaxHeaderBytes)
     throw Error(ErrorCode::kLimitExceeded,
@@ -195,7 +171,8 @@ void save_safetensors(ByteSink& sink, const std::vector<Tensor>& tensors,
 
   // The file's exact size is known: a file sink preallocates it (ByteSink::reserve).
   sink.reserve(8 + json.size() + offset);
-  Gather out(sink);
+  // Small tensors are gathered into 1 MiB writes; big ones go straight from the tensor's memory.
+  internal::Gather out(sink);
   std::byte len[8];
   internal::store_le<uint64_t>(len, json.size());
   out.write(len);

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "ckpt/error.h"
+#include "util/text.h"
 
 namespace ckpt::internal::tzr {
 namespace {
@@ -21,13 +22,6 @@ constexpr uint64_t kMaxOpslimit = 64;
 constexpr uint64_t kMaxMemlimit = 8ull << 30;
 // Below this a tensor is decrypted on the calling thread.
 constexpr uint64_t kParallelBytes = 8ull << 20;
-
-int hex_value(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
-}
 
 }  // namespace
 
@@ -45,24 +39,8 @@ std::optional<Key> parse_key(std::string_view text) {
   auto is_space = [](char c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; };
   while (!text.empty() && is_space(text.front())) text.remove_prefix(1);
   while (!text.empty() && is_space(text.back())) text.remove_suffix(1);
-  if (text.size() != 2 * kKeyBytes) return std::nullopt;
-  for (size_t i = 0; i < kKeyBytes; ++i) {
-    int hi = hex_value(text[2 * i]), lo = hex_value(text[2 * i + 1]);
-    if (hi < 0 || lo < 0) return std::nullopt;
-    key[i] = static_cast<unsigned char>(hi * 16 + lo);
-  }
+  if (!parse_hex(text, key)) return std::nullopt;
   return key;
-}
-
-std::string to_hex(std::span<const unsigned char> bytes) {
-  static const char* digits = "0123456789abcdef";
-  std::string s;
-  s.reserve(bytes.size() * 2);
-  for (unsigned char b : bytes) {
-    s += digits[b >> 4];
-    s += digits[b & 15];
-  }
-  return s;
 }
 
 Key derive_key(std::string_view password, const KdfParams& p) {

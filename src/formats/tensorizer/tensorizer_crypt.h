@@ -17,8 +17,8 @@ namespace ckpt::internal::tzr {
 void ensure_sodium();
 
 // A key given as 32 raw bytes or 64 hex digits (surrounding whitespace ignored); nullopt else.
+// The key file a writer produces holds util/text.h to_hex(key) and a newline.
 std::optional<Key> parse_key(std::string_view text);
-std::string to_hex(std::span<const unsigned char> bytes);
 
 // Derives a key from a password with the parameters stored in a file. Refuses (before doing any
 // work) limits far beyond libsodium's SENSITIVE profile so a file cannot ask for unbounded time

@@ -8,6 +8,7 @@
 
 #include "ckpt/error.h"
 #include "util/bytes.h"
+#include "util/text.h"
 
 namespace ckpt::internal::tzr {
 namespace {
@@ -71,10 +72,9 @@ void append_crypt_chunk(std::string& out, const std::string& body) {
 
 // Python's json.dumps(ensure_ascii=True) string form, so structured names match byte for byte.
 void append_json_string(std::string& out, std::string_view s) {
-  static const char* hex = "0123456789abcdef";
   auto u16 = [&](uint32_t v) {
     out += "\\u";
-    for (int sh = 12; sh >= 0; sh -= 4) out += hex[(v >> sh) & 15];
+    for (int sh = 12; sh >= 0; sh -= 4) out += kHexDigits[(v >> sh) & 15];
   };
   out += '"';
   for (size_t i = 0; i < s.size();) {
@@ -332,7 +332,7 @@ std::optional<std::string> dtype_string(DType dtype, bool* opaque) {
 std::vector<PathComponent> parse_tensor_name(std::string_view raw) {
   std::vector<PathComponent> path;
   if (raw.empty() || raw[0] != '\x1e') {
-    if (!valid_utf8(raw)) throw Error(ErrorCode::kCorrupt, "tensor name is not valid UTF-8");
+    if (!is_utf8(raw)) throw Error(ErrorCode::kCorrupt, "tensor name is not valid UTF-8");
     path.emplace_back(std::string(raw));
     return path;
   }
@@ -384,40 +384,6 @@ std::string dotted_name(const std::vector<PathComponent>& path) {
       out += std::to_string(std::get<int64_t>(path[i]));
   }
   return out;
-}
-
-bool valid_utf8(std::string_view s) noexcept {
-  for (size_t i = 0; i < s.size();) {
-    unsigned char c = s[i];
-    size_t n;
-    uint32_t cp;
-    if (c < 0x80) {
-      ++i;
-      continue;
-    }
-    if ((c & 0xE0) == 0xC0) {
-      n = 1;
-      cp = c & 0x1F;
-    } else if ((c & 0xF0) == 0xE0) {
-      n = 2;
-      cp = c & 0x0F;
-    } else if ((c & 0xF8) == 0xF0) {
-      n = 3;
-      cp = c & 0x07;
-    } else
-      return false;
-    if (i + n >= s.size()) return false;
-    for (size_t k = 1; k <= n; ++k) {
-      unsigned char cc = s[i + k];
-      if ((cc & 0xC0) != 0x80) return false;
-      cp = (cp << 6) | (cc & 0x3F);
-    }
-    if ((n == 1 && cp < 0x80) || (n == 2 && cp < 0x800) || (n == 3 && cp < 0x10000) ||
-        cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
-      return false;
-    i += n + 1;
-  }
-  return true;
 }
 
 const char* tensor_type_name(uint8_t type) noexcept {

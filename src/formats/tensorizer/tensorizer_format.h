@@ -143,7 +143,6 @@ std::vector<PathComponent> parse_tensor_name(std::string_view raw);
 std::string serialize_tensor_name(const std::vector<PathComponent>& path);
 // Components joined with '.'.
 std::string dotted_name(const std::vector<PathComponent>& path);
-bool valid_utf8(std::string_view s) noexcept;
 
 const char* tensor_type_name(uint8_t type) noexcept;  // "param", "buffer", "state_dict"
 

@@ -14,40 +14,16 @@
 #include "ckpt/tensorizer.h"
 #include "formats/tensorizer/tensorizer_crypt.h"
 #include "formats/tensorizer/tensorizer_format.h"
+#include "io/gather.h"
 #include "util/bytes.h"
 #include "util/crc32.h"
+#include "util/text.h"
 
 namespace ckpt {
 namespace {
 
 using namespace internal;
 using namespace internal::tzr;
-
-// Small pieces are gathered so a file sink sees few, large writes; big tensors go straight from
-// their memory.
-class Gather {
- public:
-  explicit Gather(ByteSink& sink) : sink_(sink) {}
-  void write(std::span<const std::byte> b) {
-    if (b.size() >= kLimit) {
-      flush();
-      sink_.write(b);
-      return;
-    }
-    if (buf_.size() + b.size() > kLimit) flush();
-    buf_.insert(buf_.end(), b.begin(), b.end());
-  }
-  void write(std::string_view s) { write(as_bytes(s)); }
-  void flush() {
-    if (!buf_.empty()) sink_.write(buf_);
-    buf_.clear();
-  }
-
- private:
-  static constexpr size_t kLimit = 1 << 20;
-  ByteSink& sink_;
-  std::vector<std::byte> buf_;
-};
 
 struct Planned {
   const TensorizerEntry* entry = nullptr;
@@ -123,7 +99,7 @@ std::string save_tensorizer(ByteSink& sink, const std::vector<TensorizerEntry>& 
     }
     if (p.name.empty()) invalid(sink, t.name(), "empty tensor name");
     if (p.name.size() > UINT16_MAX) invalid(sink, t.name(), "tensor name over 65535 bytes");
-    if (!valid_utf8(p.name)) invalid(sink, t.name(), "tensor name is not valid UTF-8");
+    if (!is_utf8(p.name)) invalid(sink, t.name(), "tensor name is not valid UTF-8");
     if (!seen.insert(p.name).second) invalid(sink, t.name(), "duplicate tensor name");
     bool opaque = false;
     auto ds = dtype_string(t.dtype(), &opaque);
@@ -148,7 +124,7 @@ std::string save_tensorizer(ByteSink& sink, const std::vector<TensorizerEntry>& 
     index_needed += 2 + p.name.size() + 1 + 1 + p.dtype.size() + 1 + 4 * p.shape.size() + 24;
   }
   if (enc) version = std::max(version, kVersionEncryption);
-  const uint64_t index_len = std::max(kIndexReserve, round_up(index_needed, kIndexReserve));
+  const uint64_t index_len = std::max(kIndexReserve, align_up(index_needed, kIndexReserve));
 
   // Layout: every header's size is known now (MACs are fixed-size placeholders).
   uint64_t offset = kPrologueBytes + index_len;
@@ -169,6 +145,7 @@ std::string save_tensorizer(ByteSink& sink, const std::vector<TensorizerEntry>& 
     offset += p.header.bytes.size() + p.nbytes;
   }
 
+  // Small pieces are gathered into 1 MiB writes; big tensors go straight from their memory.
   Gather out(sink);
   const uint64_t base = sink.position();
   std::string pro(kMagic);
