@@ -1,4 +1,5 @@
-// Zip reader. Byte layouts: zip_format.h; torch's layout: ../shared/formats/pytorch.md §1.
+// Zip reader. Byte layouts: zip_format.h; torch's layout: docs/formats.md "torch.save zip"
+// (**Zip layout**, **Reading**).
 //
 // Open: one read of the tail (end record, zip64 locator and end record, and often the whole
 // central directory), then at most one more read for a directory the tail did not cover. Every

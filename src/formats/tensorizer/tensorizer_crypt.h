@@ -1,5 +1,5 @@
 #pragma once
-// tensorizer encryption (shared/formats/tensorizer.md §1.3): libsodium XSalsa20-Poly1305
+// tensorizer encryption (docs/formats.md "tensorizer", **Encryption**): libsodium XSalsa20-Poly1305
 // (crypto_secretbox, detached MACs) over chunks, nonces incremented per chunk, keys raw or
 // derived from a password with crypto_pwhash (Argon2id).
 

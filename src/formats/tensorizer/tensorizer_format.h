@@ -1,6 +1,6 @@
 #pragma once
-// tensorizer data versions 1-4 (spec: shared/formats/tensorizer.md §1.1-1.3): the pieces the
-// reader and the writer share. All integers little-endian.
+// tensorizer data versions 1-4 (docs/formats.md "tensorizer": **Layout**, **Versions**,
+// **Encryption**): the pieces the reader and the writer share. All integers little-endian.
 //
 // File:    "|TZR|" u32 version, 32-byte feature flags (v4+; bit 0 = encrypted), u64 tensor_size
 //          (sum of data lengths), 8 unused bytes, u64 tensor count, u64 index length, index,

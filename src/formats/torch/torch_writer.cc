@@ -1,6 +1,6 @@
 // Writes torch.save zip checkpoints.
 //
-// Records, in torch's modern order (../shared/formats/pytorch.md §1.4): data.pkl,
+// Records, in torch's modern order (docs/formats.md "torch.save zip", **Records**): data.pkl,
 // .format_version ("1"), .storage_alignment, byteorder ("little"), data/0..N (storage keys in the
 // order the pickle first meets each storage), version ("3\n"), .data/serialization_id. data.pkl is
 // pickled exactly as torch's pickler would (protocol 2): tensors as REDUCE of
@@ -23,6 +23,7 @@
 #include "ckpt/error.h"
 #include "pickle/pickler.h"
 #include "util/crc32.h"
+#include "util/text.h"
 #include "zip/zip_writer.h"
 
 namespace ckpt {
@@ -313,9 +314,7 @@ void save_torch(ByteSink& sink, const ConstValuePtr& root, const std::vector<Ten
   uint64_t names = 14695981039346656037ull, crcs = 14695981039346656037ull;
   for (auto& [name, crc] : zip.written()) {
     names = fnv1a(names, name);
-    char buf[16];
-    std::snprintf(buf, sizeof buf, "%08x", crc);
-    crcs = fnv1a(crcs, buf);
+    crcs = fnv1a(crcs, internal::hex32(crc));
   }
   char sid[48];
   std::snprintf(sid, sizeof sid, "%020" PRIu64 "%020" PRIu64, names, crcs);
