@@ -1,11 +1,27 @@
 #pragma once
-// Everything public.
+// The whole public API: include this one header.
+//
+//   checkpoint.h         Checkpoint: open any supported file, list, load (eager, views, stream)
+//   convert.h            convert(): one checkpoint into another format; flatten_state_dict()
+//   torch.h              save_torch(), state_dict_value()
+//   safetensors.h        save_safetensors()
+//   tensorizer.h         save_tensorizer() (with encryption)
+//   torchscript.h        TorchScriptArchive: code, debug info, constants, rewrite
+//   tensor.h, value.h    Tensor/Storage/TensorInfo, the object tree
+//   source.h, sink.h     where bytes come from and go to (files, memory, your own)
+//   error.h, dtype.h, format.h, options.h
 #include "ckpt/checkpoint.h"
+#include "ckpt/convert.h"
 #include "ckpt/dtype.h"
 #include "ckpt/error.h"
+#include "ckpt/format.h"
 #include "ckpt/options.h"
+#include "ckpt/safetensors.h"
 #include "ckpt/sink.h"
 #include "ckpt/source.h"
 #include "ckpt/tensor.h"
+#include "ckpt/tensorizer.h"
+#include "ckpt/torch.h"
 #include "ckpt/torchscript.h"
+#include "ckpt/torchscript_types.h"
 #include "ckpt/value.h"

@@ -10,20 +10,38 @@
 
 namespace ckpt {
 
+// The one table of error codes: the library throws Error with a code, the CLI prints its name
+// and exits with its status (docs/cli.md, docs/library.md repeat this table).
+//
+//   code               name              exit  meaning
+//   kIo                io                   3  the OS refused a read, write, open, mmap...
+//   kNotFound          not_found            2  a file, record, tensor or key that should exist
+//   kTruncated         truncated            4  the data ends before a structure it declares
+//   kCorrupt           corrupt              5  bytes that cannot be what the format says (bad
+//                                              magic, CRC, opcode); also a failed verify
+//   kUnsupported       unsupported          6  valid but not handled (unknown global, dtype...)
+//   kLimitExceeded     limit_exceeded       7  a configurable Limits field was hit
+//   kInvalidArgument   invalid_argument     8  the caller asked for something impossible
+//   kAuth              auth                 9  a wrong key or password, or tampered ciphertext
+//   (CLI only)                             64  usage error (unknown flag, missing argument)
+//   (CLI only)                              1  an unexpected failure that is no ckpt::Error
 enum class ErrorCode {
-  kIo,               // the OS refused a read, write, open, mmap...
-  kNotFound,         // a file, record, tensor or key that should exist does not
-  kTruncated,        // the data ends before a structure it declares
-  kCorrupt,          // bytes that cannot be what the format says (bad magic, bad CRC, bad opcode)
-  kUnsupported,      // valid but not handled (unknown global, unknown dtype, compression method)
-  kLimitExceeded,    // a configurable limit was hit (header bytes, tensors, dims, memo, inflate)
-  kInvalidArgument,  // the caller asked for something impossible
-  kAuth,             // a wrong key or password, or tampered ciphertext
+  kIo,
+  kNotFound,
+  kTruncated,
+  kCorrupt,
+  kUnsupported,
+  kLimitExceeded,
+  kInvalidArgument,
+  kAuth,
 };
 
 // Short lower-case name of a code ("corrupt"), stable: used in CLI output and JSON.
 const char* error_code_name(ErrorCode code) noexcept;
+// The CLI's exit status for a code (table above), stable.
+int exit_status(ErrorCode code) noexcept;
 
+// Thread-safety: an Error is a value; copies are independent.
 class Error : public std::runtime_error {
  public:
   explicit Error(ErrorCode code, std::string message, std::string source = {},

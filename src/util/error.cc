@@ -16,6 +16,20 @@ const char* error_code_name(ErrorCode code) noexcept {
   return "unknown";
 }
 
+int exit_status(ErrorCode code) noexcept {
+  switch (code) {
+    case ErrorCode::kNotFound: return 2;
+    case ErrorCode::kIo: return 3;
+    case ErrorCode::kTruncated: return 4;
+    case ErrorCode::kCorrupt: return 5;
+    case ErrorCode::kUnsupported: return 6;
+    case ErrorCode::kLimitExceeded: return 7;
+    case ErrorCode::kInvalidArgument: return 8;
+    case ErrorCode::kAuth: return 9;
+  }
+  return 1;
+}
+
 Error::Error(ErrorCode code, std::string message, std::string source, std::string record,
              std::optional<uint64_t> offset)
     : std::runtime_error(message),

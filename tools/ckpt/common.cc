@@ -7,27 +7,7 @@
 
 namespace ckpt::cli {
 
-int exit_code(ErrorCode code) {
-  switch (code) {
-    case ErrorCode::kNotFound:
-      return 2;
-    case ErrorCode::kIo:
-      return 3;
-    case ErrorCode::kTruncated:
-      return 4;
-    case ErrorCode::kCorrupt:
-      return 5;
-    case ErrorCode::kUnsupported:
-      return 6;
-    case ErrorCode::kLimitExceeded:
-      return 7;
-    case ErrorCode::kInvalidArgument:
-      return 8;
-    case ErrorCode::kAuth:
-      return 9;
-  }
-  return 1;
-}
+int exit_code(ErrorCode code) { return exit_status(code); }
 
 void add_common(CLI::App& cmd, Common& c) {
   cmd.add_flag("--no-mmap", c.no_mmap, "read with pread instead of mapping the file");
