@@ -1,5 +1,6 @@
 // ckpt bench FILE [--json] [--repeat N]: times open, mmap load, eager load (with and without
-// verification), save and convert of FILE beside this machine's limits (memcpy into fresh 4 KiB and huge pages,
+// verification), save, and convert to pt (ckpt::convert, against save_torch of the same tensors
+// loaded) of FILE beside this machine's limits (memcpy into fresh 4 KiB and huge pages,
 // page-cache read), in one run. Medians; GB/s = 1e9 bytes per second.
 
 #include <sys/mman.h>
