@@ -179,8 +179,9 @@ struct ConvertReport {
 // or tensorizer: the tensors of flatten_state_dict() under their dotted names; tensorizer keeps
 // param/buffer types and meta tensors; safetensors keeps the input's __metadata__
 // ({"format": "pt"} when there is none). Tensor bytes are written bit-exact (non-contiguous
-// tensors contiguous) straight from the checkpoint's memory, through the sink's fast paths (a
-// pt -> pt conversion of a mapped file writes as fast as save_torch of loaded tensors).
+// tensors contiguous) straight from the checkpoint's memory (views of a mapped file), through
+// the sink's fast paths (reserve, write_sliced) as save_torch does: `ckpt bench` compares a
+// pt -> pt conversion with save_torch of the same tensors loaded.
 //
 // Throws Error: kInvalidArgument (no format for the path, encryption with a target other than
 // tensorizer, shared tensors to safetensors without copy_shared, a checkpoint that is one
