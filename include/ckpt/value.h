@@ -11,29 +11,23 @@
 
 namespace ckpt {
 
-struct Value;
+class Value;
 using ValuePtr = std::shared_ptr<Value>;
 using ConstValuePtr = std::shared_ptr<const Value>;
 
-struct Value {
+// Thread-safety: a tree may be read from any number of threads at once (const access); changing
+// it (the non-const accessors and setters) needs the caller's own synchronization. A checkpoint
+// hands out its tree as ConstValuePtr: read-only, alive while any pointer to it lives.
+class Value {
+ public:
   enum class Kind : uint8_t {
     kNone, kBool, kInt, kFloat, kComplex, kString, kBytes,
     kList, kTuple, kSet, kDict,
-    kTensor,  // `index` into the tensor table
+    kTensor,  // tensor_index() into the tensor table
     kGlobal,  // a class or function named module.name (e.g. torch.float32, a TorchScript class)
-    kObject,  // an instance: `type` = its class, `args` = constructor args, `state` = BUILD state
+    kObject,  // an instance: module()/name() = its class, items() = constructor args,
+              // state() = BUILD state
   };
-  Kind kind = Kind::kNone;
-  bool b = false;
-  bool bytearray = false;    // kBytes: was a bytearray
-  int64_t i = 0;          // kInt; kTensor: index
-  double f = 0;
-  std::complex<double> c;
-  std::string s;          // kString (UTF-8), kBytes (raw); kInt: decimal digits when it does not fit i64
-  std::vector<ValuePtr> items;                          // kList, kTuple, kSet; kObject: args
-  std::vector<std::pair<ValuePtr, ValuePtr>> entries;   // kDict, in insertion order
-  std::string module, name;  // kGlobal; kObject and kDict: class (empty for a plain dict)
-  ValuePtr state;            // kObject/kDict: state from BUILD (e.g. OrderedDict's _metadata), may be null
 
   Value() = default;
   Value(const Value&) = default;
@@ -47,22 +41,59 @@ struct Value {
   static ValuePtr none();
   static ValuePtr boolean(bool v);
   static ValuePtr integer(int64_t v);
+  // An int that does not fit int64: its decimal digits (as Python prints it).
+  static ValuePtr big_integer(std::string digits);
   static ValuePtr real(double v);
   static ValuePtr complex(std::complex<double> v);
   static ValuePtr string(std::string v);
-  static ValuePtr bytes(std::string v);
+  static ValuePtr bytes(std::string v, bool bytearray = false);
   static ValuePtr list(std::vector<ValuePtr> items = {});
   static ValuePtr tuple(std::vector<ValuePtr> items = {});
+  static ValuePtr set(std::vector<ValuePtr> items = {});
   static ValuePtr dict();  // plain dict
   static ValuePtr ordered_dict();  // collections.OrderedDict
+  // A dict of class module.name (e.g. collections.OrderedDict); empty names: a plain dict.
+  static ValuePtr dict_of(std::string module, std::string name);
   static ValuePtr tensor(size_t index);
   static ValuePtr global(std::string module, std::string name);
+  // `tag`: an integer the creator attaches (as_int() returns it).
   static ValuePtr object(std::string module, std::string name, std::vector<ValuePtr> args = {},
-                         ValuePtr state = nullptr);
+                         ValuePtr state = nullptr, int64_t tag = 0);
 
-  bool is_none() const noexcept { return kind == Kind::kNone; }
-  bool is_dict() const noexcept { return kind == Kind::kDict; }
-  bool is_sequence() const noexcept { return kind == Kind::kList || kind == Kind::kTuple; }
+  // A deep copy (sharing inside the tree is kept: a node reached twice is copied once). Throws
+  // Error{kLimitExceeded} past `max_depth` levels.
+  ValuePtr clone(uint32_t max_depth = 100000) const;
+
+  Kind kind() const noexcept { return kind_; }
+  bool is_none() const noexcept { return kind_ == Kind::kNone; }
+  bool is_dict() const noexcept { return kind_ == Kind::kDict; }
+  bool is_sequence() const noexcept { return kind_ == Kind::kList || kind_ == Kind::kTuple; }
+
+  // Scalars: each is meaningful for its kind only (false / 0 / empty otherwise).
+  bool as_bool() const noexcept { return b_; }              // kBool
+  int64_t as_int() const noexcept { return i_; }  // kInt (when !is_big_int()); kObject: its tag
+  bool is_big_int() const noexcept { return kind_ == Kind::kInt && !s_.empty(); }
+  double as_float() const noexcept { return f_; }           // kFloat
+  std::complex<double> as_complex() const noexcept { return c_; }  // kComplex
+  // kString: UTF-8 text; kBytes: the raw bytes; kInt: the decimal digits of a big int.
+  const std::string& str() const noexcept { return s_; }
+  bool is_bytearray() const noexcept { return bytearray_; }  // kBytes: was a bytearray
+  size_t tensor_index() const noexcept { return static_cast<size_t>(i_); }  // kTensor
+  void set_tensor_index(size_t index) noexcept { i_ = static_cast<int64_t>(index); }
+
+  // kList, kTuple, kSet: the elements; kObject: the constructor arguments.
+  const std::vector<ValuePtr>& items() const noexcept { return items_; }
+  std::vector<ValuePtr>& items() noexcept { return items_; }
+  // kDict: (key, value) in insertion order.
+  const std::vector<std::pair<ValuePtr, ValuePtr>>& entries() const noexcept { return entries_; }
+  std::vector<std::pair<ValuePtr, ValuePtr>>& entries() noexcept { return entries_; }
+  // kGlobal: the name; kObject and kDict: the class (empty for a plain dict).
+  const std::string& module() const noexcept { return module_; }
+  const std::string& name() const noexcept { return name_; }
+  // kObject/kDict: state from BUILD (e.g. OrderedDict's _metadata); may be null.
+  const ValuePtr& state() const noexcept { return state_; }
+  void set_state(ValuePtr state) noexcept { state_ = std::move(state); }
+
   // kDict: the value under a string or int key, or null.
   ValuePtr get(std::string_view key) const;
   ValuePtr get(int64_t key) const;
@@ -73,6 +104,20 @@ struct Value {
   // Short one-line Python-like text ("OrderedDict(3 items)", "'abc'", "1.5"). Tensors print as
   // "tensor#N".
   std::string repr(size_t max_len = 80) const;
+
+ private:
+  static ValuePtr make(Kind kind);
+  Kind kind_ = Kind::kNone;
+  bool b_ = false;
+  bool bytearray_ = false;
+  int64_t i_ = 0;
+  double f_ = 0;
+  std::complex<double> c_;
+  std::string s_;
+  std::vector<ValuePtr> items_;
+  std::vector<std::pair<ValuePtr, ValuePtr>> entries_;
+  std::string module_, name_;
+  ValuePtr state_;
 };
 
 // The name a dict key or list index contributes to a dotted tensor path ("0", "exp_avg").

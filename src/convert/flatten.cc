@@ -34,24 +34,24 @@ class TreeWalk {
     while (!stack_.empty()) {
       Frame& f = stack_.back();
       const Value* v = f.value;
-      const size_t n = v->kind == Value::Kind::kDict ? v->entries.size() : v->items.size();
+      const size_t n = v->kind() == Value::Kind::kDict ? v->entries().size() : v->items().size();
       path_.resize(f.path_len);
       if (f.next < n) {
         const size_t i = f.next++;
         const Value* child;
-        if (v->kind == Value::Kind::kDict) {
-          const auto& [k, val] = v->entries[i];
+        if (v->kind() == Value::Kind::kDict) {
+          const auto& [k, val] = v->entries()[i];
           append(k ? path_component(*k) : std::string("?"));
           child = val.get();
         } else {
           append(std::to_string(i));
-          child = v->items[i].get();
+          child = v->items()[i].get();
         }
         visit(child, stack_.size());  // may grow stack_: `f` is not used after this
         continue;
       }
-      if (v->kind == Value::Kind::kDict && v->state && non_tensors_) {
-        append("<attributes of " + (v->name.empty() ? std::string("dict") : v->name) + ">");
+      if (v->kind() == Value::Kind::kDict && v->state() && non_tensors_) {
+        append("<attributes of " + (v->name().empty() ? std::string("dict") : v->name()) + ">");
         non_tensors_->push_back(path_);
       }
       stack_.pop_back();
@@ -86,18 +86,18 @@ class TreeWalk {
                   "object tree deeper than Limits::max_pickle_depth (" +
                       std::to_string(max_depth_) + ")",
                   source_);
-    switch (v->kind) {
+    switch (v->kind()) {
       case Value::Kind::kTensor:
-        if (v->i >= 0) (*on_tensor_)(path_, static_cast<size_t>(v->i));
+        if (v->as_int() >= 0) (*on_tensor_)(path_, static_cast<size_t>(v->as_int()));
         return;
       case Value::Kind::kDict:
         // An empty container is structure a flat format loses too. Checked before `seen_`:
         // pickle shares one () between all its uses, and each path must be reported.
-        if (v->entries.empty() && !v->state) return add_non_tensor(false);
+        if (v->entries().empty() && !v->state()) return add_non_tensor(false);
         break;
       case Value::Kind::kList:
       case Value::Kind::kTuple:
-        if (v->items.empty()) return add_non_tensor(false);
+        if (v->items().empty()) return add_non_tensor(false);
         break;
       default:
         return add_non_tensor(true);

@@ -266,54 +266,57 @@ ValuePtr PickleHeap::to_value(Ref root, CopyBudget& budget) const {
   auto make = [&](Ref r) -> ValuePtr {
     if (made_at[r]) return made[made_at[r] - 1];
     const Node& n = nodes_[r];
-    auto v = std::make_shared<Value>();
-    v->kind = n.kind;
+    ValuePtr v;
     switch (n.kind) {
       case Kind::kNone:
+        v = Value::none();
         break;
       case Kind::kBool:
-        v->b = n.b != 0;
+        v = Value::boolean(n.b != 0);
         break;
       case Kind::kInt:
-        v->i = static_cast<int64_t>(n.b);
-        if (n.flags & kBig) v->s = std::string(text(r));
+        v = n.flags & kBig ? Value::big_integer(std::string(text(r)))
+                           : Value::integer(static_cast<int64_t>(n.b));
         break;
       case Kind::kFloat:
-        v->f = float_value(r);
+        v = Value::real(float_value(r));
         break;
       case Kind::kComplex:
-        v->c = complex_value(r);
+        v = Value::complex(complex_value(r));
         break;
       case Kind::kString:
+        v = Value::string(std::string(text(r)));
+        break;
       case Kind::kBytes:
-        v->s = std::string(text(r));
-        v->bytearray = (n.flags & kByteArray) != 0;
+        v = Value::bytes(std::string(text(r)), (n.flags & kByteArray) != 0);
         break;
       case Kind::kTensor:
-        v->i = static_cast<int64_t>(n.b);
+        v = Value::tensor(static_cast<size_t>(n.b));
         break;
       case Kind::kGlobal:
-        v->module = globals_[n.a].first;
-        v->name = globals_[n.a].second;
+        v = Value::global(globals_[n.a].first, globals_[n.a].second);
         break;
       case Kind::kObject:
+        v = Value::object(std::string(module(r)), std::string(name(r)), {}, nullptr,
+                          static_cast<int64_t>(n.b));
+        budget.spend(items(r).size());
+        [[fallthrough]];
       case Kind::kDict:
-        v->module = std::string(module(r));
-        v->name = std::string(name(r));
-        if (n.kind == Kind::kObject) {
-          v->i = static_cast<int64_t>(n.b);
-          budget.spend(items(r).size());
-        }
+        if (!v) v = Value::dict_of(std::string(module(r)), std::string(name(r)));
         [[fallthrough]];
       case Kind::kTuple:
       case Kind::kList:
       case Kind::kSet:
+        if (!v)
+          v = n.kind == Kind::kTuple  ? Value::tuple()
+              : n.kind == Kind::kList ? Value::list()
+                                      : Value::set();
         stack.push_back({r, v.get(), 0});
         open[r] = 1;
         if (n.kind == Kind::kDict) {
-          v->entries.reserve(items(r).size() / 2);
+          v->entries().reserve(items(r).size() / 2);
         } else {
-          v->items.reserve(items(r).size());
+          v->items().reserve(items(r).size());
         }
         break;
     }
@@ -329,7 +332,7 @@ ValuePtr PickleHeap::to_value(Ref root, CopyBudget& budget) const {
     if (f.next < it.size()) {
       const size_t k = f.next++;
       Value* parent = f.v;  // `f` dies if make() pushes
-      const Kind pk = parent->kind;
+      const Kind pk = parent->kind();
       const Ref c = it[k];
       if (open[c])  // a container that is being filled: a cycle (the VM refuses them first)
         throw Error(ErrorCode::kUnsupported,
@@ -338,12 +341,12 @@ ValuePtr PickleHeap::to_value(Ref root, CopyBudget& budget) const {
       ValuePtr cv = make(c);
       if (pk == Kind::kDict) {
         if (k % 2 == 0) {
-          parent->entries.emplace_back(std::move(cv), nullptr);
+          parent->entries().emplace_back(std::move(cv), nullptr);
         } else {
-          parent->entries.back().second = std::move(cv);
+          parent->entries().back().second = std::move(cv);
         }
       } else {
-        parent->items.push_back(std::move(cv));
+        parent->items().push_back(std::move(cv));
       }
       continue;
     }
@@ -356,7 +359,7 @@ ValuePtr PickleHeap::to_value(Ref root, CopyBudget& budget) const {
                       "the object graph contains a cycle (an object whose state contains it); "
                       "checkpoints never do");
         Value* parent = f.v;
-        parent->state = make(s);
+        parent->set_state(make(s));
       }
       continue;
     }

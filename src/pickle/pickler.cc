@@ -128,15 +128,15 @@ class Pickler {
   // --- atoms -------------------------------------------------------------------------------
 
   void save_int(const Value& v) {
-    int64_t i = v.i;
-    if (!v.s.empty()) {
+    int64_t i = v.as_int();
+    if (!v.str().empty()) {
       std::string big;
       bool fits = true;
-      if (!pickle_text::parse_int_text(v.s, false, i, big, fits))
-        invalid("int text '" + v.s.substr(0, 40) + "' is not decimal");
+      if (!pickle_text::parse_int_text(v.str(), false, i, big, fits))
+        invalid("int text '" + v.str().substr(0, 40) + "' is not decimal");
       if (!fits) {
         std::string le;
-        pickle_text::encode_long_decimal(v.s, le);
+        pickle_text::encode_long_decimal(v.str(), le);
         return write_long(le);
       }
     }
@@ -308,10 +308,10 @@ class Pickler {
   }
   void save_bytearray(const Value& v) {
     save_global("builtins", "bytearray");
-    if (v.s.empty()) {
+    if (v.str().empty()) {
       put(op::kEmptyTuple);
     } else {
-      save_bytes(v.s, nullptr);  // bytearray.__reduce_ex__ passes a fresh bytes copy
+      save_bytes(v.str(), nullptr);  // bytearray.__reduce_ex__ passes a fresh bytes copy
       put(op::kTuple1);
       memoize(nullptr);
     }
@@ -351,59 +351,59 @@ void Pickler::save(const ValuePtr& vp, bool persistent_ok) {
       return put(op::kBinPersId);
     }
   }
-  switch (v.kind) {
+  switch (v.kind()) {
     case Kind::kNone:
       return put(op::kNone);
     case Kind::kBool:
-      return put(v.b ? op::kNewTrue : op::kNewFalse);
+      return put(v.as_bool() ? op::kNewTrue : op::kNewFalse);
     case Kind::kInt:
       return save_int(v);
     case Kind::kFloat:
-      return save_float(v.f);
+      return save_float(v.as_float());
     case Kind::kGlobal:
-      return save_global(v.module, v.name);
+      return save_global(v.module(), v.name());
     case Kind::kTensor:
       invalid("a tensor reference must be replaced by its reduce form before pickling");
     default:
       break;
   }
   if (const uint32_t* id = memo_.find(&v)) return write_get(*id);
-  if (v.kind == Kind::kString) {
-    if (!is_utf8(v.s, Surrogates::kAllow)) invalid("str is not valid UTF-8");
-    write_unicode(v.s);
+  if (v.kind() == Kind::kString) {
+    if (!is_utf8(v.str(), Surrogates::kAllow)) invalid("str is not valid UTF-8");
+    write_unicode(v.str());
     return memoize(&v);
   }
-  if (v.kind == Kind::kBytes) return v.bytearray ? save_bytearray(v) : save_bytes(v.s, &v);
+  if (v.kind() == Kind::kBytes) return v.is_bytearray() ? save_bytearray(v) : save_bytes(v.str(), &v);
 
   // Containers recurse; CPython stops at its recursion limit too.
   if (++depth_ > Limits{}.max_pickle_depth)
     throw Error(ErrorCode::kLimitExceeded,
                 "pickle: values nested deeper than " + std::to_string(Limits{}.max_pickle_depth));
-  switch (v.kind) {
+  switch (v.kind()) {
     case Kind::kTuple:
-      save_tuple(v.items, &v);
+      save_tuple(v.items(), &v);
       break;
     case Kind::kList:
       put(op::kEmptyList);
       memoize(&v);
-      batch_list_exact(v.items);
+      batch_list_exact(v.items());
       break;
     case Kind::kDict:
-      if (v.module.empty()) {
-        if (v.state) invalid("a plain dict cannot carry BUILD state");
+      if (v.module().empty()) {
+        if (v.state()) invalid("a plain dict cannot carry BUILD state");
         put(op::kEmptyDict);
         memoize(&v);
-        batch_dict_exact(v.entries);
+        batch_dict_exact(v.entries());
         break;
       }
       // A dict subclass (OrderedDict): cls.__reduce__ -> (cls, (), state, None, items).
-      save_global(v.module, v.name);
+      save_global(v.module(), v.name());
       put(op::kEmptyTuple);
       put(op::kReduce);
       if (!reduce_done(&v)) break;
-      batch_dict_iter(v.entries);
-      if (v.state && !v.state->is_none()) {
-        save(v.state, true);
+      batch_dict_iter(v.entries());
+      if (v.state() && !v.state()->is_none()) {
+        save(v.state(), true);
         put(op::kBuild);
       }
       break;
@@ -412,7 +412,7 @@ void Pickler::save(const ValuePtr& vp, bool persistent_ok) {
       save_global("builtins", "set");
       put(op::kEmptyList);
       memoize(nullptr);
-      batch_list_exact(v.items);
+      batch_list_exact(v.items());
       put(op::kTuple1);
       memoize(nullptr);
       put(op::kReduce);
@@ -420,20 +420,20 @@ void Pickler::save(const ValuePtr& vp, bool persistent_ok) {
       break;
     case Kind::kComplex:
       save_global("builtins", "complex");
-      save_float(v.c.real());
-      save_float(v.c.imag());
+      save_float(v.as_complex().real());
+      save_float(v.as_complex().imag());
       put(op::kTuple2);
       memoize(nullptr);
       put(op::kReduce);
       reduce_done(&v);
       break;
     case Kind::kObject:
-      save_global(v.module, v.name);
-      save_tuple(v.items, nullptr);
+      save_global(v.module(), v.name());
+      save_tuple(v.items(), nullptr);
       put(op::kReduce);
       if (!reduce_done(&v)) break;
-      if (v.state && !v.state->is_none()) {
-        save(v.state, true);
+      if (v.state() && !v.state()->is_none()) {
+        save(v.state(), true);
         put(op::kBuild);
       }
       break;

@@ -9,12 +9,12 @@ void release_values(std::vector<ValuePtr>& work) noexcept {
     work.pop_back();
     // Another owner keeps it alive; that owner's release (or destructor) handles the children.
     if (!v || v.use_count() != 1) continue;
-    for (auto& item : v->items) work.push_back(std::move(item));
-    for (auto& [key, value] : v->entries) {
+    for (auto& item : v->items()) work.push_back(std::move(item));
+    for (auto& [key, value] : v->entries()) {
       work.push_back(std::move(key));
       work.push_back(std::move(value));
     }
-    if (v->state) work.push_back(std::move(v->state));
+    if (v->state()) work.push_back(std::move(v->state()));
   }
 }
 

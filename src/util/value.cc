@@ -3,37 +3,38 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <unordered_map>
+
+#include "ckpt/error.h"
 
 namespace ckpt {
-namespace {
-ValuePtr make(Value::Kind k) {
+ValuePtr Value::make(Kind k) {
   auto v = std::make_shared<Value>();
-  v->kind = k;
+  v->kind_ = k;
   return v;
 }
-}  // namespace
 
 Value::~Value() {
-  if (items.empty() && entries.empty() && !state) return;
+  if (items_.empty() && entries_.empty() && !state_) return;
   // Children with children of their own (and no other owner) are emptied here one by one, from
   // `pending`; every other child dies in place, where its destructor has nothing to recurse on. A
-  // state dict of 20,000 leaves thus needs no stack, and a chain nested 1e6 deep needs one slot.
+  // state_ dict of 20,000 leaves thus needs no stack, and a chain nested 1e6 deep needs one slot.
   std::vector<ValuePtr> pending;
   auto take = [&pending](ValuePtr& p) {
     if (!p) return;
     const Value& c = *p;
-    if (p.use_count() == 1 && (!c.items.empty() || !c.entries.empty() || c.state))
+    if (p.use_count() == 1 && (!c.items_.empty() || !c.entries_.empty() || c.state_))
       pending.push_back(std::move(p));
     else
       p.reset();  // a leaf, or shared: no recursion either way
   };
   auto drain = [&take](Value& v) {
-    for (auto& it : v.items) take(it);
-    for (auto& [k, val] : v.entries) {
+    for (auto& it : v.items_) take(it);
+    for (auto& [k, val] : v.entries_) {
       take(k);
       take(val);
     }
-    take(v.state);
+    take(v.state_);
   };
   drain(*this);
   while (!pending.empty()) {
@@ -46,93 +47,111 @@ Value::~Value() {
 ValuePtr Value::none() { return make(Kind::kNone); }
 ValuePtr Value::boolean(bool b) {
   auto v = make(Kind::kBool);
-  v->b = b;
+  v->b_ = b;
   return v;
 }
 ValuePtr Value::integer(int64_t i) {
   auto v = make(Kind::kInt);
-  v->i = i;
+  v->i_ = i;
   return v;
 }
 ValuePtr Value::real(double f) {
   auto v = make(Kind::kFloat);
-  v->f = f;
+  v->f_ = f;
   return v;
 }
 ValuePtr Value::complex(std::complex<double> c) {
   auto v = make(Kind::kComplex);
-  v->c = c;
+  v->c_ = c;
   return v;
 }
 ValuePtr Value::string(std::string s) {
   auto v = make(Kind::kString);
-  v->s = std::move(s);
+  v->s_ = std::move(s);
   return v;
 }
-ValuePtr Value::bytes(std::string s) {
+ValuePtr Value::bytes(std::string s, bool bytearray) {
   auto v = make(Kind::kBytes);
-  v->s = std::move(s);
+  v->s_ = std::move(s);
+  v->bytearray_ = bytearray;
   return v;
 }
-ValuePtr Value::list(std::vector<ValuePtr> items) {
+ValuePtr Value::big_integer(std::string digits) {
+  auto v = make(Kind::kInt);
+  v->s_ = std::move(digits);
+  return v;
+}
+ValuePtr Value::set(std::vector<ValuePtr> items) {
+  auto v = make(Kind::kSet);
+  v->items_ = std::move(items);
+  return v;
+}
+ValuePtr Value::dict_of(std::string module, std::string name) {
+  auto v = make(Kind::kDict);
+  v->module_ = std::move(module);
+  v->name_ = std::move(name);
+  return v;
+}
+ValuePtr Value::list(std::vector<ValuePtr> items_) {
   auto v = make(Kind::kList);
-  v->items = std::move(items);
+  v->items_ = std::move(items_);
   return v;
 }
-ValuePtr Value::tuple(std::vector<ValuePtr> items) {
+ValuePtr Value::tuple(std::vector<ValuePtr> items_) {
   auto v = make(Kind::kTuple);
-  v->items = std::move(items);
+  v->items_ = std::move(items_);
   return v;
 }
 ValuePtr Value::dict() { return make(Kind::kDict); }
 ValuePtr Value::ordered_dict() {
   auto v = make(Kind::kDict);
-  v->module = "collections";
-  v->name = "OrderedDict";
+  v->module_ = "collections";
+  v->name_ = "OrderedDict";
   return v;
 }
 ValuePtr Value::tensor(size_t index) {
   auto v = make(Kind::kTensor);
-  v->i = static_cast<int64_t>(index);
+  v->i_ = static_cast<int64_t>(index);
   return v;
 }
 ValuePtr Value::global(std::string module, std::string name) {
   auto v = make(Kind::kGlobal);
-  v->module = std::move(module);
-  v->name = std::move(name);
+  v->module_ = std::move(module);
+  v->name_ = std::move(name);
   return v;
 }
 ValuePtr Value::object(std::string module, std::string name, std::vector<ValuePtr> args,
-                       ValuePtr state) {
+                       ValuePtr state, int64_t tag) {
   auto v = make(Kind::kObject);
-  v->module = std::move(module);
-  v->name = std::move(name);
-  v->items = std::move(args);
-  v->state = std::move(state);
+  v->module_ = std::move(module);
+  v->name_ = std::move(name);
+  v->items_ = std::move(args);
+  v->state_ = std::move(state);
+  v->i_ = tag;
   return v;
 }
 
 ValuePtr Value::get(std::string_view key) const {
-  for (auto& [k, v] : entries)
-    if (k && k->kind == Kind::kString && k->s == key) return v;
+  for (auto& [k, v] : entries_)
+    if (k && k->kind_ == Kind::kString && k->s_ == key) return v;
   return nullptr;
 }
 ValuePtr Value::get(int64_t key) const {
-  for (auto& [k, v] : entries)
-    if (k && k->kind == Kind::kInt && k->i == key) return v;
+  for (auto& [k, v] : entries_)
+    if (k && k->kind_ == Kind::kInt && k->i_ == key) return v;
   return nullptr;
 }
 
 void Value::set(ValuePtr key, ValuePtr value) {
-  for (auto& e : entries) {
+  for (auto& e : entries_) {
     const Value& k = *e.first;
-    if (k.kind == key->kind &&
-        ((k.kind == Kind::kString && k.s == key->s) || (k.kind == Kind::kInt && k.i == key->i))) {
+    if (k.kind_ == key->kind_ &&
+        ((k.kind_ == Kind::kString && k.s_ == key->s_) || (k.kind_ == Kind::kInt && k.i_ == key->i_))) {
       e.second = std::move(value);
       return;
     }
   }
-  entries.emplace_back(std::move(key), std::move(value));
+  entries_.emplace_back(std::move(key), std::move(value));
 }
 
 namespace {
@@ -173,51 +192,87 @@ std::string fmt_float(double f) {
 
 std::string Value::repr(size_t max_len) const {
   std::string s;
-  switch (kind) {
+  switch (kind_) {
     case Kind::kNone: s = "None"; break;
-    case Kind::kBool: s = b ? "True" : "False"; break;
-    case Kind::kInt: s = this->s.empty() ? std::to_string(i) : this->s; break;
-    case Kind::kFloat: s = fmt_float(f); break;
-    case Kind::kComplex: s = "(" + fmt_float(c.real()) + "+" + fmt_float(c.imag()) + "j)"; break;
-    case Kind::kString: s = quote(this->s); break;
-    case Kind::kBytes: s = (bytearray ? "bytearray(b" : "b") + quote(this->s) + (bytearray ? ")" : ""); break;
+    case Kind::kBool: s = b_ ? "True" : "False"; break;
+    case Kind::kInt: s = this->s_.empty() ? std::to_string(i_) : this->s_; break;
+    case Kind::kFloat: s = fmt_float(f_); break;
+    case Kind::kComplex: s = "(" + fmt_float(c_.real()) + "+" + fmt_float(c_.imag()) + "j)"; break;
+    case Kind::kString: s = quote(this->s_); break;
+    case Kind::kBytes: s = (bytearray_ ? "bytearray(b" : "b") + quote(this->s_) + (bytearray_ ? ")" : ""); break;
     case Kind::kList:
     case Kind::kTuple:
     case Kind::kSet: {
-      const char* open = kind == Kind::kList ? "[" : kind == Kind::kTuple ? "(" : "{";
-      const char* close = kind == Kind::kList ? "]" : kind == Kind::kTuple ? ")" : "}";
+      const char* open = kind_ == Kind::kList ? "[" : kind_ == Kind::kTuple ? "(" : "{";
+      const char* close = kind_ == Kind::kList ? "]" : kind_ == Kind::kTuple ? ")" : "}";
       s = open;
-      for (size_t n = 0; n < items.size(); ++n) {
+      for (size_t n = 0; n < items_.size(); ++n) {
         if (n) s += ", ";
-        s += items[n] ? items[n]->repr(max_len) : "?";
+        s += items_[n] ? items_[n]->repr(max_len) : "?";
         if (s.size() > max_len) break;
       }
-      if (kind == Kind::kTuple && items.size() == 1) s += ",";
+      if (kind_ == Kind::kTuple && items_.size() == 1) s += ",";
       s += close;
       break;
     }
     case Kind::kDict:
-      s = (name.empty() ? std::string("dict") : name) + "(" + std::to_string(entries.size()) +
-          (entries.size() == 1 ? " item)" : " items)");
+      s = (name_.empty() ? std::string("dict") : name_) + "(" + std::to_string(entries_.size()) +
+          (entries_.size() == 1 ? " item)" : " items_)");
       break;
-    case Kind::kTensor: s = "tensor#" + std::to_string(i); break;
-    case Kind::kGlobal: s = module + "." + name; break;
-    case Kind::kObject: s = module + "." + name + "(...)"; break;
+    case Kind::kTensor: s = "tensor#" + std::to_string(i_); break;
+    case Kind::kGlobal: s = module_ + "." + name_; break;
+    case Kind::kObject: s = module_ + "." + name_ + "(...)"; break;
   }
   if (s.size() > max_len && max_len > 3) s = s.substr(0, max_len - 3) + "...";
   return s;
 }
 
+ValuePtr Value::clone(uint32_t max_depth) const {
+  // Iterative: a copy of each container is made first, its children are then replaced by their
+  // copies, so neither depth nor width recurses.
+  std::unordered_map<const Value*, ValuePtr> copies;
+  struct Item {
+    ValuePtr* slot;  // where the copy of `from` goes
+    const Value* from;
+    uint32_t depth;
+  };
+  ValuePtr root;
+  std::vector<Item> work{{&root, this, 0}};
+  while (!work.empty()) {
+    Item it = work.back();
+    work.pop_back();
+    if (!it.from) continue;
+    auto found = copies.find(it.from);
+    if (found != copies.end()) {
+      *it.slot = found->second;
+      continue;
+    }
+    if (it.depth > max_depth)
+      throw Error(ErrorCode::kLimitExceeded,
+                  "object tree deeper than " + std::to_string(max_depth) + " levels");
+    auto copy = std::make_shared<Value>(*it.from);  // children still point at the originals
+    copies.emplace(it.from, copy);
+    *it.slot = copy;
+    for (auto& c : copy->items_) work.push_back({&c, c.get(), it.depth + 1});
+    for (auto& [k, v] : copy->entries_) {
+      work.push_back({&k, k.get(), it.depth + 1});
+      work.push_back({&v, v.get(), it.depth + 1});
+    }
+    if (copy->state_) work.push_back({&copy->state_, copy->state_.get(), it.depth + 1});
+  }
+  return root;
+}
+
 std::string path_component(const Value& key) {
-  switch (key.kind) {
-    case Value::Kind::kString: return key.s;
-    case Value::Kind::kInt: return key.s.empty() ? std::to_string(key.i) : key.s;
-    case Value::Kind::kBool: return key.b ? "True" : "False";
+  switch (key.kind()) {
+    case Value::Kind::kString: return key.str();
+    case Value::Kind::kInt: return key.str().empty() ? std::to_string(key.as_int()) : key.str();
+    case Value::Kind::kBool: return key.as_bool() ? "True" : "False";
     case Value::Kind::kNone: return "None";
     case Value::Kind::kFloat: return key.repr();
     case Value::Kind::kTuple: {
       std::string s;
-      for (auto& it : key.items) s += (s.empty() ? "" : ",") + (it ? path_component(*it) : "?");
+      for (auto& it : key.items()) s += (s.empty() ? "" : ",") + (it ? path_component(*it) : "?");
       return "(" + s + ")";
     }
     default: return key.repr(40);

@@ -181,9 +181,9 @@ TEST(Value, DictAndRepr) {
   d->set("a", Value::integer(1));
   d->set(Value::integer(3), Value::string("x"));
   d->set("a", Value::real(0.5));
-  EXPECT_EQ(d->entries.size(), 2u);
-  EXPECT_EQ(d->get("a")->f, 0.5);
-  EXPECT_EQ(d->get(3)->s, "x");
+  EXPECT_EQ(d->entries().size(), 2u);
+  EXPECT_EQ(d->get("a")->as_float(), 0.5);
+  EXPECT_EQ(d->get(3)->str(), "x");
   EXPECT_EQ(Value::real(0.1)->repr(), "0.1");
   EXPECT_EQ(Value::real(2)->repr(), "2.0");
   EXPECT_EQ(Value::tuple({Value::integer(1)})->repr(), "(1,)");
@@ -197,9 +197,8 @@ namespace {
 
 // Value nodes made with a deleter that counts, so that a test can check that a whole tree died.
 std::atomic<size_t> g_values_freed{0};
-ValuePtr counted(Value::Kind kind) {
-  auto* v = new Value;
-  v->kind = kind;
+ValuePtr counted(const ValuePtr& like) {
+  auto* v = new Value(*like);
   return ValuePtr(v, [](Value* p) {
     ++g_values_freed;
     delete p;
@@ -230,12 +229,12 @@ constexpr size_t kSmallStack = 256 << 10;
 TEST(Value, DeepTreeFreesWithoutRecursion) {
   g_values_freed = 0;
   constexpr size_t kDepth = 1000000;
-  ValuePtr root = counted(Value::Kind::kList);
+  ValuePtr root = counted(Value::list());
   Value* cur = root.get();
   std::weak_ptr<Value> deepest;
   for (size_t i = 0; i < kDepth; ++i) {
-    auto next = counted(Value::Kind::kList);
-    cur->items.push_back(next);
+    auto next = counted(Value::list());
+    cur->items().push_back(next);
     cur = next.get();
     if (i + 1 == kDepth) deepest = next;
   }
@@ -258,33 +257,30 @@ TEST(Value, SharedChildOutlivesOneParent) {
   ValuePtr inner = Value::list({leaf, Value::integer(7)});
   ValuePtr a = Value::dict(), b = Value::tuple({inner});
   a->set("x", inner);
-  a->state = Value::list({Value::list({Value::tuple({inner})})});
+  a->set_state(Value::list({Value::list({Value::tuple({inner})})}));
   leaf.reset();
   a.reset();
-  ASSERT_EQ(b->items.size(), 1u);
-  ASSERT_EQ(b->items[0]->items.size(), 2u);
-  EXPECT_EQ(b->items[0]->items[0]->s, "shared");
-  EXPECT_EQ(b->items[0]->items[1]->i, 7);
+  ASSERT_EQ(b->items().size(), 1u);
+  ASSERT_EQ(b->items()[0]->items().size(), 2u);
+  EXPECT_EQ(b->items()[0]->items()[0]->str(), "shared");
+  EXPECT_EQ(b->items()[0]->items()[1]->as_int(), 7);
   b.reset();
   EXPECT_EQ(inner.use_count(), 1);
-  EXPECT_EQ(inner->items.size(), 2u);  // `inner` is still ours: nobody emptied it
+  EXPECT_EQ(inner->items().size(), 2u);  // `inner` is still ours: nobody emptied it
 }
 
 TEST(Value, WideAndDeepTreesFree) {
   // A flat state dict (leaves only), and chains through dict values, object state and items.
   g_values_freed = 0;
   constexpr size_t kWide = 100000, kDeep = 300000;
-  ValuePtr flat = counted(Value::Kind::kDict);
-  flat->module = "collections";
-  flat->name = "OrderedDict";
+  ValuePtr flat = counted(Value::ordered_dict());
   std::weak_ptr<Value> first_leaf, last_leaf;
   for (size_t i = 0; i < kWide; ++i) {
-    ValuePtr key = counted(Value::Kind::kString), leaf = counted(Value::Kind::kTensor);
-    key->s = "layer." + std::to_string(i) + ".weight";
-    leaf->i = static_cast<int64_t>(i);
+    ValuePtr key = counted(Value::string("layer." + std::to_string(i) + ".weight"));
+    ValuePtr leaf = counted(Value::tensor(i));
     if (i == 0) first_leaf = leaf;
     if (i + 1 == kWide) last_leaf = leaf;
-    flat->entries.emplace_back(std::move(key), std::move(leaf));
+    flat->entries().emplace_back(std::move(key), std::move(leaf));
   }
   run_on_small_stack(kSmallStack, [&] { flat.reset(); });
   EXPECT_TRUE(first_leaf.expired());
@@ -293,23 +289,22 @@ TEST(Value, WideAndDeepTreesFree) {
 
   g_values_freed = 0;
   size_t made = 1;
-  ValuePtr root = counted(Value::Kind::kDict);
+  ValuePtr root = counted(Value::dict());
   Value* cur = root.get();
   std::weak_ptr<Value> deepest;
   for (size_t i = 0; i < kDeep; ++i) {
-    ValuePtr next = counted(i % 3 == 0   ? Value::Kind::kDict
-                            : i % 3 == 1 ? Value::Kind::kObject
-                                         : Value::Kind::kList);
+    ValuePtr next = counted(i % 3 == 0   ? Value::dict()
+                            : i % 3 == 1 ? Value::object("", "")
+                                         : Value::list());
     ++made;
-    if (cur->kind == Value::Kind::kDict) {
-      ValuePtr key = counted(Value::Kind::kInt);
-      key->i = static_cast<int64_t>(i);
+    if (cur->kind() == Value::Kind::kDict) {
+      ValuePtr key = counted(Value::integer(static_cast<int64_t>(i)));
       ++made;
-      cur->entries.emplace_back(std::move(key), next);
-    } else if (cur->kind == Value::Kind::kObject) {
-      cur->state = next;
+      cur->entries().emplace_back(std::move(key), next);
+    } else if (cur->kind() == Value::Kind::kObject) {
+      cur->set_state(next);
     } else {
-      cur->items.push_back(next);
+      cur->items().push_back(next);
     }
     cur = next.get();
     if (i + 1 == kDeep) deepest = next;

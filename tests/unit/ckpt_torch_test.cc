@@ -96,8 +96,8 @@ TEST(TorchZip, RoundTripValuesSharingAndViews) {
     EXPECT_EQ(std::memcmp(all[0].data(), a.data(), 24), 0);
     auto key = c.root()->get(3);
     ASSERT_TRUE(key);
-    EXPECT_EQ(key->items[1]->f, 1.5);
-    EXPECT_EQ(c.root()->get("tied")->i, c.root()->get("a")->i);
+    EXPECT_EQ(key->items()[1]->as_float(), 1.5);
+    EXPECT_EQ(c.root()->get("tied")->as_int(), c.root()->get("a")->as_int());
     EXPECT_EQ(c.verify(), c.records().size());
   }
 }
@@ -211,7 +211,7 @@ std::string tensor_pickle(int64_t numel, std::vector<int64_t> size, std::vector<
   std::string out;
   internal::PicklerHooks hooks;
   hooks.persistent_id = [&](const Value& v) -> ValuePtr {
-    if (v.kind == Value::Kind::kObject && v.module == "test")
+    if (v.kind() == Value::Kind::kObject && v.module() == "test")
       return Value::tuple({Value::string("storage"), Value::global("torch", cls),
                            Value::string("0"), Value::string("cpu"), Value::integer(numel)});
     return nullptr;
@@ -307,7 +307,7 @@ TEST(TorchZipValidation, PersistentIdNotAStorage) {
   std::string pkl;
   internal::PicklerHooks hooks;
   hooks.persistent_id = [](const Value& v) -> ValuePtr {
-    if (v.kind == Value::Kind::kString && v.s == "x") return Value::tuple({Value::string("module")});
+    if (v.kind() == Value::Kind::kString && v.str() == "x") return Value::tuple({Value::string("module")});
     return nullptr;
   };
   internal::pickle(Value::list({Value::string("x")}), pkl, hooks);

@@ -24,10 +24,7 @@ using test::TempDir;
 
 // A storage placeholder that the pickler hook turns into torch's persistent id.
 ValuePtr pid(const std::string& key, int64_t numel) {
-  auto v = Value::object("test", "pid");
-  v->s = key;
-  v->i = numel;
-  return v;
+  return Value::object("test", "pid", {Value::string(key)}, nullptr, numel);
 }
 
 ValuePtr int_tuple(std::vector<int64_t> v) {
@@ -50,9 +47,10 @@ ValuePtr tensor(const std::string& key, std::vector<int64_t> shape) {
 std::string pkl(const ValuePtr& root) {
   internal::PicklerHooks h;
   h.persistent_id = [](const Value& v) -> ValuePtr {
-    if (v.kind != Value::Kind::kObject || v.module != "test") return nullptr;
+    if (v.kind() != Value::Kind::kObject || v.module() != "test") return nullptr;
     return Value::tuple({Value::string("storage"), Value::global("torch", "FloatStorage"),
-                         Value::string(v.s), Value::string("cpu"), Value::integer(v.i)});
+                         Value::string(v.items()[0]->str()), Value::string("cpu"),
+                         Value::integer(v.as_int())});
   };
   std::string out;
   internal::pickle(root, out, h);
@@ -197,7 +195,7 @@ TEST(TorchScript, NamesByModulePathWithTypesAndConstants) {
   EXPECT_EQ(a.extra_files(), std::vector<std::string>{"meta.json"});
   EXPECT_EQ(a.extra_file("meta.json"), "{\"a\": 1}");
   EXPECT_FALSE(a.has_bytecode());
-  ASSERT_TRUE(a.constants() && a.constants()->kind == Value::Kind::kTuple);
+  ASSERT_TRUE(a.constants() && a.constants()->kind() == Value::Kind::kTuple);
 }
 
 TEST(TorchScript, FindsCodeByQualifiedNameAndPath) {

@@ -61,12 +61,12 @@ TEST(SafetensorsReader, ReadsTensorsInOffsetOrder) {
   EXPECT_EQ(d->properties.at("data_start"), std::to_string(8 + n));
   EXPECT_EQ(d->properties.count("format_version"), 0u);
   ASSERT_TRUE(d->root && d->root->is_dict());
-  ASSERT_EQ(d->root->entries.size(), 2u);
-  EXPECT_EQ(d->root->entries[0].first->s, "a");
-  EXPECT_EQ(d->root->entries[0].second->kind, Value::Kind::kTensor);
-  EXPECT_EQ(d->root->entries[1].second->i, 1);
-  ASSERT_TRUE(d->root->state);
-  EXPECT_EQ(d->root->state->get("format")->s, "pt");
+  ASSERT_EQ(d->root->entries().size(), 2u);
+  EXPECT_EQ(d->root->entries()[0].first->str(), "a");
+  EXPECT_EQ(d->root->entries()[0].second->kind(), Value::Kind::kTensor);
+  EXPECT_EQ(d->root->entries()[1].second->as_int(), 1);
+  ASSERT_TRUE(d->root->state());
+  EXPECT_EQ(d->root->state()->get("format")->str(), "pt");
 }
 
 TEST(SafetensorsReader, HeaderTooLarge) {

@@ -123,12 +123,12 @@ TEST_F(Fixtures, TensorTypesAndStructuredNames) {
   auto enc = nested->root->get("encoder");
   ASSERT_TRUE(enc && enc->is_dict());
   auto layers = enc->get("layers");
-  ASSERT_TRUE(layers && layers->kind == Value::Kind::kList);
-  ASSERT_EQ(layers->items.size(), 2u);
-  auto w1 = layers->items[1]->get("w");
-  ASSERT_TRUE(w1 && w1->kind == Value::Kind::kTensor);
-  EXPECT_EQ(nested->tensors[w1->i].name, "encoder.layers.1.w");
-  EXPECT_EQ(nested->root->get("head")->kind, Value::Kind::kTensor);
+  ASSERT_TRUE(layers && layers->kind() == Value::Kind::kList);
+  ASSERT_EQ(layers->items().size(), 2u);
+  auto w1 = layers->items()[1]->get("w");
+  ASSERT_TRUE(w1 && w1->kind() == Value::Kind::kTensor);
+  EXPECT_EQ(nested->tensors[w1->as_int()].name, "encoder.layers.1.w");
+  EXPECT_EQ(nested->root->get("head")->kind(), Value::Kind::kTensor);
 }
 
 TEST_F(Fixtures, OpensWithOneReadPlusOneHeaderBatch) {

@@ -34,11 +34,7 @@ void expect_bytes(const std::string& got, std::string_view expected_hex) {
 }
 
 TEST(Pickler, AtomsMatchCPython) {
-  auto bytearray = [](std::string s) {
-    auto v = Value::bytes(std::move(s));
-    v->bytearray = true;
-    return v;
-  };
+  auto bytearray = [](std::string s) { return Value::bytes(std::move(s), true); };
   auto root = Value::list({
       Value::none(),
       Value::boolean(true),
@@ -101,7 +97,7 @@ TEST(Pickler, OrderedDictWithAttributeBuildsStateLikeCPython) {
   auto od =
       dict_of({{S("w"), Value::real(1.0)}, {S("b"), Value::list({I(3)})}}, Value::ordered_dict());
   auto meta = dict_of({{S("meta"), dict_of({{S("version"), I(1)}})}}, Value::ordered_dict());
-  od->state = dict_of({{S("_metadata"), meta}});
+  od->set_state(dict_of({{S("_metadata"), meta}}));
   expect_bytes(pickled(od), cpython::kOrdered);
 }
 
@@ -111,7 +107,7 @@ TEST(Pickler, BatchesOf1000LikeCPython) {
     return Value::list(std::move(items));
   };
   auto int_keys = [](size_t n, ValuePtr base) {
-    for (size_t i = 0; i < n; ++i) base->entries.emplace_back(I(i), Value::none());
+    for (size_t i = 0; i < n; ++i) base->entries().emplace_back(I(i), Value::none());
     return base;
   };
   auto root =
@@ -123,16 +119,16 @@ TEST(Pickler, BatchesOf1000LikeCPython) {
 
 TEST(Pickler, LongBinPutAndLongBinGetBeyond256MemoEntries) {
   auto strings = Value::list();
-  for (int i = 0; i < 300; ++i) strings->items.push_back(S("s" + std::to_string(i)));
-  auto root = Value::list({strings, strings->items[299], strings->items[5]});
+  for (int i = 0; i < 300; ++i) strings->items().push_back(S("s" + std::to_string(i)));
+  auto root = Value::list({strings, strings->items()[299], strings->items()[5]});
   expect_bytes(pickled(root), cpython::kMemo);
 }
 
 TEST(Pickler, SelfReferentialListIsABinGet) {
   auto rec = Value::list();
-  rec->items.push_back(rec);
+  rec->items().push_back(rec);
   expect_bytes(pickled(rec), cpython::kRecursive);
-  rec->items.clear();  // break the cycle
+  rec->items().clear();  // break the cycle
 }
 
 TEST(Pickler, ObjectsReduceWithArgsThenBuildState) {
@@ -150,9 +146,9 @@ TEST(Pickler, PersistentIdsLikeTorchSave) {
   auto cpu = S("cpu");
   PicklerHooks hooks;
   hooks.persistent_id = [&](const Value& v) -> ValuePtr {
-    if (v.kind != Value::Kind::kObject || v.name != "Storage") return nullptr;
+    if (v.kind() != Value::Kind::kObject || v.name() != "Storage") return nullptr;
     return Value::tuple({storage_tag, Value::global("__main__", "FloatStorage"),
-                         S(std::to_string(v.items[0]->i)), cpu, I(4)});
+                         S(std::to_string(v.items()[0]->as_int())), cpu, I(4)});
   };
   auto tensor = [](int key) {
     return Value::object(
@@ -185,7 +181,7 @@ TEST(Pickler, NonAsciiGlobalIsInvalidArgument) {
 
 TEST(Pickler, PlainDictWithStateIsInvalidArgument) {
   auto d = Value::dict();
-  d->state = Value::dict();
+  d->set_state(Value::dict());
   EXPECT_CKPT_ERROR(pickled(d), ErrorCode::kInvalidArgument);
 }
 
@@ -194,7 +190,7 @@ TEST(Pickler, NestingBeyondDepthLimitIsLimitExceededAndLeavesOutputUntouched) {
   auto cur = root;
   for (int i = 0; i < 5000; ++i) {
     auto next = Value::list();
-    cur->items.push_back(next);
+    cur->items().push_back(next);
     cur = next;
   }
   std::string out = "prefix";
@@ -222,7 +218,7 @@ TEST(Pickler, AppendsToExistingOutput) {
 TEST(Pickler, RoundTripsThroughTheUnpickler) {
   auto shared = Value::list({I(1)});
   auto od = dict_of({{S("x"), Value::real(-2.5)}}, Value::ordered_dict());
-  od->state = dict_of({{S("_metadata"), Value::ordered_dict()}});
+  od->set_state(dict_of({{S("_metadata"), Value::ordered_dict()}}));
   auto root = dict_of({
       {S("a"), shared},
       {S("b"),
@@ -241,8 +237,8 @@ TEST(Pickler, RoundTripsThroughTheUnpickler) {
   EXPECT_EQ(dump(back), dump(root));
   auto b = back->get("b");
   ASSERT_TRUE(b);
-  EXPECT_EQ(b->items[0], b->items[1]);
-  EXPECT_EQ(b->items[0], back->get("a"));
+  EXPECT_EQ(b->items()[0], b->items()[1]);
+  EXPECT_EQ(b->items()[0], back->get("a"));
   // And pickling what was read gives the same bytes again.
   EXPECT_EQ(to_hex(pickled(back)), to_hex(bytes));
 }

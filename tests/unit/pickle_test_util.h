@@ -28,23 +28,14 @@ inline std::string to_hex(std::string_view bytes) {
 
 inline ValuePtr I(int64_t v) { return Value::integer(v); }
 inline ValuePtr S(std::string s) { return Value::string(std::move(s)); }
-inline ValuePtr big_int(std::string digits) {
-  auto v = Value::integer(0);
-  v->s = std::move(digits);
-  return v;
-}
+inline ValuePtr big_int(std::string digits) { return Value::big_integer(std::move(digits)); }
 inline ValuePtr dict_of(std::vector<std::pair<ValuePtr, ValuePtr>> entries,
                         ValuePtr base = nullptr) {
   auto d = base ? base : Value::dict();
-  d->entries = std::move(entries);
+  d->entries() = std::move(entries);
   return d;
 }
-inline ValuePtr set_of(std::vector<ValuePtr> items) {
-  auto v = std::make_shared<Value>();
-  v->kind = Value::Kind::kSet;
-  v->items = std::move(items);
-  return v;
-}
+inline ValuePtr set_of(std::vector<ValuePtr> items) { return Value::set(std::move(items)); }
 
 // Python-like text of a tree: dict classes and BUILD state show, objects as module.name(args).
 // Recursion is bounded: the trees compared here are small.
@@ -57,27 +48,27 @@ inline std::string dump(const ValuePtr& vp, int depth = 0) {
     for (size_t i = 0; i < items.size(); ++i) s += (i ? ", " : "") + dump(items[i], depth + 1);
     return s;
   };
-  std::string state = v.state ? " state=" + dump(v.state, depth + 1) : "";
-  switch (v.kind) {
+  std::string state = v.state() ? " state=" + dump(v.state(), depth + 1) : "";
+  switch (v.kind()) {
     case Value::Kind::kString:
-      return "'" + v.s + "'";
+      return "'" + v.str() + "'";
     case Value::Kind::kList:
-      return "[" + seq(v.items) + "]";
+      return "[" + seq(v.items()) + "]";
     case Value::Kind::kTuple:
-      return "(" + seq(v.items) + (v.items.size() == 1 ? ",)" : ")");
+      return "(" + seq(v.items()) + (v.items().size() == 1 ? ",)" : ")");
     case Value::Kind::kSet:
-      return "{" + seq(v.items) + "}";
+      return "{" + seq(v.items()) + "}";
     case Value::Kind::kDict: {
-      std::string s = v.module.empty() ? "{" : v.module + "." + v.name + "{";
-      for (size_t i = 0; i < v.entries.size(); ++i)
-        s += (i ? ", " : "") + dump(v.entries[i].first, depth + 1) + ": " +
-             dump(v.entries[i].second, depth + 1);
+      std::string s = v.module().empty() ? "{" : v.module() + "." + v.name() + "{";
+      for (size_t i = 0; i < v.entries().size(); ++i)
+        s += (i ? ", " : "") + dump(v.entries()[i].first, depth + 1) + ": " +
+             dump(v.entries()[i].second, depth + 1);
       return s + "}" + state;
     }
     case Value::Kind::kObject:
-      return v.module + "." + v.name + "(" + seq(v.items) + ")" + state;
+      return v.module() + "." + v.name() + "(" + seq(v.items()) + ")" + state;
     case Value::Kind::kGlobal:
-      return "<" + v.module + "." + v.name + ">";
+      return "<" + v.module() + "." + v.name() + ">";
     default:
       return v.repr(1000);
   }

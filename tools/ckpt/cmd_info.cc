@@ -12,16 +12,16 @@ namespace {
 void count_values(const ConstValuePtr& v, std::map<std::string, size_t>& kinds, std::set<const Value*>& seen,
                   int depth) {
   if (!v || depth > 200 || !seen.insert(v.get()).second) return;
-  switch (v->kind) {
+  switch (v->kind()) {
     case Value::Kind::kTensor: return;
     case Value::Kind::kDict:
-      kinds[v->name.empty() ? "dict" : v->name]++;
-      for (auto& [k, val] : v->entries) count_values(val, kinds, seen, depth + 1);
+      kinds[v->name().empty() ? "dict" : v->name()]++;
+      for (auto& [k, val] : v->entries()) count_values(val, kinds, seen, depth + 1);
       return;
     case Value::Kind::kList: kinds["list"]++; break;
     case Value::Kind::kTuple: kinds["tuple"]++; break;
     case Value::Kind::kSet: kinds["set"]++; break;
-    case Value::Kind::kObject: kinds[v->module + "." + v->name]++; break;
+    case Value::Kind::kObject: kinds[v->module() + "." + v->name()]++; break;
     case Value::Kind::kNone: kinds["None"]++; return;
     case Value::Kind::kBool: kinds["bool"]++; return;
     case Value::Kind::kInt: kinds["int"]++; return;
@@ -30,8 +30,8 @@ void count_values(const ConstValuePtr& v, std::map<std::string, size_t>& kinds, 
     case Value::Kind::kBytes: kinds["bytes"]++; return;
     default: kinds[v->repr(30)]++; return;
   }
-  for (auto& it : v->items) count_values(it, kinds, seen, depth + 1);
-  if (v->state) count_values(v->state, kinds, seen, depth + 1);
+  for (auto& it : v->items()) count_values(it, kinds, seen, depth + 1);
+  if (v->state()) count_values(v->state(), kinds, seen, depth + 1);
 }
 
 }  // namespace

@@ -223,16 +223,16 @@ void print_tree(const Checkpoint& c, const ConstValuePtr& v, const std::string& 
     std::printf("%sNone\n", head.c_str());
     return;
   }
-  if (v->kind == Value::Kind::kTensor) {
-    const TensorInfo& t = c.tensors()[static_cast<size_t>(v->i)];
+  if (v->kind() == Value::Kind::kTensor) {
+    const TensorInfo& t = c.tensors()[static_cast<size_t>(v->as_int())];
     std::printf("%s%s(%s, %s)%s\n", head.c_str(), t.is_parameter ? "Parameter" : "tensor",
                 std::string(dtype_name(t.dtype)).c_str(), shape_str(t.shape).c_str(),
                 t.requires_grad ? " requires_grad" : "");
     return;
   }
-  bool container = v->kind == Value::Kind::kDict || v->kind == Value::Kind::kList ||
-                   v->kind == Value::Kind::kTuple || v->kind == Value::Kind::kSet ||
-                   (v->kind == Value::Kind::kObject && (v->state || !v->items.empty()));
+  bool container = v->kind() == Value::Kind::kDict || v->kind() == Value::Kind::kList ||
+                   v->kind() == Value::Kind::kTuple || v->kind() == Value::Kind::kSet ||
+                   (v->kind() == Value::Kind::kObject && (v->state() || !v->items().empty()));
   if (!container) {
     std::printf("%s%s\n", head.c_str(), v->repr(100).c_str());
     return;
@@ -241,21 +241,21 @@ void print_tree(const Checkpoint& c, const ConstValuePtr& v, const std::string& 
     std::printf("%s<%s, shown above>\n", head.c_str(), v->repr(40).c_str());
     return;
   }
-  std::string kind = v->kind == Value::Kind::kDict
-                         ? (v->name.empty() ? "dict" : v->name)
-                         : v->kind == Value::Kind::kList ? "list"
-                         : v->kind == Value::Kind::kTuple ? "tuple"
-                         : v->kind == Value::Kind::kSet ? "set" : v->module + "." + v->name;
-  size_t n = v->kind == Value::Kind::kDict ? v->entries.size() : v->items.size();
+  std::string kind = v->kind() == Value::Kind::kDict
+                         ? (v->name().empty() ? "dict" : v->name())
+                         : v->kind() == Value::Kind::kList ? "list"
+                         : v->kind() == Value::Kind::kTuple ? "tuple"
+                         : v->kind() == Value::Kind::kSet ? "set" : v->module() + "." + v->name();
+  size_t n = v->kind() == Value::Kind::kDict ? v->entries().size() : v->items().size();
   std::printf("%s%s (%zu)\n", head.c_str(), kind.c_str(), n);
-  if (v->kind == Value::Kind::kDict) {
-    for (auto& [k, val] : v->entries)
+  if (v->kind() == Value::Kind::kDict) {
+    for (auto& [k, val] : v->entries())
       print_tree(c, val, (k ? path_component(*k) : "?") + ": ", indent + 1, seen);
   } else {
-    for (size_t i = 0; i < v->items.size(); ++i)
-      print_tree(c, v->items[i], "[" + std::to_string(i) + "] ", indent + 1, seen);
+    for (size_t i = 0; i < v->items().size(); ++i)
+      print_tree(c, v->items()[i], "[" + std::to_string(i) + "] ", indent + 1, seen);
   }
-  if (v->state) print_tree(c, v->state, "state: ", indent + 1, seen);
+  if (v->state()) print_tree(c, v->state(), "state: ", indent + 1, seen);
 }
 
 }  // namespace

@@ -203,7 +203,7 @@ std::shared_ptr<CheckpointModel> Parser::run() {
                "__metadata__");
         const auto& s = mit.value().get_ref<const std::string&>();
         data->properties["metadata." + mit.key()] = s;
-        metadata->entries.emplace_back(Value::string(mit.key()), Value::string(s));
+        metadata->entries().emplace_back(Value::string(mit.key()), Value::string(s));
       }
       continue;
     }
@@ -240,7 +240,7 @@ std::shared_ptr<CheckpointModel> Parser::run() {
   data->tensors.reserve(entries.size());
   data->storages.reserve(entries.size());
   data->root = Value::dict();
-  data->root->entries.reserve(entries.size());
+  data->root->entries().reserve(entries.size());
   for (Entry& e : entries) {
     StorageInfo st;
     st.key = e.name;
@@ -253,13 +253,13 @@ std::shared_ptr<CheckpointModel> Parser::run() {
     t.strides = contiguous_strides(e.shape);
     t.shape = std::move(e.shape);
     t.storage = data->storages.size();
-    data->root->entries.emplace_back(Value::string(t.name), Value::tensor(data->tensors.size()));
+    data->root->entries().emplace_back(Value::string(t.name), Value::tensor(data->tensors.size()));
     data->storages.push_back(std::move(st));
     data->tensors.push_back(std::move(t));
   }
   // String-to-string metadata rides on the root dict the way torch's OrderedDict carries its
   // _metadata: as the dict's state, so it never collides with a tensor name.
-  data->root->state = metadata;
+  data->root->set_state(metadata);
 
   uint64_t alignment = 1;
   while (alignment < 4096 && data_start_ % (alignment * 2) == 0) alignment *= 2;

@@ -193,13 +193,13 @@ class TreeBuilder {
     if (n.leaf) return Value::tensor(*n.leaf);
     if (!n.by_int.empty()) {
       ValuePtr list = Value::list();
-      for (const auto& [k, idx] : n.by_int) list->items.push_back(to_value(*n.order[idx].second));
+      for (const auto& [k, idx] : n.by_int) list->items().push_back(to_value(*n.order[idx].second));
       return list;
     }
     ValuePtr dict = Value::dict();
-    dict->entries.reserve(n.order.size());
+    dict->entries().reserve(n.order.size());
     for (const auto& [k, child] : n.order)
-      dict->entries.emplace_back(Value::string(std::get<std::string>(k)), to_value(*child));
+      dict->entries().emplace_back(Value::string(std::get<std::string>(k)), to_value(*child));
     return dict;
   }
   Node root_;

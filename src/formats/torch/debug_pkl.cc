@@ -40,40 +40,40 @@ class Parser {
 
     DebugInfo out;
     const Value* records = top.get();
-    if (top && top->kind == Value::Kind::kTuple && top->items.size() == 3 &&
-        top->items[0]->kind == Value::Kind::kString && top->items[0]->s == kTableMarker) {
+    if (top && top->kind() == Value::Kind::kTuple && top->items().size() == 3 &&
+        top->items()[0]->kind() == Value::Kind::kString && top->items()[0]->str() == kTableMarker) {
       out.string_table = true;
-      const Value& table = *top->items[1];
+      const Value& table = *top->items()[1];
       if (!table.is_sequence()) fail("string table is not a tuple");
-      table_.reserve(table.items.size());
-      for (const ValuePtr& s : table.items) {
-        if (!s || s->kind != Value::Kind::kString) fail("string table holds a non-string");
-        table_.push_back(&s->s);
+      table_.reserve(table.items().size());
+      for (const ValuePtr& s : table.items()) {
+        if (!s || s->kind() != Value::Kind::kString) fail("string table holds a non-string");
+        table_.push_back(&s->str());
       }
-      records = top->items[2].get();
+      records = top->items()[2].get();
     }
     if (!records || !records->is_sequence()) fail("debug records are not a tuple");
-    if (records->items.size() > opt_.limits.max_tensors * 16)
+    if (records->items().size() > opt_.limits.max_tensors * 16)
       throw Error(ErrorCode::kLimitExceeded, "too many debug records", opt_.source, opt_.record);
     int64_t last = -1;
-    for (const ValuePtr& r : records->items) {
-      if (!r || r->kind != Value::Kind::kTuple || r->items.size() < 2 || r->items.size() > 3)
+    for (const ValuePtr& r : records->items()) {
+      if (!r || r->kind() != Value::Kind::kTuple || r->items().size() < 2 || r->items().size() > 3)
         fail("debug record is not a (byte_offset, source_range[, tag]) tuple");
       DebugRecord rec;
-      rec.byte_offset = integer(r->items[0], "byte offset");
+      rec.byte_offset = integer(r->items()[0], "byte offset");
       if (rec.byte_offset < last) fail("debug records are not sorted by byte offset");
       last = rec.byte_offset;
-      const ValuePtr& range = r->items[1];
-      if (!range || range->kind != Value::Kind::kTuple || range->items.size() != 3)
+      const ValuePtr& range = r->items()[1];
+      if (!range || range->kind() != Value::Kind::kTuple || range->items().size() != 3)
         fail("source range is not a (source, start, end) tuple");
-      rec.source = source(range->items[0], out);
-      rec.start = integer(range->items[1], "range start");
-      rec.end = integer(range->items[2], "range end");
+      rec.source = source(range->items()[0], out);
+      rec.start = integer(range->items()[1], "range start");
+      rec.end = integer(range->items()[2], "range end");
       const DebugSource& src = out.sources[rec.source];
       if (!src.null && (rec.start > rec.end || static_cast<uint64_t>(rec.end) > src.text.size()))
         fail("source range [" + std::to_string(rec.start) + ", " + std::to_string(rec.end) +
              ") is outside its source text of " + std::to_string(src.text.size()) + " bytes");
-      if (r->items.size() == 3) rec.tag = integer(r->items[2], "tag");
+      if (r->items().size() == 3) rec.tag = integer(r->items()[2], "tag");
       out.records.push_back(rec);
     }
     return out;
@@ -85,10 +85,10 @@ class Parser {
   }
 
   int64_t integer(const ValuePtr& v, const char* what) const {
-    if (!v || v->kind != Value::Kind::kInt || !v->s.empty())
+    if (!v || v->kind() != Value::Kind::kInt || !v->str().empty())
       fail(std::string("expected an integer for ") + what);
-    if (v->i < 0) fail(std::string("negative ") + what);
-    return v->i;
+    if (v->as_int() < 0) fail(std::string("negative ") + what);
+    return v->as_int();
   }
 
   const std::string& text_at(const ValuePtr& v, const char* what) const {
@@ -103,30 +103,30 @@ class Parser {
   size_t source(const ValuePtr& v, DebugInfo& out) {
     auto seen = by_ptr_.find(v.get());
     if (seen != by_ptr_.end()) return seen->second;
-    if (!v || v->kind != Value::Kind::kTuple || v->items.size() != 3)
+    if (!v || v->kind() != Value::Kind::kTuple || v->items().size() != 3)
       fail("source is not a 3-tuple");
     DebugSource s;
     if (!out.string_table) {
-      if (v->items[0]->kind != Value::Kind::kString) fail("source text is not a string");
-      s.text = v->items[0]->s;
-      if (v->items[1]->kind == Value::Kind::kString) {
-        s.filename = v->items[1]->s;
-      } else if (!v->items[1]->is_none()) {
+      if (v->items()[0]->kind() != Value::Kind::kString) fail("source text is not a string");
+      s.text = v->items()[0]->str();
+      if (v->items()[1]->kind() == Value::Kind::kString) {
+        s.filename = v->items()[1]->str();
+      } else if (!v->items()[1]->is_none()) {
         fail("source file name is neither a string nor None");
       }
       // No text and no file: what the per-range layout can say for "no source".
       s.null = s.text.empty() && !s.filename;
     } else {
-      const Value& lines = *v->items[0];
+      const Value& lines = *v->items()[0];
       if (!lines.is_sequence()) fail("source line indices are not a list");
-      if (lines.items.empty()) {
+      if (lines.items().empty()) {
         s.null = true;
       } else {
-        for (const ValuePtr& li : lines.items) s.text += text_at(li, "line index");
-        s.filename = text_at(v->items[1], "file name index");
+        for (const ValuePtr& li : lines.items()) s.text += text_at(li, "line index");
+        s.filename = text_at(v->items()[1], "file name index");
       }
     }
-    s.starting_line = integer(v->items[2], "starting line");
+    s.starting_line = integer(v->items()[2], "starting line");
     auto key = std::make_tuple(s.null, s.text, s.filename, s.starting_line);
     auto [it, inserted] = by_content_.emplace(key, out.sources.size());
     if (inserted) out.sources.push_back(std::move(s));

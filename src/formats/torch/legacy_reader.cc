@@ -68,14 +68,14 @@ std::shared_ptr<CheckpointModel> open_torch_legacy(SourcePtr source, const OpenO
       uo.record = "protocol version";
       uo.base_offset = pos;
       auto proto = unpickle(buf.subspan(pos), plain, uo, &used);
-      if (proto->kind != Value::Kind::kInt || proto->i != 1001)
+      if (proto->kind() != Value::Kind::kInt || proto->as_int() != 1001)
         throw Error(ErrorCode::kUnsupported, "legacy protocol version " + proto->repr(), src, {},
                     pos);
       pos += used;
       uo.record = "sys_info";
       uo.base_offset = pos;
       auto sys = unpickle(buf.subspan(pos), plain, uo, &used);
-      if (auto le = sys->get("little_endian"); le && le->kind == Value::Kind::kBool && !le->b)
+      if (auto le = sys->get("little_endian"); le && le->kind() == Value::Kind::kBool && !le->as_bool())
         throw Error(ErrorCode::kUnsupported, "big-endian legacy files are not supported", src);
       pos += used;
 
@@ -91,30 +91,30 @@ std::shared_ptr<CheckpointModel> open_torch_legacy(SourcePtr source, const OpenO
       uo.base_offset = pos;
       auto keys = unpickle(buf.subspan(pos), plain, uo, &used);
       pos += used;
-      if (keys->kind != Value::Kind::kList)
+      if (keys->kind() != Value::Kind::kList)
         throw Error(ErrorCode::kCorrupt, "storage key list is not a list", src, {}, pos);
 
       std::unordered_map<std::string, size_t> by_key;
       for (size_t i = 0; i < tp.storages.size(); ++i) by_key.emplace(tp.storages[i].key, i);
       uint64_t off = pos;
       std::vector<std::pair<uint64_t, size_t>> counts;  // (offset of count, storage)
-      for (auto& k : keys->items) {
-        if (k->kind != Value::Kind::kString)
+      for (auto& k : keys->items()) {
+        if (k->kind() != Value::Kind::kString)
           throw Error(ErrorCode::kCorrupt, "storage key is not a string", src);
-        auto it = by_key.find(k->s);
+        auto it = by_key.find(k->str());
         if (it == by_key.end())
-          throw Error(ErrorCode::kCorrupt, "storage " + k->s + " is not used by the object", src);
+          throw Error(ErrorCode::kCorrupt, "storage " + k->str() + " is not used by the object", src);
         StorageInfo& st = tp.storages[it->second];
         if (st.offset != kNoOffset)
-          throw Error(ErrorCode::kCorrupt, "storage " + k->s + " listed twice", src);
+          throw Error(ErrorCode::kCorrupt, "storage " + k->str() + " listed twice", src);
         counts.emplace_back(off, it->second);
         auto head_end = checked_add(off, 8);
         auto end = head_end ? checked_add(*head_end, st.nbytes) : std::nullopt;
         if (!end || *end > source->size())
-          throw Error(ErrorCode::kTruncated, "storage " + k->s + " passes the end of the file",
-                      src, "storage " + k->s, off);
+          throw Error(ErrorCode::kTruncated, "storage " + k->str() + " passes the end of the file",
+                      src, "storage " + k->str(), off);
         st.offset = off + 8;
-        st.record = "storage " + k->s;
+        st.record = "storage " + k->str();
         off = *end;
       }
       for (auto& st : tp.storages)

@@ -413,7 +413,7 @@ void walk(const ValuePtr& v, std::string& path, std::vector<TensorInfo>& tensors
     throw Error(ErrorCode::kLimitExceeded,
                 "object tree deeper than Limits::max_pickle_depth (" + std::to_string(max_depth) +
                     ")");
-  if (v.use_count() > 1 && (!v->items.empty() || !v->entries.empty() || v->state) &&
+  if (v.use_count() > 1 && (!v->items().empty() || !v->entries().empty() || v->state()) &&
       !seen.insert(v.get()).second)
     return;
   auto child = [&](std::string_view comp, const ValuePtr& c) {
@@ -425,15 +425,15 @@ void walk(const ValuePtr& v, std::string& path, std::vector<TensorInfo>& tensors
   };
   // A string key is its own path component; no temporary string for the common case.
   auto key_child = [&](const ValuePtr& k, const ValuePtr& c) {
-    if (k && k->kind == Value::Kind::kString) {
-      child(k->s, c);
+    if (k && k->kind() == Value::Kind::kString) {
+      child(k->str(), c);
     } else {
       child(k ? path_component(*k) : "?", c);
     }
   };
-  switch (v->kind) {
+  switch (v->kind()) {
     case Value::Kind::kTensor: {
-      size_t i = static_cast<size_t>(v->i);
+      size_t i = static_cast<size_t>(v->as_int());
       if (i < tensors.size() && !named[i]) {
         named[i] = 1;
         tensors[i].name = path;
@@ -441,21 +441,21 @@ void walk(const ValuePtr& v, std::string& path, std::vector<TensorInfo>& tensors
       return;
     }
     case Value::Kind::kDict:
-      for (auto& [k, val] : v->entries) key_child(k, val);
+      for (auto& [k, val] : v->entries()) key_child(k, val);
       return;
     case Value::Kind::kList:
     case Value::Kind::kTuple:
     case Value::Kind::kSet:
-      for (size_t i = 0; i < v->items.size(); ++i) child(std::to_string(i), v->items[i]);
+      for (size_t i = 0; i < v->items().size(); ++i) child(std::to_string(i), v->items()[i]);
       return;
     case Value::Kind::kObject:
-      for (size_t i = 0; i < v->items.size(); ++i) child(std::to_string(i), v->items[i]);
-      if (v->state) {
+      for (size_t i = 0; i < v->items().size(); ++i) child(std::to_string(i), v->items()[i]);
+      if (v->state()) {
         // A module's attributes read as its own path (TorchScript: encoder.layer.weight).
-        if (v->state->kind == Value::Kind::kDict) {
-          for (auto& [k, val] : v->state->entries) key_child(k, val);
+        if (v->state()->kind() == Value::Kind::kDict) {
+          for (auto& [k, val] : v->state()->entries()) key_child(k, val);
         } else {
-          walk(v->state, path, tensors, named, depth + 1, max_depth, seen);
+          walk(v->state(), path, tensors, named, depth + 1, max_depth, seen);
         }
       }
       return;

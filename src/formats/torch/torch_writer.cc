@@ -48,9 +48,9 @@ class TorchPickleBuilder {
     auto it = copied_.find(v.get());
     if (it != copied_.end()) return it->second;
     ValuePtr out;
-    switch (v->kind) {
+    switch (v->kind()) {
       case Value::Kind::kTensor:
-        out = tensor_reduce(static_cast<size_t>(v->i));
+        out = tensor_reduce(static_cast<size_t>(v->as_int()));
         break;
       case Value::Kind::kList:
       case Value::Kind::kTuple:
@@ -59,12 +59,12 @@ class TorchPickleBuilder {
       case Value::Kind::kDict: {
         out = std::make_shared<Value>(*v);
         copied_[v.get()] = out;  // before children: keeps cycles and sharing
-        for (auto& item : out->items) item = convert(item, depth + 1);
-        for (auto& [k, val] : out->entries) {
+        for (auto& item : out->items()) item = convert(item, depth + 1);
+        for (auto& [k, val] : out->entries()) {
           k = convert(k, depth + 1);
           val = convert(val, depth + 1);
         }
-        if (out->state) out->state = convert(out->state, depth + 1);
+        if (out->state()) out->set_state(convert(out->state(), depth + 1));
         return out;
       }
       default:
@@ -77,9 +77,9 @@ class TorchPickleBuilder {
 
   // Persistent id of a storage marker, else null.
   ValuePtr persistent_id(const Value& v) {
-    if (v.kind != Value::Kind::kObject || v.module != "ckpt" || v.name != kStorageMarker)
+    if (v.kind() != Value::Kind::kObject || v.module() != "ckpt" || v.name() != kStorageMarker)
       return nullptr;
-    size_t slot = static_cast<size_t>(v.i);
+    size_t slot = static_cast<size_t>(v.as_int());
     StorageSlot& s = slots_[slot];
     if (!s.key) {
       s.key = Value::string(std::to_string(order_.size()));
@@ -127,8 +127,7 @@ class TorchPickleBuilder {
                   "otherwise)",
                   {}, t.name());
     }
-    auto m = Value::object("ckpt", kStorageMarker);
-    m->i = static_cast<int64_t>(it->second);
+    auto m = Value::object("ckpt", kStorageMarker, {}, nullptr, static_cast<int64_t>(it->second));
     return m;
   }
 
@@ -340,13 +339,13 @@ ValuePtr state_dict_value(const std::vector<Tensor>& tensors) {
   // an index keeps set()'s semantics (a repeated name replaces the value in its first slot).
   std::unordered_map<std::string_view, size_t> at;
   at.reserve(tensors.size());
-  d->entries.reserve(tensors.size());
+  d->entries().reserve(tensors.size());
   for (size_t i = 0; i < tensors.size(); ++i) {
-    auto [it, fresh] = at.emplace(tensors[i].name(), d->entries.size());
+    auto [it, fresh] = at.emplace(tensors[i].name(), d->entries().size());
     if (fresh)
-      d->entries.emplace_back(Value::string(tensors[i].name()), Value::tensor(i));
+      d->entries().emplace_back(Value::string(tensors[i].name()), Value::tensor(i));
     else
-      d->entries[it->second].second = Value::tensor(i);
+      d->entries()[it->second].second = Value::tensor(i);
   }
   return d;
 }

@@ -127,9 +127,9 @@ class Namer {
       walk(c, path, k);
       path.resize(len);
     };
-    switch (v->kind) {
+    switch (v->kind()) {
       case Value::Kind::kTensor: {
-        size_t i = static_cast<size_t>(v->i);
+        size_t i = static_cast<size_t>(v->as_int());
         if (i >= tensors_.size()) return;
         if (!named_[i]) {
           named_[i] = 1;
@@ -160,10 +160,10 @@ class Namer {
       throw Error(ErrorCode::kLimitExceeded, "module tree reaches more than " +
                                                  std::to_string(kMaxVisits) +
                                                  " objects through shared references");
-    if (v->kind == Value::Kind::kDict) {
-      for (auto& [k, val] : v->entries) child(k ? path_component(*k) : "?", val, "");
-    } else if (v->kind == Value::Kind::kObject && starts_with(v->module, "__torch__")) {
-      auto ci = classes_.find(v->module + "." + v->name);
+    if (v->kind() == Value::Kind::kDict) {
+      for (auto& [k, val] : v->entries()) child(k ? path_component(*k) : "?", val, "");
+    } else if (v->kind() == Value::Kind::kObject && starts_with(v->module(), "__torch__")) {
+      auto ci = classes_.find(v->module() + "." + v->name());
       const ClassInfo* info = ci == classes_.end() ? nullptr : &ci->second;
       auto kind_of = [&](const std::string& attr) -> std::string {
         if (!info) return "unknown";
@@ -171,31 +171,31 @@ class Namer {
         if (info->buffers.count(attr)) return "buffer";
         return "attribute";
       };
-      const ValuePtr& st = v->state;
-      if (st && st->kind == Value::Kind::kDict) {
-        for (auto& [k, val] : st->entries) {
+      const ValuePtr& st = v->state();
+      if (st && st->kind() == Value::Kind::kDict) {
+        for (auto& [k, val] : st->entries()) {
           std::string attr = k ? path_component(*k) : "?";
           child(attr, val, kind_of(attr));
         }
       } else if (st && st->is_sequence()) {
-        for (size_t i = 0; i < st->items.size(); ++i) {
+        for (size_t i = 0; i < st->items().size(); ++i) {
           const std::string* attr = nullptr;
           if (info) {
             auto it = info->setstate.find(static_cast<int64_t>(i));
             if (it != info->setstate.end()) attr = &it->second;
           }
           if (attr) {
-            child(*attr, st->items[i], kind_of(*attr));
+            child(*attr, st->items()[i], kind_of(*attr));
           } else {
-            child("__state__." + std::to_string(i), st->items[i], "attribute");
+            child("__state__." + std::to_string(i), st->items()[i], "attribute");
           }
         }
       } else if (st) {
         child("__state__", st, "attribute");
       }
     } else {
-      for (size_t i = 0; i < v->items.size(); ++i) child(std::to_string(i), v->items[i], "");
-      if (v->state) walk(v->state, path, "");
+      for (size_t i = 0; i < v->items().size(); ++i) child(std::to_string(i), v->items()[i], "");
+      if (v->state()) walk(v->state(), path, "");
     }
     on_path_.erase(v.get());
   }
@@ -223,13 +223,13 @@ void shift_tensors(const ValuePtr& v, size_t offset, std::unordered_set<const Va
   if (depth > max_depth)
     throw Error(ErrorCode::kLimitExceeded, "constants deeper than Limits::max_pickle_depth (" +
                                                std::to_string(max_depth) + ")");
-  if (v->kind == Value::Kind::kTensor) {
-    v->i += static_cast<int64_t>(offset);
+  if (v->kind() == Value::Kind::kTensor) {
+    v->set_tensor_index(v->tensor_index() + offset);
     return;
   }
-  for (auto& it : v->items) shift_tensors(it, offset, seen, depth + 1, max_depth);
-  for (auto& [k, val] : v->entries) shift_tensors(val, offset, seen, depth + 1, max_depth);
-  if (v->state) shift_tensors(v->state, offset, seen, depth + 1, max_depth);
+  for (auto& it : v->items()) shift_tensors(it, offset, seen, depth + 1, max_depth);
+  for (auto& [k, val] : v->entries()) shift_tensors(val, offset, seen, depth + 1, max_depth);
+  if (v->state()) shift_tensors(v->state(), offset, seen, depth + 1, max_depth);
 }
 
 }  // namespace
@@ -358,9 +358,9 @@ std::shared_ptr<TorchScriptModel> finish_torchscript(std::shared_ptr<ZipReader> 
   namer.walk(data.root, path, "");
   if (constants && constants->is_sequence()) {
     path = "constants";
-    for (size_t i = 0; i < constants->items.size(); ++i) {
+    for (size_t i = 0; i < constants->items().size(); ++i) {
       std::string p = path + "." + std::to_string(i);
-      namer.walk(constants->items[i], p, "");
+      namer.walk(constants->items()[i], p, "");
     }
   }
   namer.finish();
@@ -369,7 +369,7 @@ std::shared_ptr<TorchScriptModel> finish_torchscript(std::shared_ptr<ZipReader> 
   data.properties["code_files"] = std::to_string(m->files.size());
   data.properties["debug_files"] = std::to_string(debug_of.size());
   data.properties["constants"] =
-      std::to_string(constants && constants->is_sequence() ? constants->items.size() : 0);
+      std::to_string(constants && constants->is_sequence() ? constants->items().size() : 0);
   if (!m->extra.empty()) {
     std::string names;
     for (auto& [n, i] : m->extra) names += (names.empty() ? "" : ",") + n;
