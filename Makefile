@@ -45,7 +45,7 @@ build: deps $(BUILD)/build.ninja
 demo: build
 	@./scripts/demo.sh $(BUILD)/ckpt $(DEMO_DIR)
 
-# The layer rule of DESIGN.md §2: no #include from a lower layer to a higher one.
+# The layer rule of docs/design.md ("Layers"): no #include from a lower layer to a higher one.
 layers:
 	$(PY) scripts/check_layers.py
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Checks that #include "..." only runs down the layers (DESIGN.md §2, docs/design.md).
+"""Checks that #include "..." only runs down the layers (docs/design.md, "Layers").
 
     scripts/check_layers.py [--root DIR] [-v]
 

@@ -1,6 +1,6 @@
 #pragma once
-// Writing safetensors files (reading goes through Checkpoint::open). Format: docs/formats,
-// shared/formats/safetensors.md.
+// Writing safetensors files (reading goes through Checkpoint::open). Format: docs/formats.md
+// "safetensors".
 
 #include <cstdint>
 #include <map>

@@ -6,6 +6,7 @@
 
 #include "ckpt/error.h"
 #include "ckpt/sink.h"
+#include "util/text.h"
 
 namespace ckpt::internal {
 namespace {
@@ -18,16 +19,6 @@ std::string read_text(const std::string& path) {
   return ss.str();
 }
 
-std::string to_hex(const std::string& raw) {
-  static const char* digits = "0123456789abcdef";
-  std::string s;
-  s.reserve(raw.size() * 2);
-  for (unsigned char c : raw) {
-    s += digits[c >> 4];
-    s += digits[c & 15];
-  }
-  return s;
-}
 
 }  // namespace
 
@@ -70,7 +61,7 @@ ConvertCrypt resolve_encryption(const ConvertEncryption& e) {
 void write_key_file(const std::string& path, const std::string& raw_key, bool atomic,
                     bool fsync) {
   auto sink = create_file_sink(path, FileSinkOptions{atomic, fsync});
-  sink->write(to_hex(raw_key) + "\n");
+  sink->write(to_hex(std::as_bytes(std::span(raw_key.data(), raw_key.size()))) + "\n");
   sink->commit();
 }
 

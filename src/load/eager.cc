@@ -63,7 +63,7 @@ std::vector<Tensor> execute_eager(const LoadPlan& plan, std::unique_ptr<Preload>
     }
     decoded.push_back(k);
     extra_off[k] = extra;
-    extra = align_up(extra + si.nbytes, 64);
+    extra = align_up(extra + si.nbytes, kStorageAlign);
   }
 
   const bool had_started = started != nullptr;

@@ -5,13 +5,13 @@
 #include <algorithm>
 
 #include "util/arena.h"
+#include "util/bytes.h"
 #include "util/crc32.h"
 
 namespace ckpt::internal {
 namespace {
 constexpr uint64_t kChunk = 8 << 20;  // unit of work handed to a thread
 constexpr uint64_t kSlice = 1 << 20;  // pread granularity: the CRC runs while the slice is in L2
-uint64_t align64(uint64_t v) { return (v + 63) & ~uint64_t(63); }
 }  // namespace
 
 Preload::Preload(SourcePtr source, std::vector<PreloadRange> ranges, bool crc, int background,
@@ -44,15 +44,15 @@ Preload::Preload(SourcePtr source, std::vector<PreloadRange> ranges, bool crc, i
   // by range, so that each range's CRC is computed from its own slices).
   mirror_ = n > 0 && !overlap && last - first <= total + total / 16 + (1 << 20);
   if (mirror_) {
-    const uint64_t base = first & ~uint64_t(63);  // keep the file's 64-byte alignment in memory
+    const uint64_t base = first & ~(kStorageAlign - 1);  // keep the file's 64-byte alignment in memory
     for (size_t i = 0; i < n; ++i) arena_off_[i] = ranges_[i].offset - base;
-    size = align64(last - base);
+    size = align_up(last - base, kStorageAlign);
     add(first, first - base, last - first, kAny);
   } else {
     for (size_t i : order_) {
       arena_off_[i] = size;
       add(ranges_[i].offset, size, ranges_[i].size, i);
-      size = align64(size + ranges_[i].size);
+      size = align_up(size + ranges_[i].size, kStorageAlign);
     }
   }
   extra_off_ = size;

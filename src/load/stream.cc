@@ -30,7 +30,7 @@ void execute_stream(const LoadPlan& plan, uint64_t budget,
   // The plan lists storages in file order, decoded ones last.
   for (const PlannedStorage& p : plan.storages) {
     const size_t s = p.storage;
-    uint64_t need = align_up(d.storages[s].nbytes, 64);
+    uint64_t need = RingBuffer::footprint(d.storages[s].nbytes);
     if (need > budget)
       throw Error(ErrorCode::kInvalidArgument,
                   "storage of " + std::to_string(d.storages[s].nbytes) +

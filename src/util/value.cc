@@ -217,7 +217,7 @@ std::string Value::repr(size_t max_len) const {
     }
     case Kind::kDict:
       s = (name_.empty() ? std::string("dict") : name_) + "(" + std::to_string(entries_.size()) +
-          (entries_.size() == 1 ? " item)" : " items_)");
+          (entries_.size() == 1 ? " item)" : " items)");
       break;
     case Kind::kTensor: s = "tensor#" + std::to_string(i_); break;
     case Kind::kGlobal: s = module_ + "." + name_; break;

@@ -434,3 +434,46 @@ TEST(Text, Utf8) {
 
 }  // namespace
 }  // namespace ckpt::internal
+
+namespace ckpt {
+namespace {
+
+TEST(Value, CloneIsDeepAndKeepsSharing) {
+  auto shared = Value::list({Value::integer(1)});
+  auto root = Value::ordered_dict();
+  root->set("a", shared);
+  root->set("b", shared);
+  root->set_state(Value::dict());
+  ConstValuePtr frozen = root;
+  ValuePtr copy = frozen->clone();
+  ASSERT_TRUE(copy && copy->is_dict());
+  EXPECT_EQ(copy->name(), "OrderedDict");
+  EXPECT_NE(copy.get(), root.get());
+  EXPECT_NE(copy->get("a").get(), shared.get());          // deep
+  EXPECT_EQ(copy->get("a").get(), copy->get("b").get());  // sharing kept
+  copy->get("a")->items().push_back(Value::integer(2));
+  EXPECT_EQ(shared->items().size(), 1u);  // the original is untouched
+  ASSERT_TRUE(copy->state());
+  // Depth is bounded, not recursed: a chain past the limit is refused.
+  ValuePtr chain = Value::list();
+  for (int i = 0; i < 50; ++i) chain = Value::list({chain});
+  EXPECT_EQ(test::capture_error([&] { chain->clone(10); }).code(), ErrorCode::kLimitExceeded);
+  EXPECT_TRUE(chain->clone(100));
+}
+
+TEST(Value, FactoriesSetWhatAccessorsRead) {
+  EXPECT_EQ(Value::big_integer("123456789012345678901234567890")->str(),
+            "123456789012345678901234567890");
+  EXPECT_TRUE(Value::big_integer("1")->is_big_int());
+  EXPECT_FALSE(Value::integer(5)->is_big_int());
+  EXPECT_TRUE(Value::bytes("x", true)->is_bytearray());
+  EXPECT_EQ(Value::set({Value::none()})->kind(), Value::Kind::kSet);
+  EXPECT_EQ(Value::object("m", "C", {}, nullptr, 7)->as_int(), 7);
+  auto t = Value::tensor(3);
+  t->set_tensor_index(4);
+  EXPECT_EQ(t->tensor_index(), 4u);
+  EXPECT_EQ(Value::dict_of("collections", "OrderedDict")->repr(), "OrderedDict(0 items)");
+}
+
+}  // namespace
+}  // namespace ckpt

@@ -209,3 +209,55 @@ TEST(Load, ConcurrentReadersSeeTheSameBytes) {
 
 }  // namespace
 }  // namespace ckpt
+
+namespace ckpt {
+namespace {
+
+// Bytes a mapped file's view points at are read-only; every other load owns writable memory.
+TEST(Load, MappedViewsAreReadOnlyLoadsAreWritable) {
+  Fixture f(3, 1000);
+  Checkpoint c = Checkpoint::open(f.path);
+  StoragePtr view = c.storage(0);
+  EXPECT_FALSE(view->writable);
+  EXPECT_EQ(test::capture_error([&] { view->mutable_bytes(); }).code(),
+            ErrorCode::kInvalidArgument);
+  LoadOptions copy;
+  copy.copy = true;
+  Checkpoint c2 = Checkpoint::open(f.path);  // a fresh cache: storage 0 is not shared yet
+  StoragePtr owned = c2.storage(0, copy);
+  ASSERT_TRUE(owned->writable);
+  owned->mutable_bytes()[0] = std::byte{0x7f};
+  EXPECT_NE(std::memcmp(owned->data, view->data, 4), 0);  // the file's mapping is untouched
+  for (const Tensor& t : c.load_all()) EXPECT_TRUE(t.storage()->writable);
+  c.stream(1 << 20, [](const Tensor& t) { EXPECT_TRUE(t.storage()->writable); });
+  EXPECT_TRUE(f.same(c.tensor(size_t{0})));
+}
+
+// Every path builds the same plan: one storage loaded by storage(), load_all, stream and
+// read_into gives the same bytes, with and without verification, mapped or read.
+TEST(Load, EveryPathAgreesOnEveryStorage) {
+  Fixture f(6, 3000);
+  for (bool mmap : {true, false}) {
+    OpenOptions o;
+    o.mmap = mmap;
+    Checkpoint c = Checkpoint::open(f.path, o);
+    LoadOptions lo;
+    lo.verify = true;
+    auto all = c.load_all(lo);
+    std::vector<std::vector<std::byte>> streamed(c.tensors().size());
+    c.stream(1 << 20, [&](const Tensor& t) {
+      streamed[*c.find(t.name())] = t.contiguous_bytes();
+    }, lo);
+    for (size_t i = 0; i < c.tensors().size(); ++i) {
+      std::vector<std::byte> into(c.tensors()[i].nbytes());
+      c.read_into(i, into, lo);
+      EXPECT_EQ(into, all[i].contiguous_bytes()) << i;
+      EXPECT_EQ(streamed[i], into) << i;
+      EXPECT_EQ(c.tensor(i, lo).contiguous_bytes(), into) << i;
+      EXPECT_TRUE(f.same(all[i]));
+    }
+  }
+}
+
+}  // namespace
+}  // namespace ckpt

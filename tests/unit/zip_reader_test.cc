@@ -579,7 +579,7 @@ TEST(ZipReaderHostile, IndexOutOfRange) {
 }
 
 TEST(ZipReader, TorchDataOffsetFormula) {
-  // pytorch.md §1.2 worked example: "archive/data.pkl" at 0 -> data at 64.
+  // docs/formats.md "torch.save zip", **Zip layout** example: "archive/data.pkl" at 0 -> data at 64.
   EXPECT_EQ(internal::torch_data_offset(0, 16, 100, 64), 64u);
   EXPECT_EQ(internal::torch_data_offset(0, 16, 100, 1), 50u);
   // zip64: +4 extra header, +16 for a huge size, +8 for a huge offset.

@@ -1,9 +1,9 @@
 // torch.save zip checkpoints (and TorchScript archives, which share the container).
 //
-// Layout (../shared/formats/pytorch.md §1, docs/formats.md): a zip whose entries all live under one
-// folder: data.pkl (the pickled object), optional .format_version / .storage_alignment / byteorder,
-// data/<key> (raw storage bytes, one per storage, 64-byte aligned), version (or .data/version),
-// optional .data/serialization_id. TorchScript archives add constants.pkl, constants/, code/.
+// Layout (docs/formats.md "torch.save zip": **Container**, **Zip layout**, **Records**): a zip
+// whose entries all live under one folder: data.pkl (the pickled object), optional
+// .format_version / .storage_alignment / byteorder, data/<key> (raw storage bytes, one per storage,
+// 64-byte aligned), version (or .data/version), optional .data/serialization_id. TorchScript archives add constants.pkl, constants/, code/.
 //
 // Opening reads the zip tail and central directory, then data.pkl and the small records; storage
 // data offsets are computed from the directory (ZipReader), never found by a read per record.
