@@ -1,11 +1,10 @@
 // CheckpointModel: validation of what a format reader produced, the lazily built record table,
-// and the one CRC32 mismatch error.
+// and the CRC32 mismatch error naming a storage's tensors.
 
 #include "model/checkpoint_model.h"
 
-#include <cstdio>
-
 #include "util/bytes.h"
+#include "util/crc32.h"
 
 namespace ckpt::internal {
 
@@ -72,13 +71,6 @@ void CheckpointModel::finalize() {
     }
     by_name_.insert(t.name, i, name_of);  // a repeated name keeps its first tensor
   }
-}
-
-Error crc_mismatch(const std::string& source, const std::string& record, uint64_t offset,
-                   uint32_t stored, uint32_t computed, const std::string& detail) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "CRC32 mismatch: stored %08x, computed %08x", stored, computed);
-  return Error(ErrorCode::kCorrupt, std::string(buf) + detail, source, record, offset);
 }
 
 Error crc_mismatch(const CheckpointModel& m, size_t s, uint32_t computed) {

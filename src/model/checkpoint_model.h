@@ -24,6 +24,7 @@
 #include "ckpt/source.h"
 #include "ckpt/tensor.h"
 #include "ckpt/value.h"
+#include "util/crc32.h"
 #include "util/name_index.h"
 
 namespace ckpt::internal {
@@ -102,11 +103,8 @@ struct CheckpointModel {
   mutable std::vector<RecordInfo> records_;
 };
 
-// The one CRC32 mismatch error: Error{kCorrupt} "CRC32 mismatch: stored xxxxxxxx, computed
-// yyyyyyyy" + `detail`, naming the source, the record and its byte offset.
-Error crc_mismatch(const std::string& source, const std::string& record, uint64_t offset,
-                   uint32_t stored, uint32_t computed, const std::string& detail = {});
-// Same for storage `s` of a model, naming its record (or key) and the tensors that view it.
+// crc_mismatch (util/crc32.h) for storage `s` of a model, naming its record (or key) and the
+// tensors that view it.
 Error crc_mismatch(const CheckpointModel& m, size_t s, uint32_t computed);
 
 // Callbacks a format opener calls while opening, so that a loader can start early.

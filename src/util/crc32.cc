@@ -1,5 +1,7 @@
 #include "util/crc32.h"
 
+#include "util/text.h"
+
 #include <isa-l/crc.h>
 
 #include <algorithm>
@@ -20,6 +22,13 @@ uint32_t copy_crc32(uint32_t crc, std::byte* dst, std::span<const std::byte> src
     crc = crc32_gzip_refl(crc, reinterpret_cast<const unsigned char*>(dst + off), n);
   }
   return crc;
+}
+
+Error crc_mismatch(const std::string& source, const std::string& record, uint64_t offset,
+                   uint32_t stored, uint32_t computed, const std::string& detail) {
+  return Error(ErrorCode::kCorrupt,
+               "CRC32 mismatch: stored " + hex32(stored) + ", computed " + hex32(computed) + detail,
+               source, record, offset);
 }
 
 }  // namespace ckpt::internal

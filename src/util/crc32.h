@@ -6,6 +6,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
+
+#include "ckpt/error.h"
 
 namespace ckpt::internal {
 
@@ -15,5 +18,10 @@ inline uint32_t crc32(std::span<const std::byte> data) noexcept { return crc32(0
 // Copies src to dst (same size) and returns the continued CRC of the bytes, in cache-sized
 // blocks so each block is checksummed while hot.
 uint32_t copy_crc32(uint32_t crc, std::byte* dst, std::span<const std::byte> src) noexcept;
+
+// The one CRC32 mismatch error: Error{kCorrupt} "CRC32 mismatch: stored xxxxxxxx, computed
+// yyyyyyyy" + `detail`, naming the source, the record (or tensor) and its byte offset.
+Error crc_mismatch(const std::string& source, const std::string& record, uint64_t offset,
+                   uint32_t stored, uint32_t computed, const std::string& detail = {});
 
 }  // namespace ckpt::internal

@@ -453,9 +453,7 @@ void ZipReader::check_crc(size_t i, std::span<const std::byte> data) const {
   if (e.crc32 == 0) return;  // torch with compute_crc32=False writes 0
   const uint32_t got = crc32(data);
   if (got != e.crc32)
-    fail(ErrorCode::kCorrupt,
-         "CRC32 mismatch: directory says " + hex32(e.crc32) + ", data has " + hex32(got),
-         source_->name(), e.name, e.header_offset);
+    throw crc_mismatch(source_->name(), std::string(e.name), e.header_offset, e.crc32, got);
 }
 
 Bytes ZipReader::inflate(size_t i, uint64_t data_offset) const {

@@ -69,7 +69,7 @@ struct TzrState {
     const TzrTensor& t = tensors[i];
     if (t.crc) {
       uint32_t c = crc32_update(crc32(as_bytes(t.hashable)), data);
-      if (c != *t.crc) fail(ErrorCode::kCorrupt, i, "CRC32 mismatch", t.data_off);
+      if (c != *t.crc) throw crc_mismatch(src->name(), names[i], t.data_off, *t.crc, c);
     }
     if (t.sha) {
       Sha256Hasher h;
@@ -114,7 +114,7 @@ struct TzrState {
       if (t.sha) h.update(b.data);
       done += n;
     }
-    if (t.crc && c != *t.crc) fail(ErrorCode::kCorrupt, i, "CRC32 mismatch", t.data_off);
+    if (t.crc && c != *t.crc) throw crc_mismatch(src->name(), names[i], t.data_off, *t.crc, c);
     if (t.sha && h.finish() != *t.sha) fail(ErrorCode::kCorrupt, i, "SHA-256 mismatch", t.data_off);
   }
 
