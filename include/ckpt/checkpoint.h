@@ -108,6 +108,7 @@ class Checkpoint {
   std::shared_ptr<const Impl> impl_;
 };
 
+// The result of open_and_load: the handle and its tensors (each keeps the bytes it views alive).
 struct LoadedCheckpoint {
   Checkpoint checkpoint;
   std::vector<Tensor> tensors;  // in checkpoint.tensors() order

@@ -1,6 +1,7 @@
 #pragma once
 // Element types: every torch dtype (plus the sub-byte kinds safetensors knows), with the name each
-// format uses. One table (src/util/dtype.cc) is the single source of these facts.
+// format uses. One table (src/util/dtype.cc) is the single source of these facts. Every
+// function here is pure and thread-safe; returned strings are static.
 
 #include <cstddef>
 #include <cstdint>

@@ -1,5 +1,6 @@
 #pragma once
 // Options for opening, loading and saving, and the limits that bound what a file may ask for.
+// Plain values: copied where they are used, so a caller may reuse or change its own afterwards.
 
 #include <cstdint>
 #include <string>

@@ -1,6 +1,8 @@
 #pragma once
 // Writing safetensors files (reading goes through Checkpoint::open). Format: docs/formats.md
 // "safetensors".
+// Thread-safety: saves of different outputs may run at once; the tensors' bytes are read while
+// writing, so they must not change meanwhile.
 
 #include <cstdint>
 #include <map>

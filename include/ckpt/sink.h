@@ -14,6 +14,8 @@
 
 namespace ckpt {
 
+// Thread-safety: a sink is used by one writer at a time (write_sliced() may use a second thread
+// internally, and says so); different sinks are independent.
 class ByteSink {
  public:
   virtual ~ByteSink() = default;

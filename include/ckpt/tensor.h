@@ -16,6 +16,7 @@ namespace ckpt {
 inline constexpr uint64_t kNoOffset = UINT64_MAX;
 
 // A storage as the checkpoint describes it: a run of bytes that tensors view.
+// StorageInfo, Quantization and TensorInfo are plain values: copies are independent.
 struct StorageInfo {
   std::string key;       // torch record key ("0"), or the tensor name for one-storage-per-tensor formats
   DType dtype = DType::kUInt8;  // element type of the storage (uint8 for torch.UntypedStorage)
@@ -83,6 +84,8 @@ struct Storage {
 };
 using StoragePtr = std::shared_ptr<Storage>;
 
+// A Tensor is a value holding a shared Storage: copying it shares the bytes (a view), and the
+// bytes stay valid while any copy lives. Concurrent reads are safe; see Storage for writes.
 class Tensor {
  public:
   Tensor() = default;

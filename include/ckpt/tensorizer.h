@@ -1,6 +1,7 @@
 #pragma once
 // Writing tensorizer `.tensors` files (data versions 1-4; reading goes through Checkpoint::open
-// with OpenOptions::decrypt_key / decrypt_password for encrypted files).
+// with OpenOptions::decrypt_key / decrypt_password for encrypted files). Thread-safety: saves of
+// different outputs may run at once; the tensors' bytes are read while writing.
 
 #include <cstdint>
 #include <string>

@@ -19,6 +19,8 @@ namespace internal {
 struct TorchScriptModel;
 }
 
+// A handle like Checkpoint (copies share state, every method is const and thread-safe); the code
+// texts and lists it returns stay valid while the archive or a copy lives.
 class TorchScriptArchive {
  public:
   // Opens a TorchScript archive. Reads the metadata records and the code/ sources (inflating
