@@ -38,7 +38,7 @@ PlannedStorage plan_one(const CheckpointModel& m, size_t s, const LoadOptions& o
 }
 
 LoadPlan empty_plan(const CheckpointModel& m, SourcePtr copy, const LoadOptions& options) {
-  if (m.tensors.size() >= LoadPlan::kNone || m.storages.size() >= LoadPlan::kNone)
+  if (m.tensors.size() > LoadPlan::kMaxItems || m.storages.size() > LoadPlan::kMaxItems)
     throw Error(ErrorCode::kLimitExceeded, "a load supports up to 2^32 - 1 tensors and storages",
                 m.source->name());
   LoadPlan plan;
@@ -46,7 +46,7 @@ LoadPlan empty_plan(const CheckpointModel& m, SourcePtr copy, const LoadOptions&
   plan.copy = std::move(copy);
   plan.verify = options.verify;
   plan.threads = options.threads > 0 ? options.threads : default_threads();
-  plan.step_of.assign(m.storages.size(), LoadPlan::kNone);
+  // Nothing here may cost O(storages): storage() plans one storage per call.
   return plan;
 }
 
@@ -74,8 +74,6 @@ LoadPlan make_plan(const CheckpointModel& m, SourcePtr copy, const LoadOptions& 
                      };
                      return key(a) < key(b);
                    });
-  for (size_t k = 0; k < plan.storages.size(); ++k)
-    plan.step_of[plan.storages[k].storage] = static_cast<uint32_t>(k);
   return plan;
 }
 
@@ -83,7 +81,6 @@ LoadPlan plan_storage(const CheckpointModel& m, SourcePtr copy, size_t s,
                       const LoadOptions& options, bool allow_view) {
   LoadPlan plan = empty_plan(m, std::move(copy), options);
   plan.storages.push_back(plan_one(m, s, options, allow_view));
-  plan.step_of[s] = 0;
   return plan;
 }
 

@@ -40,9 +40,8 @@ struct LoadPlan {
   int threads = 1;
   std::vector<uint32_t> tensors;        // selected tensors, in table order
   std::vector<PlannedStorage> storages;  // their storages, raw ones first in file order
-  std::vector<uint32_t> step_of;        // storage index -> position in `storages`, or kNone
 
-  static constexpr uint32_t kNone = UINT32_MAX;
+  static constexpr uint32_t kMaxItems = UINT32_MAX - 1;
 };
 
 using TensorFilter = std::function<bool(const TensorInfo&)>;
