@@ -40,8 +40,11 @@ void byteswap_elements(std::byte* data, size_t nbytes, size_t elem_size, bool co
 }
 
 int default_threads() {
-  unsigned n = std::thread::hardware_concurrency();
-  return static_cast<int>(std::clamp<unsigned>(n, 1, 8));
+  // Computed once: hardware_concurrency() reads /sys on every call (glibc get_nprocs), which
+  // costs ~5 us, and a load plan asks for it per storage() call.
+  static const int n =
+      static_cast<int>(std::clamp<unsigned>(std::thread::hardware_concurrency(), 1, 8));
+  return n;
 }
 
 }  // namespace ckpt::internal
