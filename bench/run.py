@@ -108,6 +108,9 @@ def main():
             ("eager ≥ 5× torch.load", th["load"] / eager["seconds"] >= 5, f"{th['load'] / eager['seconds']:.1f}×"),
             ("save ≥ 3× torch.save", th["save"] / save["seconds"] >= 3, f"{th['save'] / save['seconds']:.1f}×"),
         ]
+        if "convert_vs_save" in ck:  # issue 10: convert pt->pt within 10% of save_torch
+            checks.append(("convert pt→pt ≤ 1.1× save_torch", ck["convert_vs_save"] <= 1.1,
+                           f"{ck['convert_vs_save']:.2f}×"))
         for m in ck.get("memory", []):
             checks.append((f"{m['name']} ≤ {m['target_bytes'] / 2**20:.0f} MiB", m["peak_rss_bytes"] <= m["target_bytes"],
                            f"{m['peak_rss_bytes'] / 2**20:.0f} MiB"))
