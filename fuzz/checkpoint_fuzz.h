@@ -7,9 +7,10 @@
 #include <memory>
 #include <string_view>
 
+#include "api/checkpoint_impl.h"
 #include "ckpt/checkpoint.h"
-#include "fuzz_util.h"
 #include "formats/open.h"
+#include "fuzz_util.h"
 
 namespace ckpt::fuzz {
 
@@ -37,7 +38,7 @@ inline void run_checkpoint(const uint8_t* data, size_t size, Opener opener,
     Checkpoint c = opener ? [&] {
       auto d = opener(src, opt);
       d->finalize();
-      return Checkpoint(std::move(d));
+      return internal::CheckpointAccess::make(std::move(d));
     }()
                           : Checkpoint::open(src, opt);
     c.find("x");
