@@ -21,7 +21,7 @@ struct RecordInfo {
   uint64_t data_offset = kNoOffset;  // kNoOffset until known
   uint64_t size = 0;                 // uncompressed
   uint64_t compressed_size = 0;
-  std::optional<uint32_t> crc32;     // nullopt where the file stores 0 / none
+  std::optional<uint32_t> crc32;  // nullopt where the file stores 0 / none
   bool deflated = false;
 };
 

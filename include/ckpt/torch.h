@@ -16,8 +16,8 @@ namespace ckpt {
 
 // Writes a torch.save zip checkpoint of `root`, whose kTensor nodes index into `tensors`. Tensors
 // whose storage() is the same object share one storage record. Atomic per options. Throws Error.
-void save_torch(const std::string& path, const ConstValuePtr& root, const std::vector<Tensor>& tensors,
-                const SaveOptions& options = {});
+void save_torch(const std::string& path, const ConstValuePtr& root,
+                const std::vector<Tensor>& tensors, const SaveOptions& options = {});
 // Same, into any sink (commit() is called at the end).
 void save_torch(ByteSink& sink, const ConstValuePtr& root, const std::vector<Tensor>& tensors,
                 const SaveOptions& options = {});

@@ -107,6 +107,8 @@ class Value {
 
  private:
   static ValuePtr make(Kind kind);
+  static ValuePtr with_items(Kind kind, std::vector<ValuePtr> items);
+  static ValuePtr with_names(Kind kind, std::string module, std::string name);
   Kind kind_ = Kind::kNone;
   bool b_ = false;
   bool bytearray_ = false;

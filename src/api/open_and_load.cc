@@ -19,15 +19,13 @@
 
 namespace ckpt {
 
-LoadedCheckpoint Checkpoint::open_and_load(const std::string& path,
-                                           const OpenOptions& open_options,
+LoadedCheckpoint Checkpoint::open_and_load(const std::string& path, const OpenOptions& open_options,
                                            const LoadOptions& load_options) {
   SourcePtr source = open_options.mmap ? open_mmap_source(path) : open_file_source(path);
   // Copies go through pread, as every eager load's do: reading out of a mapping would make the
   // file's pages resident beside the copy.
   SourcePtr copy = source->pread_twin() ? source->pread_twin() : source;
-  const int threads =
-      load_options.threads > 0 ? load_options.threads : internal::default_threads();
+  const int threads = load_options.threads > 0 ? load_options.threads : internal::default_threads();
 
   std::unique_ptr<internal::Preload> pre;
   std::vector<internal::ByteRange> started;  // ascending offsets
@@ -39,15 +37,15 @@ LoadedCheckpoint Checkpoint::open_and_load(const std::string& path,
     std::vector<internal::PreloadRange> pr;
     pr.reserve(started.size());
     for (const auto& r : started) pr.push_back({r.offset, r.size});
-    pre = std::make_unique<internal::Preload>(copy, std::move(pr), load_options.verify,
-                                              threads - 1);
+    pre =
+        std::make_unique<internal::Preload>(copy, std::move(pr), load_options.verify, threads - 1);
   };
 
-  Checkpoint c = internal::CheckpointAccess::make(internal::open_model(source, open_options, hooks));
+  Checkpoint c =
+      internal::CheckpointAccess::make(internal::open_model(source, open_options, hooks));
   internal::LoadPlan plan =
       internal::make_plan(*c.impl_->model, c.impl_->copy, load_options, {}, false);
-  std::vector<Tensor> tensors =
-      internal::execute_eager(plan, std::move(pre), started);
+  std::vector<Tensor> tensors = internal::execute_eager(plan, std::move(pre), started);
   return {std::move(c), std::move(tensors)};
 }
 

@@ -19,7 +19,6 @@ std::string read_text(const std::string& path) {
   return ss.str();
 }
 
-
 }  // namespace
 
 ConvertCrypt resolve_encryption(const ConvertEncryption& e) {

@@ -14,9 +14,12 @@ namespace ckpt::internal {
 
 Route route_of(const CheckpointModel& m, size_t s, const LoadOptions& options, bool allow_view) {
   switch (m.kind(s)) {
-    case StorageKind::kMeta: return Route::kZeros;
-    case StorageKind::kDecoded: return Route::kDecode;
-    case StorageKind::kRaw: break;
+    case StorageKind::kMeta:
+      return Route::kZeros;
+    case StorageKind::kDecoded:
+      return Route::kDecode;
+    case StorageKind::kRaw:
+      break;
   }
   const bool mapped = m.source->memory() != nullptr;
   return allow_view && mapped && !m.storages[s].byteswap && !options.copy ? Route::kView

@@ -29,7 +29,7 @@ enum class Route : uint8_t {
 struct PlannedStorage {
   uint32_t storage = 0;  // index into the model's storages
   Route route = Route::kRead;
-  bool byteswap = false;  // stored in the other byte order: swap after reading
+  bool byteswap = false;   // stored in the other byte order: swap after reading
   bool check_crc = false;  // verify the CRC32 the model stores for it (kView / kRead)
 };
 
@@ -38,7 +38,7 @@ struct LoadPlan {
   SourcePtr copy;  // where kRead bytes come from (a mapping's pread twin, else the source)
   bool verify = false;
   int threads = 1;
-  std::vector<uint32_t> tensors;        // selected tensors, in table order
+  std::vector<uint32_t> tensors;         // selected tensors, in table order
   std::vector<PlannedStorage> storages;  // their storages, raw ones first in file order
 
   static constexpr uint32_t kMaxItems = UINT32_MAX - 1;

@@ -50,8 +50,8 @@ void CheckpointModel::finalize() {
       if (!n) bad(ErrorCode::kCorrupt, "element count overflows");
       numel = *n;
       if (t.shape[d] > 0) {
-        auto step = checked_mul(static_cast<uint64_t>(t.shape[d] - 1),
-                                static_cast<uint64_t>(t.strides[d]));
+        auto step =
+            checked_mul(static_cast<uint64_t>(t.shape[d] - 1), static_cast<uint64_t>(t.strides[d]));
         auto sum = step ? checked_add(last, *step) : std::nullopt;
         if (!sum) bad(ErrorCode::kCorrupt, "view extent overflows");
         last = *sum;
@@ -65,9 +65,9 @@ void CheckpointModel::finalize() {
       auto end_elem1 = end_elem ? checked_add(*end_elem, 1) : std::nullopt;
       auto end_bytes = end_elem1 ? dtype_nbytes(t.dtype, *end_elem1) : std::nullopt;
       if (!end_bytes || *end_bytes > st.nbytes)
-        bad(ErrorCode::kCorrupt,
-            "view reaches byte " + (end_bytes ? std::to_string(*end_bytes) : std::string("?")) +
-                " of a storage of " + std::to_string(st.nbytes) + " bytes");
+        bad(ErrorCode::kCorrupt, "view reaches byte " +
+                                     (end_bytes ? std::to_string(*end_bytes) : std::string("?")) +
+                                     " of a storage of " + std::to_string(st.nbytes) + " bytes");
     }
     by_name_.insert(t.name, i, name_of);  // a repeated name keeps its first tensor
   }

@@ -13,6 +13,17 @@ ValuePtr Value::make(Kind k) {
   v->kind_ = k;
   return v;
 }
+ValuePtr Value::with_items(Kind k, std::vector<ValuePtr> items) {
+  auto v = make(k);
+  v->items_ = std::move(items);
+  return v;
+}
+ValuePtr Value::with_names(Kind k, std::string module, std::string name) {
+  auto v = make(k);
+  v->module_ = std::move(module);
+  v->name_ = std::move(name);
+  return v;
+}
 
 Value::~Value() {
   if (items_.empty() && entries_.empty() && !state_) return;
@@ -82,49 +93,30 @@ ValuePtr Value::big_integer(std::string digits) {
   return v;
 }
 ValuePtr Value::set(std::vector<ValuePtr> items) {
-  auto v = make(Kind::kSet);
-  v->items_ = std::move(items);
-  return v;
+  return with_items(Kind::kSet, std::move(items));
 }
 ValuePtr Value::dict_of(std::string module, std::string name) {
-  auto v = make(Kind::kDict);
-  v->module_ = std::move(module);
-  v->name_ = std::move(name);
-  return v;
+  return with_names(Kind::kDict, std::move(module), std::move(name));
 }
-ValuePtr Value::list(std::vector<ValuePtr> items_) {
-  auto v = make(Kind::kList);
-  v->items_ = std::move(items_);
-  return v;
+ValuePtr Value::list(std::vector<ValuePtr> items) {
+  return with_items(Kind::kList, std::move(items));
 }
-ValuePtr Value::tuple(std::vector<ValuePtr> items_) {
-  auto v = make(Kind::kTuple);
-  v->items_ = std::move(items_);
-  return v;
+ValuePtr Value::tuple(std::vector<ValuePtr> items) {
+  return with_items(Kind::kTuple, std::move(items));
 }
 ValuePtr Value::dict() { return make(Kind::kDict); }
-ValuePtr Value::ordered_dict() {
-  auto v = make(Kind::kDict);
-  v->module_ = "collections";
-  v->name_ = "OrderedDict";
-  return v;
-}
+ValuePtr Value::ordered_dict() { return with_names(Kind::kDict, "collections", "OrderedDict"); }
 ValuePtr Value::tensor(size_t index) {
   auto v = make(Kind::kTensor);
   v->i_ = static_cast<int64_t>(index);
   return v;
 }
 ValuePtr Value::global(std::string module, std::string name) {
-  auto v = make(Kind::kGlobal);
-  v->module_ = std::move(module);
-  v->name_ = std::move(name);
-  return v;
+  return with_names(Kind::kGlobal, std::move(module), std::move(name));
 }
 ValuePtr Value::object(std::string module, std::string name, std::vector<ValuePtr> args,
                        ValuePtr state, int64_t tag) {
-  auto v = make(Kind::kObject);
-  v->module_ = std::move(module);
-  v->name_ = std::move(name);
+  auto v = with_names(Kind::kObject, std::move(module), std::move(name));
   v->items_ = std::move(args);
   v->state_ = std::move(state);
   v->i_ = tag;
@@ -145,8 +137,8 @@ ValuePtr Value::get(int64_t key) const {
 void Value::set(ValuePtr key, ValuePtr value) {
   for (auto& e : entries_) {
     const Value& k = *e.first;
-    if (k.kind_ == key->kind_ &&
-        ((k.kind_ == Kind::kString && k.s_ == key->s_) || (k.kind_ == Kind::kInt && k.i_ == key->i_))) {
+    if (k.kind_ == key->kind_ && ((k.kind_ == Kind::kString && k.s_ == key->s_) ||
+                                  (k.kind_ == Kind::kInt && k.i_ == key->i_))) {
       e.second = std::move(value);
       return;
     }
@@ -193,13 +185,27 @@ std::string fmt_float(double f) {
 std::string Value::repr(size_t max_len) const {
   std::string s;
   switch (kind_) {
-    case Kind::kNone: s = "None"; break;
-    case Kind::kBool: s = b_ ? "True" : "False"; break;
-    case Kind::kInt: s = this->s_.empty() ? std::to_string(i_) : this->s_; break;
-    case Kind::kFloat: s = fmt_float(f_); break;
-    case Kind::kComplex: s = "(" + fmt_float(c_.real()) + "+" + fmt_float(c_.imag()) + "j)"; break;
-    case Kind::kString: s = quote(this->s_); break;
-    case Kind::kBytes: s = (bytearray_ ? "bytearray(b" : "b") + quote(this->s_) + (bytearray_ ? ")" : ""); break;
+    case Kind::kNone:
+      s = "None";
+      break;
+    case Kind::kBool:
+      s = b_ ? "True" : "False";
+      break;
+    case Kind::kInt:
+      s = this->s_.empty() ? std::to_string(i_) : this->s_;
+      break;
+    case Kind::kFloat:
+      s = fmt_float(f_);
+      break;
+    case Kind::kComplex:
+      s = "(" + fmt_float(c_.real()) + "+" + fmt_float(c_.imag()) + "j)";
+      break;
+    case Kind::kString:
+      s = quote(this->s_);
+      break;
+    case Kind::kBytes:
+      s = (bytearray_ ? "bytearray(b" : "b") + quote(this->s_) + (bytearray_ ? ")" : "");
+      break;
     case Kind::kList:
     case Kind::kTuple:
     case Kind::kSet: {
@@ -219,9 +225,15 @@ std::string Value::repr(size_t max_len) const {
       s = (name_.empty() ? std::string("dict") : name_) + "(" + std::to_string(entries_.size()) +
           (entries_.size() == 1 ? " item)" : " items)");
       break;
-    case Kind::kTensor: s = "tensor#" + std::to_string(i_); break;
-    case Kind::kGlobal: s = module_ + "." + name_; break;
-    case Kind::kObject: s = module_ + "." + name_ + "(...)"; break;
+    case Kind::kTensor:
+      s = "tensor#" + std::to_string(i_);
+      break;
+    case Kind::kGlobal:
+      s = module_ + "." + name_;
+      break;
+    case Kind::kObject:
+      s = module_ + "." + name_ + "(...)";
+      break;
   }
   if (s.size() > max_len && max_len > 3) s = s.substr(0, max_len - 3) + "...";
   return s;
@@ -265,17 +277,23 @@ ValuePtr Value::clone(uint32_t max_depth) const {
 
 std::string path_component(const Value& key) {
   switch (key.kind()) {
-    case Value::Kind::kString: return key.str();
-    case Value::Kind::kInt: return key.str().empty() ? std::to_string(key.as_int()) : key.str();
-    case Value::Kind::kBool: return key.as_bool() ? "True" : "False";
-    case Value::Kind::kNone: return "None";
-    case Value::Kind::kFloat: return key.repr();
+    case Value::Kind::kString:
+      return key.str();
+    case Value::Kind::kInt:
+      return key.str().empty() ? std::to_string(key.as_int()) : key.str();
+    case Value::Kind::kBool:
+      return key.as_bool() ? "True" : "False";
+    case Value::Kind::kNone:
+      return "None";
+    case Value::Kind::kFloat:
+      return key.repr();
     case Value::Kind::kTuple: {
       std::string s;
       for (auto& it : key.items()) s += (s.empty() ? "" : ",") + (it ? path_component(*it) : "?");
       return "(" + s + ")";
     }
-    default: return key.repr(40);
+    default:
+      return key.repr(40);
   }
 }
 
