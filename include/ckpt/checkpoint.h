@@ -3,10 +3,10 @@
 // are read when asked for.
 
 #include <functional>
-#include <span>
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -31,7 +31,8 @@ struct LoadedCheckpoint;
 using TensorFilter = std::function<bool(const TensorInfo&)>;
 
 // An opened checkpoint. A Checkpoint is a handle: copies share one opened file and its loaded
-// storages, and the file stays open while any copy, Tensor or Storage from it lives. Every method
+// storages. The file stays open while any copy lives, and a mapping while any view into it (a
+// Tensor or Storage from storage()/tensor()) lives; loaded bytes own their memory. Every method
 // is const and thread-safe: any number of threads may load from one Checkpoint at once. The
 // metadata (tensors(), storages(), root(), ...) never changes after open; references to it stay
 // valid while the Checkpoint (or a copy) lives.
