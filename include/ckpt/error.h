@@ -23,6 +23,7 @@ namespace ckpt {
 //   kLimitExceeded     limit_exceeded       7  a configurable Limits field was hit
 //   kInvalidArgument   invalid_argument     8  the caller asked for something impossible
 //   kAuth              auth                 9  a wrong key or password, or tampered ciphertext
+//   (CLI only)                             10  `verify` checked nothing (no checksums stored)
 //   (CLI only)                             64  usage error (unknown flag, missing argument)
 //   (CLI only)                              1  an unexpected failure that is no ckpt::Error
 enum class ErrorCode {

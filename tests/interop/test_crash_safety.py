@@ -74,7 +74,12 @@ def test_sigkill_during_convert_never_leaves_a_partial_target(ckpt, source, fmt)
         assert sorted(os.listdir(d)) == sorted(["src.pt", target.name] +
                                                [n for n in os.listdir(d) if n.startswith("target.")
                                                 and n != target.name])
-    # A conversion that is not killed replaces the old file with one that verifies.
+    # A conversion that is not killed replaces the old file with the complete new one (a torch
+    # zip also verifies; safetensors stores no checksums, so verify says it checked nothing).
     ckpt.ok("convert", src, target, "--to", fmt, timeout=300)
-    ckpt.ok("verify", target)
+    assert digest(target) == new
+    if fmt == "pt":
+        ckpt.ok("verify", target)
+    else:
+        assert ckpt.run("verify", target).returncode == 10
     print(f"{fmt}: {kills} kills: {outcomes}")

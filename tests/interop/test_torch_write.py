@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import helpers
-from conftest import ALL_IDS, BYTE_IDENTITY_IDS, ZIP_IDS, one_error_line
+from conftest import ALL_IDS, BYTE_IDENTITY_IDS, LEGACY_IDS, ZIP_IDS, one_error_line
 
 OPTIONAL_HEAD = [".format_version", ".storage_alignment", "byteorder"]
 VERSION_TAILS = [["version"], [".data/version"], ["version", ".data/serialization_id"],
@@ -160,6 +160,23 @@ def test_convert_align_4096(ckpt, cache, file_id, tmp_path):
 @pytest.mark.parametrize("file_id", ZIP_IDS)
 def test_verify_torch_file(ckpt, cache, file_id):
     ckpt.ok("verify", cache.path(file_id))
+
+
+# A file whose format stores no checksums (pre-1.6 legacy torch files written by torch itself,
+# safetensors) is never reported OK: verify says nothing was checked and exits 10.
+@pytest.mark.parametrize("file_id", [i for i in LEGACY_IDS if i.split(".")[0] in
+                                     ("dtype_float32", "tied", "module_sd", "adam")])
+def test_verify_refuses_to_pass_what_it_cannot_check(ckpt, cache, file_id, tmp_path):
+    r = ckpt.run("verify", cache.path(file_id))
+    assert r.returncode == 10, f"verify exited {r.returncode}; stdout {r.stdout!r}"
+    assert r.stdout == ""
+    assert "not verified" in r.stderr and "torch-legacy files store no checksums" in r.stderr
+    st = tmp_path / "x.safetensors"
+    ckpt.ok("convert", cache.path(file_id), st, "--copy-shared")
+    r = ckpt.run("verify", st)
+    assert r.returncode == 10 and "safetensors files store no checksums" in r.stderr, r.stderr
+    # The same bytes as a torch zip carry CRCs, and verify checks them.
+    assert ckpt.ok("verify", cache.converted(file_id)).stdout.startswith("OK: ")
 
 
 @pytest.mark.parametrize("file_id", ALL_IDS)

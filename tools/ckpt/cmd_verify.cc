@@ -21,8 +21,24 @@ void add_verify(CLI::App& app) {
     size_t n = c.verify();
     double dt = now_seconds() - t0;
     size_t total = c.records().empty() ? c.storages().size() : c.records().size();
-    std::printf("OK: %zu of %zu %s checked (%s, %.3f s)\n", n, total,
-                c.records().empty() ? "storages" : "records", format_name(c.format()), dt);
+    const char* what = c.records().empty() ? "storages" : "records";
+    if (n == 0) {
+      // Nothing was checked: saying OK would pass a corrupted file through a CI gate.
+      const bool has_checksums =
+          c.format() == Format::kTorchZip || c.format() == Format::kTorchScript ||
+          c.format() == Format::kTensorizer;
+      std::fprintf(stderr, "ckpt: not verified: %s: %s; 0 of %zu %s checked [not_verified]\n",
+                   o->file.c_str(),
+                   total == 0          ? "it holds nothing to check"
+                   : has_checksums     ? "its records were written without checksums"
+                                       : (std::string(format_name(c.format())) +
+                                          " files store no checksums")
+                                             .c_str(),
+                   total, what);
+      throw ExitStatus{kNotVerifiedExit};
+    }
+    std::printf("OK: %zu of %zu %s checked (%s, %.3f s)\n", n, total, what,
+                format_name(c.format()), dt);
   });
 }
 

@@ -13,6 +13,13 @@ namespace ckpt::cli {
 // Exit statuses: 0 success; one per error code; 64 for usage errors.
 int exit_code(ErrorCode code);
 inline constexpr int kUsageExit = 64;
+// `verify` that checked no content (the format stores no checksums, or there is nothing to check):
+// never exit 0 for work that was not done.
+inline constexpr int kNotVerifiedExit = 10;
+// Thrown by a command that has printed what it has to say and must end with this status.
+struct ExitStatus {
+  int code;
+};
 
 struct Common {
   bool no_mmap = false;

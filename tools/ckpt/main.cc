@@ -31,6 +31,8 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     std::fprintf(stderr, "ckpt: %s (see ckpt --help)\n", e.what());
     return ckpt::cli::kUsageExit;
+  } catch (const ckpt::cli::ExitStatus& e) {
+    return e.code;
   } catch (const ckpt::Error& e) {
     std::fprintf(stderr, "ckpt: error: %s\n", ckpt::cli::error_line(e).c_str());
     return ckpt::cli::exit_code(e.code());
