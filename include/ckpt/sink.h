@@ -62,6 +62,8 @@ class ByteSink {
 struct FileSinkOptions {
   bool atomic = true;  // write "<dir>/.<name>.tmp-XXXXXX", rename on commit
   bool fsync = true;   // fsync file and folder on commit
+  // Mode 0600 (key files): only the owner may read it, from its creation on. Else 0666 & ~umask.
+  bool owner_only = false;
 };
 // A file sink. If destroyed without commit(), the temporary file is removed and the target is
 // untouched. Throws Error{kIo}.

@@ -59,7 +59,11 @@ ConvertCrypt resolve_encryption(const ConvertEncryption& e) {
 
 void write_key_file(const std::string& path, const std::string& raw_key, bool atomic,
                     bool fsync) {
-  auto sink = create_file_sink(path, FileSinkOptions{atomic, fsync});
+  FileSinkOptions fo;
+  fo.atomic = atomic;
+  fo.fsync = fsync;
+  fo.owner_only = true;  // a key file is a secret: 0600 from its creation on
+  auto sink = create_file_sink(path, fo);
   sink->write(to_hex(std::as_bytes(std::span(raw_key.data(), raw_key.size()))) + "\n");
   sink->commit();
 }

@@ -169,12 +169,16 @@ class FileSink final : public ByteSink {
       tmp_ = buf.data();
       // Marks it as a live writer's (see sweep_stale_temporaries).
       ::flock(fd_, LOCK_EX | LOCK_NB);
-      // mkostemp makes 0600 files; give the usual mode (umask applies).
-      mode_t mask = ::umask(0);
-      ::umask(mask);
-      ::fchmod(fd_, 0666 & ~mask);
+      // mkostemp makes 0600 files; give the usual mode (umask applies) unless owner_only.
+      if (!opt_.owner_only) {
+        mode_t mask = ::umask(0);
+        ::umask(mask);
+        ::fchmod(fd_, 0666 & ~mask);
+      }
     } else {
-      fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+      fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC,
+                   opt_.owner_only ? 0600 : 0666);
+      if (fd_ >= 0 && opt_.owner_only) ::fchmod(fd_, 0600);  // an existing file keeps its mode
       if (fd_ < 0) fail("cannot create");
     }
   }

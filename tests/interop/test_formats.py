@@ -55,13 +55,31 @@ def fixture(name):
     return os.path.join(FIXTURES, name)
 
 
+_PRIVATE_SECRETS = {}
+
+
+def _private_copy(path):
+    """A 0600 copy of a shared fixture's key or password file, as a user keeps secrets (the CLI
+    warns about secret files that others can read)."""
+    if path not in _PRIVATE_SECRETS:
+        import atexit
+        import tempfile
+        d = tempfile.mkdtemp(prefix="ckpt-secrets-")
+        atexit.register(shutil.rmtree, d, True)
+        dst = os.path.join(d, os.path.basename(path))
+        shutil.copyfile(path, dst)
+        os.chmod(dst, 0o600)
+        _PRIVATE_SECRETS[path] = dst
+    return _PRIVATE_SECRETS[path]
+
+
 def key_args(name):
     """--decrypt-* options a fixture needs."""
     stem = name[:-len(".tensors")]
     if os.path.exists(fixture(stem + ".key")):
-        return ["--decrypt-key", fixture(stem + ".key")]
+        return ["--decrypt-key", _private_copy(fixture(stem + ".key"))]
     if os.path.exists(fixture(stem + ".password")):
-        return ["--decrypt-password-file", fixture(stem + ".password")]
+        return ["--decrypt-password-file", _private_copy(fixture(stem + ".password"))]
     return []
 
 
@@ -213,6 +231,8 @@ def test_fixture_wrong_key_and_password(ckpt, tmp_path):
     wrong_key.write_text("00" * 32 + "\n")
     wrong_pw = tmp_path / "wrong.password"
     wrong_pw.write_text("not the password\n")
+    for secret in (wrong_key, wrong_pw):
+        secret.chmod(0o600)  # else the CLI warns, on a second stderr line, that others can read it
     cases = [
         ("v3_encrypted_random_key.tensors", ["--decrypt-key", wrong_key]),
         ("v3_encrypted_password.tensors", ["--decrypt-password-file", wrong_pw]),
@@ -418,6 +438,14 @@ def test_encryption_random_key(ckpt, cache, tmp_path):
     assert "wrote a new random key" in r.stderr
     hexkey = key.read_text().strip()
     assert re.fullmatch(r"[0-9a-f]{64}", hexkey), hexkey
+    # A key is a secret: the new file is the owner's alone, and a shared one is warned about.
+    assert (key.stat().st_mode & 0o777) == 0o600, oct(key.stat().st_mode)
+    assert "warning" not in r.stderr
+    shared = tmp_path / "shared.key"
+    shared.write_text(hexkey + "\n")
+    shared.chmod(0o644)
+    r = ckpt.ok("ls", out, "--decrypt-key", shared)
+    assert "readable by others (mode 644)" in r.stderr, r.stderr
     assert ckpt.ok("verify", out, "--decrypt-key", key).stdout.startswith("OK")
     want = _bytes_by_name(ckpt, src, tmp_path)
     assert _bytes_by_name(ckpt, out, tmp_path, "--decrypt-key", key) == want
@@ -436,6 +464,7 @@ def test_encryption_random_key(ckpt, cache, tmp_path):
 
     wrong = tmp_path / "wrong.key"
     wrong.write_text(hexkey[::-1] + "\n")
+    wrong.chmod(0o600)
     for cmd in (["verify", out], ["extract", out, tmp_path / "w"], ["convert", out, tmp_path / "w.pt"]):
         r = ckpt.run(*cmd, "--decrypt-key", wrong)
         line = one_error_line(r)
@@ -454,6 +483,7 @@ def test_encryption_password(ckpt, cache, tmp_path):
         _bytes_by_name(ckpt, src, tmp_path)
     wrong = tmp_path / "wrong"
     wrong.write_text("correct horse battery stapler\n")
+    wrong.chmod(0o600)
     r = ckpt.run("verify", out, "--decrypt-password-file", wrong)
     line = one_error_line(r)
     assert r.returncode == 9, line
@@ -504,6 +534,7 @@ def test_no_progress_without_terminal(ckpt, cache, tmp_path):
         assert r.stdout.startswith("wrote "), r.stdout
     pw = tmp_path / "pw"
     pw.write_text("pw\n")
+    pw.chmod(0o600)
     r = ckpt.ok("convert", cache.path("big"), tmp_path / "enc.tensors", "--encrypt-password-file", pw)
     assert r.stderr == "", r.stderr
 
@@ -513,6 +544,7 @@ def test_progress_on_terminal(ckpt, cache, tmp_path):
     takes ~0.5 s) draws one updating line ending in 100% and a newline."""
     pw = tmp_path / "pw"
     pw.write_text("pw\n")
+    pw.chmod(0o600)
     master, slave = pty.openpty()
     try:
         r = subprocess.run([ckpt.path, "convert", cache.path("big"), str(tmp_path / "e.tensors"),

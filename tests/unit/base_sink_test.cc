@@ -128,6 +128,33 @@ TEST(Sinks, SequentialWriteSlicedByDefault) {
   EXPECT_EQ(test::read_file(path), small);
 }
 
+// Secrets (key files) are the owner's alone from creation on, atomic or not; other files get
+// 0666 & ~umask.
+TEST(Sinks, OwnerOnlyFilesAreMode0600) {
+  test::TempDir dir;
+  const mode_t mask = ::umask(022);
+  for (bool atomic : {true, false}) {
+    FileSinkOptions o;
+    o.atomic = atomic;
+    o.fsync = false;
+    o.owner_only = true;
+    std::string secret = dir.file(atomic ? "a.key" : "n.key");
+    auto s = create_file_sink(secret, o);
+    s->write(std::string_view("k"));
+    s->commit();
+    struct stat st;
+    ASSERT_EQ(::stat(secret.c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 0777, 0600u) << atomic;
+    o.owner_only = false;
+    std::string plain = dir.file(atomic ? "a.bin" : "n.bin");
+    auto p = create_file_sink(plain, o);
+    p->commit();
+    ASSERT_EQ(::stat(plain.c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 0777, 0644u) << atomic;
+  }
+  ::umask(mask);
+}
+
 TEST(Sinks, ReserveChangesNoContent) {
   test::TempDir dir;
   std::string path = dir.file("reserved.bin");

@@ -112,6 +112,8 @@ void add_convert(CLI::App& app) {
     co.to = target_of(o->to, o->out);
     co.alignment = o->align;
     co.copy_shared = o->copy_shared;
+    for (const std::string* f : {&o->encrypt_key, &o->encrypt_password_file})
+      if (!f->empty()) warn_if_readable_by_others(*f);
     co.encryption.key_file = o->encrypt_key;
     co.encryption.password_file = o->encrypt_password_file;
     co.limits = limits_of(o->common);

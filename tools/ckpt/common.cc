@@ -1,5 +1,7 @@
 #include "common.h"
 
+#include <sys/stat.h>
+
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -75,8 +77,19 @@ std::string error_line(const Error& e) {
   return line;
 }
 
+// A secret (key or password) file others can read: say so, once per file.
+void warn_if_readable_by_others(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && (st.st_mode & 077))
+    std::fprintf(stderr,
+                 "ckpt: warning: %s holds a secret but is readable by others (mode %03o); "
+                 "chmod 600 it\n",
+                 path.c_str(), static_cast<unsigned>(st.st_mode & 0777));
+}
+
 namespace {
 std::string slurp(const std::string& path) {
+  warn_if_readable_by_others(path);
   std::ifstream f(path, std::ios::binary);
   if (!f) throw Error(ErrorCode::kNotFound, "cannot read key/password file", path);
   std::stringstream ss;

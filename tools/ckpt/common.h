@@ -12,6 +12,8 @@ namespace ckpt::cli {
 
 // Exit statuses: 0 success; one per error code; 64 for usage errors.
 int exit_code(ErrorCode code);
+// Prints a warning when a key or password file is readable by group or others.
+void warn_if_readable_by_others(const std::string& path);
 inline constexpr int kUsageExit = 64;
 // `verify` that checked no content (the format stores no checksums, or there is nothing to check):
 // never exit 0 for work that was not done.
