@@ -76,6 +76,13 @@ void write_source(ConvertFormat f, const std::string& path, const std::vector<Te
   FAIL();
 }
 
+// sample_tensors() saved as a torch zip in `dir`, opened.
+Checkpoint torch_source(TempDir& dir) {
+  const std::string src = dir.file("src.pt");
+  write_source(ConvertFormat::kTorch, src, sample_tensors());
+  return Checkpoint::open(src);
+}
+
 const char* ext_of(ConvertFormat f) {
   switch (f) {
     case ConvertFormat::kTorch:
@@ -157,10 +164,7 @@ TEST(Convert, EveryPairOfFormatsKeepsNamesDtypesShapesAndBytes) {
 
 TEST(Convert, SinkOverloadWritesWhatThePathOverloadWrites) {
   TempDir dir;
-  const auto ts = sample_tensors();
-  const std::string src = dir.file("src.pt");
-  write_source(ConvertFormat::kTorch, src, ts);
-  Checkpoint c = Checkpoint::open(src);
+  Checkpoint c = torch_source(dir);
   for (ConvertFormat to : kFormats) {
     const std::string out = dir.file(std::string("o") + ext_of(to));
     ConvertOptions o = quick();
@@ -366,10 +370,7 @@ class RecordingSink final : public ByteSink {
 
 TEST(Convert, ProgressReachesTotalWithoutHidingTheSinksFastPaths) {
   TempDir dir;
-  const auto ts = sample_tensors();
-  const std::string src = dir.file("src.pt");
-  write_source(ConvertFormat::kTorch, src, ts);
-  Checkpoint c = Checkpoint::open(src);
+  Checkpoint c = torch_source(dir);
   const auto caller = std::this_thread::get_id();
   for (ConvertFormat to : kFormats) {
     SCOPED_TRACE(convert_format_name(to));
