@@ -99,8 +99,8 @@ class Checkpoint {
   void prefetch(std::span<const size_t> tensors = {}, bool populate = false) const;
 
   // Checks every record that has a CRC32. Throws Error{kCorrupt} naming the first bad record.
-  // Returns the number of records checked.
-  size_t verify() const;
+  // Returns the number of records checked. `progress` (may be empty) counts the bytes checked.
+  size_t verify(const ProgressFn& progress = {}) const;
 
  private:
   friend struct internal::CheckpointAccess;

@@ -3,6 +3,7 @@
 // Plain values: copied where they are used, so a caller may reuse or change its own afterwards.
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 namespace ckpt {
@@ -29,10 +30,19 @@ struct OpenOptions {
   std::string decrypt_password;
 };
 
+// Progress of a long operation: `done` of `total` bytes. Called at most once per ~100 ms (never
+// for an operation quicker than that) and once at the end with done == total; `done` never goes
+// back. Loads call it from their reader threads, never from two at once: keep it quick, and it
+// must not throw.
+using ProgressFn = std::function<void(uint64_t done, uint64_t total)>;
+
 struct LoadOptions {
   bool verify = false;  // check CRC32 (fused with the read); mismatch throws Error{kCorrupt}
   int threads = 0;      // reader threads; 0 = pick for the machine
   bool copy = false;    // with an mmap source: copy into owned memory instead of views
+  // Bytes of the loaded storages (load_all, open_and_load, stream; Checkpoint::verify(progress)
+  // counts the bytes it checks). Not called for zero-copy views, which read nothing.
+  ProgressFn progress;
 };
 
 struct SaveOptions {

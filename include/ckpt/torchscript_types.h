@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <string>
 
+#include "ckpt/options.h"
+
 namespace ckpt {
 
 // One source file under code/.
@@ -34,6 +36,8 @@ struct TorchScriptRewriteOptions {
   uint32_t alignment = 64;  // data alignment of every record (torch uses 64); power of two
   bool atomic = true;
   bool fsync = true;
+  // Bytes of the input's records copied so far, of all of them (options.h: ProgressFn).
+  ProgressFn progress;
 };
 
 struct TorchScriptRewriteReport {

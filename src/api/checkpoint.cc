@@ -152,18 +152,26 @@ void Checkpoint::prefetch(std::span<const size_t> tensors, bool populate) const 
   }
 }
 
-size_t Checkpoint::verify() const {
+size_t Checkpoint::verify(const ProgressFn& progress) const {
   const CheckpointModel& m = *impl_->model;
-  if (m.verify) return m.verify();
+  if (m.verify) return m.verify(progress);
+  auto checkable = [&m](const StorageInfo& s) { return s.crc32 && !s.meta; };
+  uint64_t total = 0;
+  if (progress)
+    for (const StorageInfo& s : m.storages)
+      if (checkable(s)) total += s.nbytes;
+  internal::ProgressMeter meter(progress, total);
   size_t checked = 0;
   LoadOptions o;
   o.verify = true;
   for (size_t i = 0; i < m.storages.size(); ++i) {
     const StorageInfo& s = m.storages[i];
-    if (!s.crc32 || s.meta) continue;
+    if (!checkable(s)) continue;
     (void)storage(i, o);
+    meter.add(s.nbytes);
     ++checked;
   }
+  meter.finish();
   return checked;
 }
 

@@ -67,6 +67,7 @@ std::vector<Tensor> execute_eager(const LoadPlan& plan, std::unique_ptr<Preload>
   }
 
   const bool had_started = started != nullptr;
+  ProgressMeter meter(plan.progress, plan.progress ? plan_bytes(plan) : 0);
   std::unique_ptr<Preload> pre = std::move(started);
   std::shared_ptr<std::byte> extra_arena;
   std::byte* extra_base = nullptr;
@@ -79,6 +80,7 @@ std::vector<Tensor> execute_eager(const LoadPlan& plan, std::unique_ptr<Preload>
     pre = std::make_unique<Preload>(plan.copy, std::move(ranges), plan.verify, 0, extra);
     extra_base = pre->extra_bytes();
   }
+  if (meter.active()) pre->set_progress(&meter);
 
   // The storages and the tensor table are built before the bytes arrive (their addresses are
   // known): on a file of many small tensors that work overlaps the reads still running.
@@ -107,6 +109,7 @@ std::vector<Tensor> execute_eager(const LoadPlan& plan, std::unique_ptr<Preload>
         PlannedStorage p = plan.storages[decoded[j]];
         p.byteswap = false;  // swapped below with the raw ones
         load_into(plan, p, extra_base + extra_off[decoded[j]]);
+        progress_add(meter.active() ? &meter : nullptr, m.storages[p.storage].nbytes);
       }
     } catch (...) {
       std::lock_guard<std::mutex> lock(failure_mu);
@@ -124,6 +127,7 @@ std::vector<Tensor> execute_eager(const LoadPlan& plan, std::unique_ptr<Preload>
   for (auto& t : pool) t.join();
   if (failure) std::rethrow_exception(failure);
   pre->finish();
+  pre->set_progress(nullptr);
 
   for (size_t k = 0; k < plan.storages.size(); ++k) {
     const PlannedStorage& p = plan.storages[k];
@@ -134,6 +138,7 @@ std::vector<Tensor> execute_eager(const LoadPlan& plan, std::unique_ptr<Preload>
       byteswap_elements(const_cast<std::byte*>(storages[p.storage]->data), si.nbytes,
                         dtype_size(si.dtype), dtype_info(si.dtype).is_complex);
   }
+  meter.finish();
   return out;
 }
 

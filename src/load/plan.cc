@@ -58,6 +58,7 @@ LoadPlan empty_plan(const CheckpointModel& m, SourcePtr copy, const LoadOptions&
 LoadPlan make_plan(const CheckpointModel& m, SourcePtr copy, const LoadOptions& options,
                    const TensorFilter& filter, bool allow_view) {
   LoadPlan plan = empty_plan(m, std::move(copy), options);
+  plan.progress = options.progress;  // whole-plan executors only: storage() plans one at a time
   std::vector<uint8_t> need(m.storages.size(), 0);
   for (size_t i = 0; i < m.tensors.size(); ++i) {
     if (filter && !filter(m.tensors[i])) continue;
@@ -140,6 +141,12 @@ StoragePtr load_one(const LoadPlan& plan, const PlannedStorage& p) {
   auto buf = allocate_arena(si.nbytes);
   load_into(plan, p, buf.get());
   return make_storage(si, buf.get(), buf, true);
+}
+
+uint64_t plan_bytes(const LoadPlan& plan) {
+  uint64_t n = 0;
+  for (const PlannedStorage& p : plan.storages) n += plan.model->storages[p.storage].nbytes;
+  return n;
 }
 
 std::vector<Tensor> plan_tensors(const LoadPlan& plan, const std::vector<StoragePtr>& storages) {

@@ -14,6 +14,7 @@
 
 #include "ckpt/options.h"
 #include "load/preload.h"
+#include "util/progress.h"
 #include "model/checkpoint_model.h"
 
 namespace ckpt::internal {
@@ -38,6 +39,7 @@ struct LoadPlan {
   SourcePtr copy;  // where kRead bytes come from (a mapping's pread twin, else the source)
   bool verify = false;
   int threads = 1;
+  ProgressFn progress;  // LoadOptions::progress: bytes of the planned storages as they load
   std::vector<uint32_t> tensors;         // selected tensors, in table order
   std::vector<PlannedStorage> storages;  // their storages, raw ones first in file order
 
@@ -82,6 +84,9 @@ std::vector<Tensor> execute_eager(const LoadPlan& plan, std::unique_ptr<Preload>
 // Error{kInvalidArgument} naming the tensor when one storage does not fit the budget.
 void execute_stream(const LoadPlan& plan, uint64_t budget,
                     const std::function<void(const Tensor&)>& fn);
+
+// Bytes the plan loads (every planned storage), the total its progress counts to.
+uint64_t plan_bytes(const LoadPlan& plan);
 
 // Tensors of the plan over `storages` (indexed by storage).
 std::vector<Tensor> plan_tensors(const LoadPlan& plan, const std::vector<StoragePtr>& storages);

@@ -95,6 +95,7 @@ void Preload::work() noexcept {
         const uint64_t f0 = ch.file_off + done, f1 = f0 + n;
         std::byte* dst = base_ + ch.arena_off + done;
         source_->read_into(f0, std::span<std::byte>(dst, n));
+        progress_add(progress_.load(std::memory_order_acquire), n);
         if (!want_crc_) continue;
         if (ch.range != kAny) {
           crc_slice(c, ch.range, f0, f1, dst);

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "ckpt/source.h"
+#include "util/progress.h"
 
 namespace ckpt::internal {
 
@@ -51,6 +52,9 @@ class Preload {
   std::byte* data(size_t i) const { return base_ + arena_off_[i]; }
   std::byte* extra_bytes() const { return base_ + extra_off_; }
   const std::shared_ptr<std::byte>& arena() const { return arena_; }
+  // Counts every slice read from now on into `meter` (which must outlive the reads); may be
+  // set while background threads read.
+  void set_progress(ProgressMeter* meter) { progress_.store(meter, std::memory_order_release); }
   bool mirrored() const { return mirror_; }
   // After finish(), with `crc`: the CRC32 of ranges[i].
   uint32_t crc(size_t i) const { return crc_[i]; }
@@ -71,6 +75,7 @@ class Preload {
   void crc_slice(size_t chunk, size_t range, uint64_t f0, uint64_t f1, const std::byte* src);
 
   SourcePtr source_;
+  std::atomic<ProgressMeter*> progress_{nullptr};
   std::vector<PreloadRange> ranges_;
   std::vector<size_t> order_;    // range indices by file offset
   std::vector<uint64_t> reach_;  // max end of the ranges order_[0..i]

@@ -41,12 +41,14 @@ void execute_stream(const LoadPlan& plan, uint64_t budget,
   if (plan.storages.empty()) return;
 
   RingBuffer ring(std::max<uint64_t>(budget, RingBuffer::kAlign));
+  ProgressMeter meter(plan.progress, plan.progress ? plan_bytes(plan) : 0);
   std::thread reader([&] {
     try {
       for (const PlannedStorage& p : plan.storages) {
         auto slot = ring.acquire(d.storages[p.storage].nbytes, p.storage);
         if (!slot) return;  // the consumer stopped
         load_into(plan, p, slot->data);
+        if (meter.active()) meter.add(d.storages[p.storage].nbytes);
         ring.commit();
       }
       ring.close();
@@ -68,6 +70,7 @@ void execute_stream(const LoadPlan& plan, uint64_t budget,
   }
   reader.join();
   ring.rethrow_if_failed();
+  meter.finish();
 }
 
 }  // namespace ckpt::internal

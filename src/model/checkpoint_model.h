@@ -76,7 +76,8 @@ struct CheckpointModel {
   bool decode_all = false;
   // Format-specific verification (tensorizer hashes, every zip record); null = CRC32 of the
   // storages that have one. Returns the number of items checked; throws Error{kCorrupt}.
-  std::function<size_t()> verify;
+  // Reports the bytes it checks to the ProgressFn (which may be empty).
+  std::function<size_t(const ProgressFn&)> verify;
   std::shared_ptr<const FormatExtension> extension;
 
   StorageKind kind(size_t s) const noexcept {

@@ -3,7 +3,10 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstring>
+#include <mutex>
 #include <thread>
 
 #include "ckpt/ckpt.h"
@@ -257,6 +260,88 @@ TEST(Load, EveryPathAgreesOnEveryStorage) {
       EXPECT_TRUE(f.same(all[i]));
     }
   }
+}
+
+}  // namespace
+}  // namespace ckpt
+
+namespace ckpt {
+namespace {
+
+// LoadOptions::progress and verify(progress): calls never overlap, `done` never goes back and
+// never passes `total`, and the last call is done == total == the bytes of what was loaded or
+// checked. With an interval of 0 ms every piece may report (the meter still throttles to one
+// caller at a time).
+struct ProgressLog {
+  std::mutex mu;
+  std::atomic<int> inside{0};
+  bool overlapped = false, went_back = false, past_total = false;
+  std::vector<std::pair<uint64_t, uint64_t>> calls;
+  ProgressFn fn() {
+    return [this](uint64_t done, uint64_t total) {
+      if (inside.fetch_add(1) != 0) overlapped = true;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        if (!calls.empty() && done < calls.back().first) went_back = true;
+        if (done > total) past_total = true;
+        calls.emplace_back(done, total);
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+      inside.fetch_sub(1);
+    };
+  }
+  void check(uint64_t want_total) {
+    ASSERT_FALSE(calls.empty());
+    EXPECT_FALSE(overlapped);
+    EXPECT_FALSE(went_back);
+    EXPECT_FALSE(past_total);
+    EXPECT_EQ(calls.back().first, want_total);
+    EXPECT_EQ(calls.back().second, want_total);
+  }
+};
+
+TEST(Load, ProgressReportsEveryPathToTheEnd) {
+  Fixture f(40, 200000);
+  uint64_t storage_bytes = 0;
+  for (bool mmap : {true, false}) {
+    OpenOptions o;
+    o.mmap = mmap;
+    Checkpoint c = Checkpoint::open(f.path, o);
+    storage_bytes = 0;
+    for (const auto& s : c.storages()) storage_bytes += s.nbytes;
+    for (int threads : {1, 3}) {
+      ProgressLog log;
+      LoadOptions lo;
+      lo.threads = threads;
+      lo.progress = log.fn();
+      auto all = c.load_all(lo);
+      for (auto& t : all) EXPECT_TRUE(f.same(t)) << t.name();
+      log.check(storage_bytes);
+    }
+    {
+      ProgressLog log;
+      LoadOptions lo;
+      lo.progress = log.fn();
+      c.stream(8 << 20, [&](const Tensor& t) { EXPECT_TRUE(f.same(t)); }, lo);
+      log.check(storage_bytes);
+    }
+    {
+      ProgressLog log;
+      LoadOptions lo;
+      lo.progress = log.fn();
+      LoadedCheckpoint l = Checkpoint::open_and_load(f.path, o, lo);
+      log.check(storage_bytes);
+    }
+  }
+  // verify counts the bytes of every record it checks (data.pkl and the rest included).
+  Checkpoint c = Checkpoint::open(f.path);
+  ProgressLog log;
+  EXPECT_EQ(c.verify(log.fn()), c.records().size());
+  uint64_t record_bytes = 0;
+  for (const auto& r : c.records()) record_bytes += r.size;
+  log.check(record_bytes);
+  // An empty callback changes nothing.
+  EXPECT_EQ(c.verify(), c.records().size());
 }
 
 }  // namespace

@@ -106,7 +106,7 @@ TEST_F(Fixtures, EveryFixtureMatchesManifest) {
         EXPECT_EQ(*s.crc32, internal::crc32(bytes));
       }
     }
-    EXPECT_EQ(d->verify(), d->tensors.size());
+    EXPECT_EQ(d->verify({}), d->tensors.size());
   }
 }
 
@@ -148,7 +148,7 @@ TEST_F(Fixtures, FlippedDataByteFailsVerification) {
   while (d0->tensors[big].name != "big") ++big;
   bytes[d0->storages[big].offset + 12345] ^= std::byte{1};
   auto d = open_tensorizer(memory_source(bytes), {});
-  auto e = test::capture_error([&] { d->verify(); });
+  auto e = test::capture_error([&] { d->verify({}); });
   EXPECT_EQ(e.code(), ErrorCode::kCorrupt);
   EXPECT_EQ(e.record(), "big");
   EXPECT_NE(internal::crc32(load(*d, big)), *d->storages[big].crc32);
@@ -164,7 +164,7 @@ TEST_F(Fixtures, FlippedCiphertextIsAuthError) {
   ASSERT_LT(hdr_off, data_off);
   bytes[data_off + 3] ^= std::byte{0x40};
   auto d = open_tensorizer(memory_source(bytes), options_for(f));
-  EXPECT_EQ(test::capture_error([&] { d->verify(); }).code(), ErrorCode::kAuth);
+  EXPECT_EQ(test::capture_error([&] { d->verify({}); }).code(), ErrorCode::kAuth);
   std::vector<std::byte> buf(d->storages[0].nbytes);
   auto e = test::capture_error([&] { d->decoder->read(0, buf, false); });
   EXPECT_EQ(e.code(), ErrorCode::kAuth);
@@ -330,7 +330,7 @@ void expect_read_back(const std::shared_ptr<CheckpointModel>& d,
     if (es[i].meta) continue;
     EXPECT_EQ(load(*d, i, true), es[i].tensor.contiguous_bytes());
   }
-  EXPECT_EQ(d->verify(), es.size());
+  EXPECT_EQ(d->verify({}), es.size());
 }
 
 TEST(TensorizerWriter, RoundTripPlainVersions) {
@@ -377,11 +377,11 @@ TEST(TensorizerWriter, RoundTripEncryptedRandomKeyFile) {
   expect_read_back(d, es);
   OpenOptions raw;
   raw.decrypt_key = key;
-  EXPECT_EQ(open_tensorizer(open_file_source(dir.file("e.tensors")), raw)->verify(), es.size());
+  EXPECT_EQ(open_tensorizer(open_file_source(dir.file("e.tensors")), raw)->verify({}), es.size());
   OpenOptions wrong;
   wrong.decrypt_key = std::string(32, 'x');
   auto dw = open_tensorizer(open_file_source(dir.file("e.tensors")), wrong);
-  EXPECT_CKPT_ERROR(dw->verify(), ErrorCode::kAuth);
+  EXPECT_CKPT_ERROR(dw->verify({}), ErrorCode::kAuth);
 }
 
 TEST(TensorizerWriter, RoundTripEncryptedPasswordWithMeta) {
@@ -406,7 +406,7 @@ TEST(TensorizerWriter, RoundTripEncryptedPasswordWithMeta) {
   expect_read_back(d, es);
   OpenOptions bad;
   bad.decrypt_password = "hunter3";
-  EXPECT_CKPT_ERROR(open_tensorizer(memory_source(sink.bytes()), bad)->verify(), ErrorCode::kAuth);
+  EXPECT_CKPT_ERROR(open_tensorizer(memory_source(sink.bytes()), bad)->verify({}), ErrorCode::kAuth);
 }
 
 TEST(TensorizerWriter, RefusesBadInput) {

@@ -6,14 +6,13 @@
 // hold (safetensors, tensorizer) are reported on stderr, never silently dropped. On a terminal,
 // conversions that take a while show a one-line progress bar on stderr.
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
 
 #include "ckpt/convert.h"
 #include "common.h"
+#include "progress.h"
 
 namespace ckpt::cli {
 namespace {
@@ -35,51 +34,6 @@ ConvertFormat target_of(const std::string& to, const std::string& out) {
   }
 }
 
-// The progress line on stderr when it is a terminal, drawn from ConvertOptions::progress. Quick
-// conversions draw nothing: the first draw waits until kDelay seconds have passed.
-class ProgressLine {
- public:
-  ProgressLine() : draw_(isatty(STDERR_FILENO) == 1), t0_(now_seconds()) {}
-  ~ProgressLine() { end_line(); }
-  bool wanted() const { return draw_; }
-  // While writing: `total` counts tensor bytes; headers and padding come on top, so the
-  // percentage is capped until the file is complete.
-  void update(uint64_t done, uint64_t total) { draw(done, total, false); }
-  // After the conversion: the final line (when anything was drawn, or it took a while).
-  void finish(uint64_t done) {
-    draw(done, done, true);
-    end_line();
-  }
-  // Ends the progress line so that what follows (notes, the summary, an error) starts on its own.
-  void end_line() {
-    if (!drawn_) return;
-    std::fputc('\n', stderr);
-    drawn_ = false;
-  }
-
- private:
-  static constexpr double kDelay = 0.25, kEvery = 0.1;
-  void draw(uint64_t done, uint64_t total, bool last) {
-    if (!draw_) return;
-    double now = now_seconds();
-    if (!last && (now - t0_ < kDelay || now - drawn_at_ < kEvery)) return;
-    if (last && !drawn_ && now - t0_ < kDelay) return;
-    int pct = total ? static_cast<int>(std::min<uint64_t>(done * 100 / total, 99)) : 0;
-    if (last) pct = 100;
-    double secs = std::max(now - t0_, 1e-9);
-    std::fprintf(stderr, "\r%s / %s  %3d%%  %.1f MB/s   ", human_bytes(done).c_str(),
-                 human_bytes(std::max(total, done)).c_str(), pct,
-                 static_cast<double>(done) / secs / 1e6);
-    std::fflush(stderr);
-    drawn_ = true;
-    drawn_at_ = now;
-  }
-
-  bool draw_;
-  double t0_, drawn_at_ = 0;
-  bool drawn_ = false;
-};
-
 }  // namespace
 
 void add_convert(CLI::App& app) {
@@ -88,6 +42,7 @@ void add_convert(CLI::App& app) {
     uint32_t align = 0;
     bool copy_shared = false;
     Common common;
+    ProgressMode progress = ProgressMode::kAuto;
   };
   auto o = std::make_shared<Opts>();
   auto* cmd =
@@ -106,6 +61,7 @@ void add_convert(CLI::App& app) {
                   "tensorizer: encrypt with a key derived (Argon2id) from the password in FILE")
       ->excludes(ek);
   add_common(*cmd, o->common);
+  add_progress_flags(*cmd, o->progress);
   cmd->callback([o] {
     double t0 = now_seconds();
     ConvertOptions co;
@@ -118,8 +74,8 @@ void add_convert(CLI::App& app) {
     co.encryption.password_file = o->encrypt_password_file;
     co.limits = limits_of(o->common);
     Checkpoint c = open_checkpoint(o->in, o->common);
-    ProgressLine line;
-    if (line.wanted()) co.progress = [&line](uint64_t done, uint64_t total) { line.update(done, total); };
+    ProgressLine line(o->progress);
+    co.progress = line.fn();
     ConvertReport r = convert(c, o->out, co);
     line.finish(r.bytes_written);
 
@@ -149,8 +105,11 @@ void add_convert(CLI::App& app) {
     if (r.key_file_written)
       std::fprintf(stderr, "ckpt: wrote a new random key to %s\n", o->encrypt_key.c_str());
     double dt = now_seconds() - t0;
-    std::printf("wrote %s (%s): %zu tensors, %s in %.3f s\n", o->out.c_str(), target, r.tensors,
-                human_bytes(r.tensor_bytes).c_str(), dt);
+    // The bytes of the file written (headers and padding included), not the source's.
+    std::printf("wrote %s (%s): %zu tensors (%s of data), %s (%llu bytes) in %.3f s\n",
+                o->out.c_str(), target, r.tensors, human_bytes(r.tensor_bytes).c_str(),
+                human_bytes(r.bytes_written).c_str(),
+                static_cast<unsigned long long>(r.bytes_written), dt);
   });
 }
 

@@ -5,10 +5,12 @@
 #include <sys/resource.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 
 #include "common.h"
+#include "progress.h"
 
 namespace ckpt::cli {
 
@@ -19,25 +21,32 @@ void add_load(CLI::App& app) {
     bool verify = false, json = false, digest = false;
     int threads = 0;
     Common common;
+    ProgressMode progress = ProgressMode::kAuto;
   };
   auto o = std::make_shared<Opts>();
   auto* cmd = app.add_subcommand("load", "load every tensor once; report time and peak memory");
   cmd->add_option("FILE", o->file, "checkpoint")->required();
   cmd->add_option("--mode", o->mode, "eager (owned memory), mmap (views, pages touched) or stream")
       ->check(CLI::IsMember({"eager", "mmap", "stream"}));
-  cmd->add_option("--budget-mb", o->budget_mb, "stream: bytes in flight (MiB, default 64)");
-  cmd->add_option("--threads", o->threads, "eager: reader threads (default: per machine)");
+  cmd->add_option("--budget-mb", o->budget_mb, "stream: bytes in flight (MiB, default 64)")
+      ->check(more_than(0));
+  cmd->add_option("--threads", o->threads, "eager: reader threads (default: per machine)")
+      ->check(at_least(0));
   cmd->add_flag("--verify", o->verify, "check CRC32 while loading");
-  cmd->add_flag("--json", o->json, "machine-readable output");
+  auto* json = cmd->add_flag("--json", o->json, "machine-readable output");
   cmd->add_flag("--digest", o->digest,
                 "with --json: CRC32 of each tensor's elements (row-major), by name, to compare "
-                "load paths with each other and with torch");
+                "load paths with each other and with torch")
+      ->needs(json);
   add_common(*cmd, o->common);
+  add_progress_flags(*cmd, o->progress);
   cmd->callback([o] {
     double t0 = now_seconds();
     LoadOptions lo;
     lo.verify = o->verify;
     lo.threads = o->threads;
+    ProgressLine line(o->progress);
+    lo.progress = line.fn();
     uint64_t bytes = 0, checksum = 0;
     size_t tensors = 0;
     nlohmann::ordered_json digests = nlohmann::ordered_json::object();
@@ -61,6 +70,9 @@ void add_load(CLI::App& app) {
         digest(t);
       }
     } else if (Checkpoint c = open_checkpoint(o->file, o->common); o->mode == "mmap") {
+      // Views read nothing in the library: the pages touched here are the progress.
+      for (const auto& s : c.storages()) bytes += s.nbytes;
+      uint64_t touched = 0;
       for (size_t i = 0; i < c.tensors().size(); ++i) {
         Tensor t = c.tensor(i, lo);
         const std::byte* p = t.storage()->data;
@@ -68,8 +80,9 @@ void add_load(CLI::App& app) {
           checksum += std::to_integer<uint8_t>(p[off]);
         digest(t);
         ++tensors;
+        touched += t.info().nbytes();
+        line.update(std::min(touched, bytes), bytes);
       }
-      for (const auto& s : c.storages()) bytes += s.nbytes;
     } else {
       uint64_t budget = static_cast<uint64_t>(o->budget_mb * 1024 * 1024);
       c.stream(budget, [&](const Tensor& t) {
@@ -82,6 +95,7 @@ void add_load(CLI::App& app) {
         digest(t);
       }, lo);
     }
+    line.end_line();
     double dt = now_seconds() - t0;
     struct rusage ru;
     ::getrusage(RUSAGE_SELF, &ru);

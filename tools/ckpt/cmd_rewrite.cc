@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "common.h"
+#include "progress.h"
 
 namespace ckpt::cli {
 
@@ -12,6 +13,7 @@ void add_rewrite(CLI::App& app) {
     std::string in, out, debug = "keep";
     uint32_t align = 64;
     Common common;
+    ProgressMode progress = ProgressMode::kAuto;
   };
   auto o = std::make_shared<Opts>();
   auto* cmd = app.add_subcommand(
@@ -26,6 +28,7 @@ void add_rewrite(CLI::App& app) {
                   "data alignment of every record, power of two (default 64, torch's; 4096 for "
                   "page-aligned tensors)");
   add_common(*cmd, o->common);
+  add_progress_flags(*cmd, o->progress);
   cmd->callback([o] {
     TorchScriptArchive a = TorchScriptArchive::from(open_checkpoint(o->in, o->common));
     TorchScriptRewriteOptions ro;
@@ -33,7 +36,10 @@ void add_rewrite(CLI::App& app) {
                : o->debug == "strip" ? TorchScriptRewriteOptions::Debug::kStrip
                                      : TorchScriptRewriteOptions::Debug::kKeep;
     ro.alignment = o->align;
+    ProgressLine line(o->progress);
+    ro.progress = line.fn();
     TorchScriptRewriteReport r = a.rewrite(o->out, ro);
+    line.end_line();
     std::printf("wrote %s: %zu of %zu records\n", o->out.c_str(), r.records_out, r.records_in);
     if (ro.debug == TorchScriptRewriteOptions::Debug::kTable) {
       long long saved = static_cast<long long>(r.debug_bytes_before) -

@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "common.h"
+#include "progress.h"
 
 namespace ckpt::cli {
 
@@ -10,15 +11,19 @@ void add_verify(CLI::App& app) {
   struct Opts {
     std::string file;
     Common common;
+    ProgressMode progress = ProgressMode::kAuto;
   };
   auto o = std::make_shared<Opts>();
   auto* cmd = app.add_subcommand("verify", "check every record's CRC32 (tensorizer: its hashes)");
   cmd->add_option("FILE", o->file, "checkpoint")->required();
   add_common(*cmd, o->common);
+  add_progress_flags(*cmd, o->progress);
   cmd->callback([o] {
     double t0 = now_seconds();
     Checkpoint c = open_checkpoint(o->file, o->common);
-    size_t n = c.verify();
+    ProgressLine line(o->progress);
+    size_t n = c.verify(line.fn());
+    line.end_line();
     double dt = now_seconds() - t0;
     size_t total = c.records().empty() ? c.storages().size() : c.records().size();
     const char* what = c.records().empty() ? "storages" : "records";

@@ -28,6 +28,7 @@
 #include "formats/open.h"
 #include "util/bytes.h"
 #include "util/crc32.h"
+#include "util/progress.h"
 
 namespace ckpt::internal {
 namespace {
@@ -101,7 +102,7 @@ struct TzrState {
   }
 
   // Streams a plaintext tensor through the hashes without holding it whole.
-  void verify_raw(size_t i) const {
+  void verify_raw(size_t i, ProgressMeter& meter) const {
     const TzrTensor& t = tensors[i];
     constexpr uint64_t kBlock = 16 << 20;
     uint32_t c = crc32(as_bytes(t.hashable));
@@ -113,12 +114,18 @@ struct TzrState {
       if (t.crc) c = crc32_update(c, b.data);
       if (t.sha) h.update(b.data);
       done += n;
+      meter.add(n);
     }
     if (t.crc && c != *t.crc) throw crc_mismatch(src->name(), names[i], t.data_off, *t.crc, c);
     if (t.sha && h.finish() != *t.sha) fail(ErrorCode::kCorrupt, i, "SHA-256 mismatch", t.data_off);
   }
 
-  size_t verify_all() const {
+  size_t verify_all(const ProgressFn& progress) const {
+    uint64_t total = 0;
+    if (progress)
+      for (const TzrTensor& t : tensors)
+        if (!t.meta) total += t.data_len;
+    ProgressMeter meter(progress, total);
     for (size_t i = 0; i < tensors.size(); ++i) {
       const TzrTensor& t = tensors[i];
       if (t.meta) {
@@ -126,10 +133,12 @@ struct TzrState {
       } else if (t.cipher) {
         std::vector<std::byte> buf(t.data_len);
         read(i, buf, true);
+        meter.add(t.data_len);
       } else {
-        verify_raw(i);
+        verify_raw(i, meter);
       }
     }
+    meter.finish();
     return tensors.size();
   }
 };
@@ -500,7 +509,7 @@ std::shared_ptr<CheckpointModel> Reader::run() {
   if (any_kdf) data->properties["key_derivation"] = "argon2";
   std::shared_ptr<const TzrState> cstate = state;
   data->decoder = std::make_shared<TzrDecoder>(cstate);
-  data->verify = [cstate] { return cstate->verify_all(); };
+  data->verify = [cstate](const ProgressFn& progress) { return cstate->verify_all(progress); };
   return data;
 }
 

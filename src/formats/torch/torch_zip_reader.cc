@@ -18,6 +18,7 @@
 #include "formats/torch/torchscript_reader.h"
 #include "formats/open.h"
 #include "util/crc32.h"
+#include "util/progress.h"
 #include "zip/zip_reader.h"
 
 namespace ckpt::internal {
@@ -219,15 +220,21 @@ std::shared_ptr<CheckpointModel> open_torch_zip(SourcePtr source, const OpenOpti
   if (any_deflated) data->decoder = std::make_shared<ZipStorageDecoder>(zip, entry_of);
 
   // Verification reads every record through the zip layer (stored ones in slices).
-  data->verify = [zip]() {
+  data->verify = [zip](const ProgressFn& progress) {
     size_t checked = 0;
     const ByteSource& s = zip->source();
-    std::vector<std::byte> buf;
+    auto has_crc = [](const ZipEntry& e) { return e.crc32 != 0 || e.size == 0; };
+    uint64_t total = 0;
+    if (progress)
+      for (const ZipEntry& e : zip->entries())
+        if (has_crc(e)) total += e.method != 0 ? e.compressed_size : e.size;
+    ProgressMeter meter(progress, total);
     for (size_t i = 0; i < zip->entries().size(); ++i) {
       const ZipEntry& e = zip->entries()[i];
-      if (e.crc32 == 0 && e.size != 0) continue;  // written without CRC
+      if (!has_crc(e)) continue;  // written without CRC
       if (e.method != 0) {
         zip->read(i, true);
+        meter.add(e.compressed_size);
       } else {
         uint64_t off = zip->data_offset(i);
         uint32_t crc = 0;
@@ -236,6 +243,7 @@ std::shared_ptr<CheckpointModel> open_torch_zip(SourcePtr source, const OpenOpti
           uint64_t n = std::min(kPiece, e.size - done);
           Bytes b = s.read(off + done, n);
           crc = crc32(crc, b.data);
+          meter.add(n);
         }
         if (crc != e.crc32) {
           throw crc_mismatch(s.name(), std::string(e.name), off, e.crc32, crc);
@@ -243,6 +251,7 @@ std::shared_ptr<CheckpointModel> open_torch_zip(SourcePtr source, const OpenOpti
       }
       ++checked;
     }
+    meter.finish();
     return checked;
   };
 

@@ -17,6 +17,7 @@
 #include "ckpt/torchscript_types.h"
 #include "formats/torch/debug_pkl.h"
 #include "formats/torch/torchscript_reader.h"
+#include "util/progress.h"
 #include "zip/zip_writer.h"
 
 namespace ckpt {
@@ -43,6 +44,10 @@ TorchScriptRewriteReport internal::rewrite_torchscript(const TorchScriptModel& m
   auto sink = create_file_sink(path, fo);
   internal::ZipWriter out(*sink, m.prefix, options.alignment);
   std::vector<std::string> converted_names;
+  uint64_t total = 0;
+  if (options.progress)
+    for (const internal::ZipEntry& e : entries) total += e.size;
+  internal::ProgressMeter meter(options.progress, total);
   for (size_t i : order) {
     const internal::ZipEntry& e = entries[i];
     if (e.name.compare(0, m.prefix.size(), m.prefix) != 0)
@@ -59,6 +64,7 @@ TorchScriptRewriteReport internal::rewrite_torchscript(const TorchScriptModel& m
       for (uint64_t done = 0; done < e.size; done += kPiece) {
         Bytes b = zip.source().read(off + done, std::min(kPiece, e.size - done));
         out.write(b.data);
+        meter.add(b.data.size());
       }
       out.end();
       ++report.records_out;
@@ -96,9 +102,11 @@ TorchScriptRewriteReport internal::rewrite_torchscript(const TorchScriptModel& m
     }
     if (!converted.empty()) converted_names.emplace_back(e.name);
     ++report.records_out;
+    meter.add(e.size);
   }
   out.finish();
   sink->commit();
+  meter.finish();
   if (!converted_names.empty()) {
     // Deflated sizes of the converted records, as written (ZipWriter does not report them).
     internal::ZipReader written(open_file_source(path), m.limits);

@@ -1,0 +1,81 @@
+#pragma once
+// The progress line of long commands: one line on stderr, redrawn in place — bytes done and
+// total, percent, rate and time left. Drawn only when stderr is a terminal (or --progress), never
+// with --no-progress, and only once the work has taken a quarter of a second: quick commands
+// print nothing extra.
+
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <mutex>
+#include <string>
+
+#include "ckpt/options.h"
+#include "ckpt/sink.h"
+
+namespace ckpt::cli {
+
+enum class ProgressMode { kAuto, kOn, kOff };
+
+// Adds --progress and --no-progress to a command.
+void add_progress_flags(CLI::App& cmd, ProgressMode& mode);
+
+class ProgressLine {
+ public:
+  explicit ProgressLine(ProgressMode mode, std::string label = {});
+  // Counts items (e.g. "measurements") instead of bytes: "3 / 15 measurements  20%  ETA 0:40".
+  void count_items(std::string unit) { items_ = std::move(unit); }
+  ~ProgressLine();
+  ProgressLine(const ProgressLine&) = delete;
+  ProgressLine& operator=(const ProgressLine&) = delete;
+
+  bool wanted() const { return draw_; }
+  // A callback drawing into this line (a library ProgressFn: any thread, one at a time); empty
+  // when no line is wanted, so the library skips its counting.
+  ProgressFn fn();
+  // Bytes done of total. Thread-safe. Percent stays below 100 until finish().
+  void update(uint64_t done, uint64_t total);
+  // Starts a new phase: the label drawn before the numbers, and the clock its rate counts from.
+  void set_label(std::string label);
+  // The final line (100%) when anything was drawn, then ends the line.
+  void finish(uint64_t done);
+  // Ends the line so that what follows (notes, the summary, an error) starts on its own line.
+  void end_line();
+
+ private:
+  void draw(uint64_t done, uint64_t total, bool last);
+
+  bool draw_;
+  std::string label_, items_;
+  double t0_, drawn_at_ = 0;
+  bool drawn_ = false;
+  std::mutex mu_;
+};
+
+// A sink that shows the bytes written through it on a ProgressLine, passing everything on to the
+// real sink (reserve and write_sliced included, so its fast paths stay in use).
+class CountingSink final : public ByteSink {
+ public:
+  CountingSink(ByteSink& inner, ProgressLine& line, uint64_t total)
+      : inner_(inner), line_(line), total_(total) {}
+  const std::string& name() const override { return inner_.name(); }
+  void write(std::span<const std::byte> bytes) override {
+    inner_.write(bytes);
+    line_.update(inner_.position(), total_);
+  }
+  using ByteSink::write;
+  void patch(uint64_t offset, std::span<const std::byte> bytes) override {
+    inner_.patch(offset, bytes);
+  }
+  uint64_t position() const override { return inner_.position(); }
+  void reserve(uint64_t size) override { inner_.reserve(size); }
+  void write_sliced(std::span<const std::byte> bytes, size_t slice,
+                    const SliceVisitor& visit) override;
+  void commit() override { inner_.commit(); }
+
+ private:
+  ByteSink& inner_;
+  ProgressLine& line_;
+  const uint64_t total_;
+};
+
+}  // namespace ckpt::cli
