@@ -1,12 +1,18 @@
 // ckpt bench FILE [--json] [--repeat N]: times open, mmap load, eager load (with and without
-// verification), save, and convert to pt (ckpt::convert, against save_torch of the same tensors
-// loaded) of FILE beside this machine's limits (memcpy into fresh 4 KiB and huge pages,
-// page-cache read), in one run. Medians; GB/s = 1e9 bytes per second.
+// verification), streaming, save, and convert to pt (ckpt::convert, against save_torch of the
+// same tensors loaded) of FILE, each beside its own limit: the same work done by plain system
+// calls with the same thread count into the same kind of memory (eager: T threads pread into
+// fresh huge pages; streaming: one thread pread into a warm ring; mmap: touching a fresh mapping;
+// save/convert: two threads pwrite to a new file), so no ratio exceeds 1 unless ckpt really does
+// better than the plain calls. Medians; GB/s = 1e9 bytes per second.
 
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <thread>
 #include <cstdio>
 #include <cstring>
 #include <functional>
@@ -15,6 +21,7 @@
 #include "ckpt/convert.h"
 
 #include "common.h"
+#include "progress.h"
 
 namespace ckpt::cli {
 namespace {
@@ -52,6 +59,49 @@ double fresh_memcpy(const std::byte* src, size_t n, bool huge, int repeat) {
   });
 }
 
+// Fresh anonymous memory of `n` bytes, 2 MiB-aligned, with or without huge pages; unmapped by the
+// deleter. Not touched here.
+std::shared_ptr<std::byte> fresh_memory(size_t n, bool huge) {
+  const size_t len = n + (2 << 20);
+  void* p = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) throw Error(ErrorCode::kIo, "mmap failed");
+  auto base = (reinterpret_cast<uintptr_t>(p) + (2 << 20) - 1) & ~uintptr_t((2 << 20) - 1);
+  ::madvise(reinterpret_cast<void*>(base), n, huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
+  return std::shared_ptr<std::byte>(reinterpret_cast<std::byte*>(base),
+                                    [p, len](std::byte*) { ::munmap(p, len); });
+}
+
+// `threads` threads taking 8 MiB pieces of [0, n) in turn (as the eager loader hands out work)
+// and running `piece(offset, len)`.
+void in_pieces(uint64_t n, int threads, const std::function<void(uint64_t, uint64_t)>& piece) {
+  constexpr uint64_t kPiece = 8 << 20;
+  std::atomic<uint64_t> next{0};
+  auto work = [&] {
+    for (uint64_t off; (off = next.fetch_add(kPiece)) < n;) piece(off, std::min(kPiece, n - off));
+  };
+  std::vector<std::thread> pool;
+  for (int t = 1; t < threads; ++t) pool.emplace_back(work);
+  work();
+  for (auto& t : pool) t.join();
+}
+
+// Reads in 1 MiB calls, the eager loader's size.
+void pread_all(int fd, std::byte* dst, uint64_t off, uint64_t len) {
+  while (len) {
+    ssize_t k = ::pread(fd, dst, std::min<uint64_t>(len, 1 << 20), static_cast<off_t>(off));
+    if (k <= 0) throw Error(ErrorCode::kIo, "pread failed");
+    dst += k, off += static_cast<uint64_t>(k), len -= static_cast<uint64_t>(k);
+  }
+}
+
+void pwrite_all(int fd, const std::byte* src, uint64_t off, uint64_t len) {
+  while (len) {
+    ssize_t k = ::pwrite(fd, src, len, static_cast<off_t>(off));
+    if (k <= 0) throw Error(ErrorCode::kIo, "pwrite failed (disk full?)");
+    src += k, off += static_cast<uint64_t>(k), len -= static_cast<uint64_t>(k);
+  }
+}
+
 }  // namespace
 
 void add_bench(CLI::App& app) {
@@ -59,14 +109,18 @@ void add_bench(CLI::App& app) {
     std::string file;
     bool json = false;
     int repeat = 5;
+    ProgressMode progress = ProgressMode::kAuto;
   };
   auto o = std::make_shared<Opts>();
   auto* cmd = app.add_subcommand("bench", "time open and load paths against the machine's limits");
   cmd->add_option("FILE", o->file, "checkpoint")->required();
   cmd->add_flag("--json", o->json, "machine-readable output");
-  cmd->add_option("--repeat", o->repeat, "runs per measurement (median)");
+  cmd->add_option("--repeat", o->repeat, "runs per measurement (median)")->check(at_least(1));
+  add_progress_flags(*cmd, o->progress);
   cmd->callback([o] {
     int r = std::max(1, o->repeat);
+    const int threads =
+        static_cast<int>(std::clamp<unsigned>(std::thread::hardware_concurrency(), 1, 8));
     // Warm the page cache and get the size.
     Checkpoint warm = Checkpoint::open(o->file);
     uint64_t bytes = 0;
@@ -81,21 +135,67 @@ void add_bench(CLI::App& app) {
       std::string name;
       double seconds;
       uint64_t bytes;
+      int limit;  // index of the row that bounds this one (-1: none)
     };
     std::vector<Row> rows;
-    auto add = [&](const std::string& n, double s, uint64_t b) { rows.push_back({n, s, b}); };
+    // The progress line names the measurement running (a bench takes a while on a large file).
+    ProgressLine line(o->progress, "bench");
+    line.count_items("measurements");
+    const size_t kRows = 15;
+    auto add = [&](const std::string& n, double s, uint64_t b, int limit = -1) {
+      rows.push_back({n, s, b, limit});
+      line.update(rows.size(), kRows);
+      return static_cast<int>(rows.size() - 1);
+    };
+    auto tstr = [](int t) { return std::to_string(t) + (t == 1 ? " thread" : " threads"); };
 
-    // Machine limits.
+    // Machine facts (no ratio): memcpy into fresh pages of either kind.
     std::vector<std::byte> warm_buf(fsize);
     std::memcpy(warm_buf.data(), src->memory(), fsize);
-    add("limit: memcpy into fresh 4 KiB pages", fresh_memcpy(warm_buf.data(), fsize, false, r), fsize);
-    add("limit: memcpy into fresh huge pages", fresh_memcpy(warm_buf.data(), fsize, true, r), fsize);
-    auto fsrc = open_file_source(o->file);
-    add("limit: page-cache read (pread, warm buffer)", time_it(r, [&] {
-          constexpr uint64_t kPiece = 8 << 20;
-          for (uint64_t off = 0; off < fsize; off += kPiece)
-            fsrc->read_into(off, std::span<std::byte>(warm_buf.data() + off, std::min(kPiece, fsize - off)));
+    add("machine: memcpy into fresh 4 KiB pages", fresh_memcpy(warm_buf.data(), fsize, false, r), fsize);
+    add("machine: memcpy into fresh huge pages", fresh_memcpy(warm_buf.data(), fsize, true, r), fsize);
+    // Limits: the work of a ckpt row done by plain system calls, same threads, same memory.
+    const int fd = ::open(o->file.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) throw Error(ErrorCode::kIo, "cannot open", o->file);
+    const int lim_eager = add("limit: pread into fresh huge pages, " + tstr(threads), time_it(r, [&] {
+          auto dst = fresh_memory(fsize, true);
+          in_pieces(fsize, threads, [&](uint64_t off, uint64_t len) { pread_all(fd, dst.get() + off, off, len); });
         }), fsize);
+    // 64 MiB, or the largest storage when one is bigger (a storage is handed over whole).
+    uint64_t budget = 64ull << 20;
+    for (const auto& st : warm.storages()) budget = std::max(budget, (st.nbytes + 63) & ~uint64_t(63));
+    const int lim_stream = add("limit: pread into a warm " + human_bytes(budget) + " ring, 1 thread", [&] {
+          auto ring = fresh_memory(budget, true);
+          std::memset(ring.get(), 0, budget);
+          return time_it(r, [&] {
+            uint64_t at = 0;
+            constexpr uint64_t kPiece = 4 << 20;
+            for (uint64_t off = 0; off < fsize; off += kPiece) {
+              uint64_t n = std::min(kPiece, fsize - off);
+              if (at + n > budget) at = 0;
+              pread_all(fd, ring.get() + at, off, n);
+              at += n;
+            }
+          });
+        }(), fsize);
+    const int lim_mmap = add("limit: touch a fresh mapping of the file, 1 thread", time_it(r, [&] {
+          void* p = ::mmap(nullptr, fsize, PROT_READ, MAP_PRIVATE, fd, 0);
+          if (p == MAP_FAILED) throw Error(ErrorCode::kIo, "mmap failed", o->file);
+          volatile uint64_t sink = 0;
+          const auto* b = static_cast<const std::byte*>(p);
+          for (uint64_t off = 0; off < fsize; off += 4096) sink += std::to_integer<uint8_t>(b[off]);
+          ::munmap(p, fsize);
+        }), fsize);
+    const std::string scratch = o->file + ".bench-limit";
+    const int lim_write = add("limit: pwrite to a new file (page cache), 2 threads", time_it(r, [&] {
+          int wfd = ::open(scratch.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+          if (wfd < 0) throw Error(ErrorCode::kIo, "cannot create", scratch);
+          (void)::posix_fallocate(wfd, 0, static_cast<off_t>(fsize));  // as the file sink reserves
+          in_pieces(fsize, 2, [&](uint64_t off, uint64_t len) { pwrite_all(wfd, warm_buf.data() + off, off, len); });
+          ::close(wfd);
+        }, [&] { std::remove(scratch.c_str()); ::sync(); }), fsize);
+    std::remove(scratch.c_str());
+    ::close(fd);
     warm_buf = {};
 
     add("ckpt: open + list", time_it(r, [&] {
@@ -103,7 +203,7 @@ void add_bench(CLI::App& app) {
           volatile size_t n = c.tensors().size();
           (void)n;
         }), 0);
-    add("ckpt: mmap load (views, pages touched)", time_it(r, [&] {
+    add("ckpt: mmap load (views, pages touched), 1 thread", time_it(r, [&] {
           Checkpoint c = Checkpoint::open(o->file);
           volatile uint64_t sink = 0;
           for (size_t i = 0; i < c.tensors().size(); ++i) {
@@ -111,24 +211,21 @@ void add_bench(CLI::App& app) {
             const std::byte* p = t.storage()->data;
             for (uint64_t off = 0; off < t.storage()->info.nbytes; off += 4096) sink += std::to_integer<uint8_t>(p[off]);
           }
-        }), bytes);
+        }), bytes, lim_mmap);
     // Eager: open_and_load (reads overlap the metadata parse); the sequential form beside it.
-    add("ckpt: eager load", time_it(r, [&] {
+    add("ckpt: eager load, " + tstr(threads), time_it(r, [&] {
           LoadedCheckpoint l = Checkpoint::open_and_load(o->file);
-        }), bytes);
-    add("ckpt: eager load + verify CRC32", time_it(r, [&] {
+        }), bytes, lim_eager);
+    add("ckpt: eager load + verify CRC32, " + tstr(threads), time_it(r, [&] {
           LoadOptions lo;
           lo.verify = true;
           LoadedCheckpoint l = Checkpoint::open_and_load(o->file, {}, lo);
-        }), bytes);
-    add("ckpt: eager, open then load_all", time_it(r, [&] {
+        }), bytes, lim_eager);
+    add("ckpt: eager, open then load_all, " + tstr(threads), time_it(r, [&] {
           Checkpoint c = Checkpoint::open(o->file);
           auto t = c.load_all();
-        }), bytes);
-    // 64 MiB, or the largest storage when one is bigger (a storage is handed over whole).
-    uint64_t budget = 64ull << 20;
-    for (const auto& st : warm.storages()) budget = std::max(budget, (st.nbytes + 63) & ~uint64_t(63));
-    std::string budget_name = "ckpt: streaming load, " + human_bytes(budget) + " budget";
+        }), bytes, lim_eager);
+    std::string budget_name = "ckpt: streaming load, " + human_bytes(budget) + " budget, 1 reader";
     add(budget_name, time_it(r, [&] {
           Checkpoint c = Checkpoint::open(o->file);
           volatile uint64_t sink = 0;
@@ -136,7 +233,7 @@ void add_bench(CLI::App& app) {
             const std::byte* p = t.data();
             for (uint64_t off = 0; off < t.info().nbytes(); off += 4096) sink += std::to_integer<uint8_t>(p[off]);
           });
-        }), bytes);
+        }), bytes, lim_stream);
     double save_seconds = 0, convert_seconds = 0;
     {
       // Save what an eager load produced, to the page cache and then to disk (fsync).
@@ -158,7 +255,8 @@ void add_bench(CLI::App& app) {
               else
                 save_torch(out, state_dict, tensors, so);
             }, [&] { std::remove(out.c_str()); ::sync(); });
-        add(fsync ? "ckpt: save (+ fsync)" : "ckpt: save (page cache)", s, bytes);
+        add(fsync ? "ckpt: save (+ fsync)" : "ckpt: save (page cache), 2 threads", s, bytes,
+            fsync ? -1 : lim_write);
         if (!fsync) save_seconds = s;
       }
       // ckpt::convert to pt from a freshly opened (mapped) checkpoint: the same save, written
@@ -172,7 +270,7 @@ void add_bench(CLI::App& app) {
         ::sync();
         fresh.emplace(Checkpoint::open(o->file));
       });
-      add("ckpt: convert to pt (page cache)", convert_seconds, bytes);
+      add("ckpt: convert to pt (page cache), 2 threads", convert_seconds, bytes, lim_write);
       std::remove(out.c_str());
     }
     const double convert_ratio = convert_seconds / save_seconds;
@@ -206,36 +304,51 @@ void add_bench(CLI::App& app) {
                    peak("--mode stream --budget-mb " + std::to_string(budget / 1048576.0)),
                    budget + (32ull << 20)});
 
-    double huge_rate = fsize / rows[1].seconds;
+    line.finish(kRows);
+    auto rate = [](const Row& row) { return row.bytes / row.seconds; };
+    auto vs_limit = [&](const Row& row) {
+      return row.limit >= 0 && row.bytes ? rate(row) / rate(rows[row.limit]) : 0.0;
+    };
     if (o->json) {
       nlohmann::ordered_json j;
       j["file"] = o->file;
       j["file_bytes"] = fsize;
       j["tensors"] = warm.tensors().size();
-      for (auto& row : rows)
-        j["results"].push_back({{"name", row.name}, {"seconds", row.seconds},
-                                {"gb_per_s", row.bytes ? row.bytes / row.seconds / 1e9 : 0.0},
-                                {"vs_fresh_huge_memcpy", row.bytes ? (row.bytes / row.seconds) / huge_rate : 0.0}});
+      j["threads"] = threads;
+      for (auto& row : rows) {
+        nlohmann::ordered_json x{{"name", row.name}, {"seconds", row.seconds},
+                                 {"gb_per_s", row.bytes ? rate(row) / 1e9 : 0.0}};
+        if (row.limit >= 0) {
+          x["limit"] = rows[row.limit].name;
+          x["vs_limit"] = vs_limit(row);
+        }
+        j["results"].push_back(std::move(x));
+      }
       j["convert_vs_save"] = convert_ratio;
       for (auto& m : rss)
         j["memory"].push_back({{"name", m.name}, {"peak_rss_bytes", m.bytes}, {"target_bytes", m.target}});
       std::printf("%s\n", j.dump(1).c_str());
       return;
     }
-    std::printf("%s: %s in %zu tensors, medians of %d runs\n", o->file.c_str(),
-                human_bytes(bytes).c_str(), warm.tensors().size(), r);
-    std::printf("%-46s %10s %9s %12s\n", "measurement", "ms", "GB/s", "x huge-memcpy");
+    std::printf("%s: %s in %zu tensors, medians of %d runs; each ckpt row beside its limit "
+                "(same work by plain system calls, same threads and memory)\n",
+                o->file.c_str(), human_bytes(bytes).c_str(), warm.tensors().size(), r);
+    std::printf("%-58s %10s %9s %8s\n", "measurement", "ms", "GB/s", "x limit");
     for (auto& row : rows) {
-      if (row.bytes)
-        std::printf("%-46s %10.2f %9.2f %12.2f\n", row.name.c_str(), row.seconds * 1e3,
-                    row.bytes / row.seconds / 1e9, (row.bytes / row.seconds) / huge_rate);
-      else
-        std::printf("%-46s %10.3f %9s %12s\n", row.name.c_str(), row.seconds * 1e3, "-", "-");
+      if (!row.bytes) {
+        std::printf("%-58s %10.3f %9s %8s\n", row.name.c_str(), row.seconds * 1e3, "-", "-");
+      } else if (row.limit >= 0) {
+        std::printf("%-58s %10.2f %9.2f %8.2f\n", row.name.c_str(), row.seconds * 1e3,
+                    rate(row) / 1e9, vs_limit(row));
+      } else {
+        std::printf("%-58s %10.2f %9.2f %8s\n", row.name.c_str(), row.seconds * 1e3,
+                    rate(row) / 1e9, "-");
+      }
     }
-    std::printf("%-46s %10.2fx  (time of convert to pt / save of loaded tensors; target <= 1.10)\n",
+    std::printf("%-58s %10.2fx  (time of convert to pt / save of loaded tensors; target <= 1.10)\n",
                 "convert vs save", convert_ratio);
     for (auto& m : rss)
-      std::printf("%-46s %10s   (target <= %s)\n", m.name.c_str(), human_bytes(m.bytes).c_str(),
+      std::printf("%-58s %10s   (target <= %s)\n", m.name.c_str(), human_bytes(m.bytes).c_str(),
                   human_bytes(m.target).c_str());
   });
 }

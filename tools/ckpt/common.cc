@@ -48,6 +48,31 @@ void add_common(CLI::App& cmd, Common& c) {
       ->group("Limits");
 }
 
+namespace {
+CLI::Validator bound_check(double bound, bool strict) {
+  return CLI::Validator(
+      [bound, strict](std::string& v) -> std::string {
+        double x = 0;
+        try {
+          size_t used = 0;
+          x = std::stod(v, &used);
+          if (used != v.size()) return "'" + v + "' is not a number";
+        } catch (...) {
+          return "'" + v + "' is not a number";
+        }
+        char b[32];
+        std::snprintf(b, sizeof b, "%g", bound);
+        if (strict ? !(x > bound) : !(x >= bound))
+          return std::string("must be ") + (strict ? "more than " : "at least ") + b + ", not " + v;
+        return {};
+      },
+      strict ? "NUMBER > bound" : "NUMBER >= bound");
+}
+}  // namespace
+
+CLI::Validator more_than(double bound) { return bound_check(bound, true); }
+CLI::Validator at_least(double bound) { return bound_check(bound, false); }
+
 Limits limits_of(const Common& c) {
   Limits l = c.limits;
   // MiB options; saturate rather than wrap for absurd values.

@@ -15,6 +15,10 @@ int exit_code(ErrorCode code);
 // Prints a warning when a key or password file is readable by group or others.
 void warn_if_readable_by_others(const std::string& path);
 inline constexpr int kUsageExit = 64;
+// Option checks with plain messages ("--size-mb: must be more than 0"): a bad value is a usage
+// error (exit 64), never silently replaced.
+CLI::Validator more_than(double bound);
+CLI::Validator at_least(double bound);
 // `verify` that checked no content (the format stores no checksums, or there is nothing to check):
 // never exit 0 for work that was not done.
 inline constexpr int kNotVerifiedExit = 10;
