@@ -25,6 +25,7 @@ namespace ckpt {
 //   kAuth              auth                 9  a wrong key or password, or tampered ciphertext
 //   (CLI only)                             10  `verify` checked nothing (no checksums stored)
 //   (CLI only)                             64  usage error (unknown flag, missing argument)
+//   (CLI only)                    129, 130, 143  interrupted by SIGHUP, SIGINT, SIGTERM
 //   (CLI only)                              1  an unexpected failure that is no ckpt::Error
 enum class ErrorCode {
   kIo,

@@ -69,6 +69,50 @@ struct FileSinkOptions {
 // untouched. Throws Error{kIo}.
 std::unique_ptr<ByteSink> create_file_sink(const std::string& path, FileSinkOptions options = {});
 
+// A folder of files that appears whole or not at all: the files are written into a new sibling
+// folder "<parent>/.<name>.tmp-XXXXXX", and commit() renames it into place. Missing parents are
+// created. A target that exists must be a folder (not a link to one); an empty one is replaced;
+// a non-empty one is refused (Error{kInvalidArgument}) unless `replace`, which swaps the new
+// folder in with one renameat2(RENAME_EXCHANGE) and then removes the old one whole (where the
+// file system cannot exchange, the old folder is first renamed aside to ".<name>.old-XXXXXX":
+// for a moment there is no folder at the path, never a partial one). Destroyed without commit(),
+// the temporary folder is removed and the target is untouched.
+struct FolderSinkOptions {
+  bool replace = false;  // replace a non-empty existing folder, whole
+  bool fsync = true;     // on commit: syncfs the files, fsync the folder and its parent
+};
+class FolderSink {
+ public:
+  virtual ~FolderSink() = default;
+  // The target folder, as given.
+  virtual const std::string& path() const = 0;
+  // A new file in the folder: `name` is one path component. Commit it (a plain, non-atomic file
+  // sink: the folder is the unit) before the folder's commit(). Throws Error{kInvalidArgument}
+  // for a name that is not one component, else what create_file_sink() does.
+  virtual std::unique_ptr<ByteSink> create(const std::string& name) = 0;
+  // Renames the folder into place (above). Throws Error{kIo}, or Error{kInvalidArgument} when a
+  // non-empty folder appeared at the path meanwhile and `replace` is off.
+  virtual void commit() = 0;
+};
+std::unique_ptr<FolderSink> create_folder_sink(const std::string& path,
+                                               FolderSinkOptions options = {});
+
+// Interruption. Every temporary of a file sink (atomic) or folder sink is registered in a
+// process-wide table from before it exists until it is renamed into place or removed.
+// remove_temporaries_now() removes every one still registered. It is async-signal-safe (fixed
+// slots, atomic flags, only system calls: no allocation, no lock), for a signal handler of a
+// process that is about to end: once called, creating a temporary fails with Error{kIo}, and a
+// writer still at work fails at its commit. A temporary created while 128 others are live is
+// not registered (it is left to the next writer's sweep, like one of a SIGKILLed process).
+void remove_temporaries_now() noexcept;
+// Installs a handler for SIGINT, SIGTERM and SIGHUP that calls remove_temporaries_now() and then
+// ends the process by the same signal (default action). Signals whose disposition is not the
+// default are left alone: an ignored one (nohup) stays ignored, and a program with handlers of
+// its own calls remove_temporaries_now() from them. The second form installs `handler` under the
+// same rules, with the three signals blocked while it runs (the ckpt CLI's exits 128 + signal).
+void install_signal_cleanup();
+void install_signal_cleanup(void (*handler)(int));
+
 // A sink in memory; commit() is a no-op. bytes() is valid until the sink dies.
 class MemorySink final : public ByteSink {
  public:

@@ -1,6 +1,5 @@
 #include "ckpt/sink.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/uio.h>
@@ -22,6 +21,7 @@
 #include <thread>
 
 #include "ckpt/error.h"
+#include "io/temporaries.h"
 
 namespace ckpt {
 
@@ -63,16 +63,8 @@ void MemorySink::patch(uint64_t offset, std::span<const std::byte> bytes) {
 
 namespace {
 
-std::string dir_of(const std::string& path) {
-  auto slash = path.rfind('/');
-  if (slash == std::string::npos) return ".";
-  if (slash == 0) return "/";
-  return path.substr(0, slash);
-}
-std::string base_of(const std::string& path) {
-  auto slash = path.rfind('/');
-  return slash == std::string::npos ? path : path.substr(slash + 1);
-}
+using io::base_of;
+using io::dir_of;
 
 // Waits until `a` differs from `old` and returns its value. It spins for up to ~200 us before
 // sleeping on the futex: write_sliced hands blocks over one after another with microseconds
@@ -132,49 +124,26 @@ class Helper {
   std::thread thread_;  // last: starts once the rest is initialized
 };
 
-// Temporaries of writers that died (SIGKILL, power loss) before commit: ".<base>.tmp-XXXXXX"
-// beside the target. A live writer holds an exclusive flock on its temporary from the moment it
-// exists (well, microseconds later) until it commits or removes it, and the kernel drops the lock
-// when a process dies; so a temporary that is older than a minute and whose lock can be taken is
-// debris, and is removed. Best effort: any error leaves the file alone.
-void sweep_stale_temporaries(const std::string& dir, const std::string& base) {
-  DIR* d = ::opendir(dir.c_str());
-  if (!d) return;
-  const std::string prefix = "." + base + ".tmp-";
-  const time_t now = ::time(nullptr);
-  while (dirent* e = ::readdir(d)) {
-    std::string_view n = e->d_name;
-    if (n.size() != prefix.size() + 6 || n.compare(0, prefix.size(), prefix) != 0) continue;
-    const int fd = ::openat(::dirfd(d), e->d_name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-    if (fd < 0) continue;
-    struct stat st;
-    if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && now - st.st_mtime >= 60 &&
-        ::flock(fd, LOCK_EX | LOCK_NB) == 0)
-      ::unlinkat(::dirfd(d), e->d_name, 0);
-    ::close(fd);
-  }
-  ::closedir(d);
-}
-
 class FileSink final : public ByteSink {
  public:
   FileSink(std::string path, FileSinkOptions opt) : path_(std::move(path)), opt_(opt) {
     if (opt_.atomic) {
-      sweep_stale_temporaries(dir_of(path_), base_of(path_));
-      std::string tmpl = dir_of(path_) + "/." + base_of(path_) + ".tmp-XXXXXX";
-      std::vector<char> buf(tmpl.begin(), tmpl.end());
-      buf.push_back('\0');
-      fd_ = ::mkostemp(buf.data(), O_CLOEXEC);
-      if (fd_ < 0) fail("cannot create temporary file in " + dir_of(path_));
-      tmp_ = buf.data();
-      // Marks it as a live writer's (see sweep_stale_temporaries).
-      ::flock(fd_, LOCK_EX | LOCK_NB);
-      // mkostemp makes 0600 files; give the usual mode (umask applies) unless owner_only.
-      if (!opt_.owner_only) {
-        mode_t mask = ::umask(0);
-        ::umask(mask);
-        ::fchmod(fd_, 0666 & ~mask);
+      // Debris of writers killed before they could clean up (io/temporaries.h). A live writer
+      // holds an exclusive flock on its temporary from the moment it exists (well, microseconds
+      // later) until it commits or removes it; the kernel drops the lock when a process dies.
+      io::sweep_stale_temporaries(dir_of(path_), base_of(path_));
+      io::Temporary t;
+      try {
+        // "<dir>/.<name>.tmp-XXXXXX", registered for remove_temporaries_now(); the umask applies.
+        t = io::create_temporary(dir_of(path_), base_of(path_), false,
+                                 opt_.owner_only ? 0600 : 0666);
+      } catch (const Error& e) {
+        throw Error(e.code(), e.message(), path_);
       }
+      fd_ = t.fd;
+      tmp_ = std::move(t.path);
+      slot_ = t.slot;
+      ::flock(fd_, LOCK_EX | LOCK_NB);  // marks it as a live writer's
     } else {
       fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC,
                    opt_.owner_only ? 0600 : 0666);
@@ -186,6 +155,7 @@ class FileSink final : public ByteSink {
     helper_.reset();
     if (fd_ >= 0) ::close(fd_);
     if (!committed_ && !tmp_.empty()) ::unlink(tmp_.c_str());
+    io::release_temporary(slot_);
   }
   const std::string& name() const override { return path_; }
   // Small writes (zip headers, records up to 64 KiB) are staged in a 1 MiB buffer and go out when
@@ -281,6 +251,8 @@ class FileSink final : public ByteSink {
     fd_ = -1;
     if (opt_.atomic) {
       if (::rename(tmp_.c_str(), path_.c_str()) != 0) fail("cannot rename temporary file over");
+      io::release_temporary(slot_);
+      slot_ = -1;
       if (opt_.fsync) {
         int dfd = ::open(dir_of(path_).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
         if (dfd >= 0) {
@@ -351,6 +323,7 @@ class FileSink final : public ByteSink {
   std::string path_, tmp_;
   FileSinkOptions opt_;
   int fd_ = -1;
+  int slot_ = -1;  // registry slot of tmp_ (io/temporaries.h)
   uint64_t pos_ = 0;
   bool committed_ = false;
   bool preallocate_ = true;

@@ -1,12 +1,11 @@
-// ckpt extract FILE DIR: one .npy per tensor plus index.json. dtypes numpy lacks are written as
-// their raw bit pattern (an unsigned or signed integer of the same width), said in the index.
-
-#include <sys/stat.h>
+// ckpt extract FILE DIR [--force]: one .npy per tensor plus index.json. dtypes numpy lacks are
+// written as their raw bit pattern (an unsigned or signed integer of the same width), said in the
+// index. The folder appears whole or not at all (ckpt::create_folder_sink): written into a
+// temporary sibling, index.json last, then renamed into place; a non-empty DIR is refused unless
+// --force, which replaces it whole.
 
 #include <cctype>
-#include <cerrno>
 #include <cstdio>
-#include <cstring>
 #include <set>
 
 #include "common.h"
@@ -61,18 +60,27 @@ std::string safe_name(const std::string& name) {
 void add_extract(CLI::App& app) {
   struct Opts {
     std::string file, dir;
+    bool force = false;
     Common common;
   };
   auto o = std::make_shared<Opts>();
   auto* cmd = app.add_subcommand("extract", "write one .npy per tensor and index.json");
   cmd->add_option("FILE", o->file, "checkpoint")->required();
-  cmd->add_option("DIR", o->dir, "output folder (created)")->required();
+  cmd->add_option("DIR", o->dir, "output folder (created with its parents; must be empty)")
+      ->required();
+  cmd->add_flag("--force", o->force, "replace DIR whole when it exists and is not empty");
   add_common(*cmd, o->common);
   cmd->callback([o] {
     Checkpoint c = open_checkpoint(o->file, o->common);
-    if (::mkdir(o->dir.c_str(), 0777) != 0 && errno != EEXIST)
-      throw Error(ErrorCode::kIo, std::string("cannot create folder: ") + std::strerror(errno),
-                  o->dir);
+    std::unique_ptr<FolderSink> out;
+    try {
+      out = create_folder_sink(o->dir, {.replace = o->force});
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::kInvalidArgument || o->force ||
+          e.message().find("not empty") == std::string::npos)
+        throw;
+      throw Error(e.code(), e.message() + "; --force replaces it whole", o->dir);
+    }
     nlohmann::ordered_json index;
     index["format"] = format_name(c.format());
     index["source"] = o->file;
@@ -100,7 +108,7 @@ void add_extract(CLI::App& app) {
       std::vector<int64_t> shape = info.shape;
       if (dtype_size(info.dtype) == 0) shape = {static_cast<int64_t>(info.nbytes())};
       auto bytes = t.contiguous_bytes();
-      auto sink = create_file_sink(o->dir + "/" + file, {.atomic = false, .fsync = false});
+      auto sink = out->create(file);
       sink->write(npy_header(descr, shape));
       sink->write(bytes);
       sink->commit();
@@ -121,9 +129,10 @@ void add_extract(CLI::App& app) {
       }
       index["tensors"].push_back(std::move(r));
     }
-    auto sink = create_file_sink(o->dir + "/index.json", {.atomic = true, .fsync = false});
+    auto sink = out->create("index.json");
     sink->write(index.dump(1) + "\n");
     sink->commit();
+    out->commit();
     std::printf("wrote %zu tensors (%s) to %s\n", index["tensors"].size(),
                 human_bytes(total).c_str(), o->dir.c_str());
   });

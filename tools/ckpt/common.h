@@ -22,6 +22,8 @@ CLI::Validator at_least(double bound);
 // `verify` that checked no content (the format stores no checksums, or there is nothing to check):
 // never exit 0 for work that was not done.
 inline constexpr int kNotVerifiedExit = 10;
+// SIGINT, SIGTERM, SIGHUP: remove the temporaries (ckpt::remove_temporaries_now), exit 128 + sig.
+void install_interrupt_cleanup();
 // Thrown by a command that has printed what it has to say and must end with this status.
 struct ExitStatus {
   int code;

@@ -5,6 +5,7 @@
 #include "common.h"
 
 int main(int argc, char** argv) {
+  ckpt::cli::install_interrupt_cleanup();
   CLI::App app{"ckpt: read, verify, convert and load model checkpoints (torch, safetensors, "
                "tensorizer) without Python"};
   app.require_subcommand(1);
