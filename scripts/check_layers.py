@@ -66,6 +66,7 @@ PUBLIC_HEADERS = {
     "torch.h": 4,
     "torchscript_types.h": 4,
     # the API: checkpoint.h, torchscript.h, convert.h, ckpt.h, ...
+    "digest.h": 6,  # implemented in src/convert (it names tensors as flatten_state_dict does)
 }
 DEFAULT_PUBLIC_RANK = 6
 

@@ -3,6 +3,7 @@
 //
 //   checkpoint.h         Checkpoint: open any supported file, list, load (eager, views, stream)
 //   convert.h            convert(): one checkpoint into another format; flatten_state_dict()
+//   digest.h             SHA-256 of tensors and files, digest manifests, stored digests
 //   torch.h              save_torch(), state_dict_value()
 //   safetensors.h        save_safetensors()
 //   tensorizer.h         save_tensorizer() (with encryption)
@@ -12,6 +13,7 @@
 //   error.h, dtype.h, format.h, options.h
 #include "ckpt/checkpoint.h"
 #include "ckpt/convert.h"
+#include "ckpt/digest.h"
 #include "ckpt/dtype.h"
 #include "ckpt/error.h"
 #include "ckpt/format.h"

@@ -125,6 +125,11 @@ struct ConvertOptions {
   // refused with Error{kInvalidArgument} unless this is set; then each name gets its own copy.
   bool copy_shared = false;
   ConvertEncryption encryption;  // tensorizer only
+  // safetensors: store each tensor's SHA-256 (tensor_sha256, include/ckpt/digest.h) in
+  // __metadata__ under kSafetensorsDigestKey, which stored_digests() reads back (`ckpt verify`
+  // checks them). The tensors are hashed (several threads) before the header is written. Any
+  // other target: Error{kInvalidArgument}.
+  bool store_digests = false;
   // pt: the zip's folder name. Empty: the output file name up to its first dot (as torch.save);
   // "archive" for the sink overload.
   std::string archive_name;
@@ -169,6 +174,8 @@ struct ConvertReport {
   // ConvertEncryption::key_file.
   std::string key;
   bool key_file_written = false;
+  // With store_digests: the number of tensor digests stored.
+  size_t digests_stored = 0;
 };
 
 // Converts `checkpoint` to `out_path` (format: options.to, or the path's extension).
@@ -184,7 +191,8 @@ struct ConvertReport {
 // pt -> pt conversion with save_torch of the same tensors loaded.
 //
 // Throws Error: kInvalidArgument (no format for the path, encryption with a target other than
-// tensorizer, shared tensors to safetensors without copy_shared, a checkpoint that is one
+// tensorizer, store_digests with a target other than safetensors, shared tensors to
+// safetensors without copy_shared, a checkpoint that is one
 // unnamed tensor to a flat format), kUnsupported (a dtype the target cannot hold: quantized and
 // sub-byte dtypes in a flat format, complex128/complex32 in safetensors), kLimitExceeded (a tree
 // deeper than options.limits, see flatten_state_dict; pt: save_torch's pickler refuses trees

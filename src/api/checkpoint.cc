@@ -154,7 +154,27 @@ void Checkpoint::prefetch(std::span<const size_t> tensors, bool populate) const 
 
 size_t Checkpoint::verify(const ProgressFn& progress) const {
   const CheckpointModel& m = *impl_->model;
-  if (m.verify) return m.verify(progress);
+  if (m.verify) {
+    try {
+      return m.verify(progress);
+    } catch (const Error& e) {
+      // A format's own verify names the bad record; add the tensors that use it.
+      if (e.code() != ErrorCode::kCorrupt || e.record().empty() ||
+          e.message().find("(tensors: ") != std::string::npos)
+        throw;
+      std::string names;
+      for (size_t s = 0; s < m.storages.size(); ++s) {
+        if (m.storages[s].record != e.record()) continue;
+        for (const auto& t : m.tensors)
+          if (t.storage == s) names += (names.empty() ? "" : ", ") + t.name;
+      }
+      if (names.empty()) throw;
+      Error named(e.code(), e.message() + " (tensors: " + names + ")", e.source(), e.record(),
+                  e.offset());
+      for (const auto& what : e.context()) named.add_context(what);
+      throw named;
+    }
+  }
   auto checkable = [&m](const StorageInfo& s) { return s.crc32 && !s.meta; };
   uint64_t total = 0;
   if (progress)

@@ -9,6 +9,7 @@
 
 #include "ckpt/checkpoint.h"
 #include "ckpt/convert.h"
+#include "ckpt/digest.h"
 #include "ckpt/error.h"
 #include "ckpt/safetensors.h"
 #include "ckpt/tensorizer.h"
@@ -16,6 +17,7 @@
 #if __has_include("ckpt/torch.h")
 #include "ckpt/torch.h"
 #endif
+#include "convert/digest_internal.h"
 #include "convert/encryption.h"
 #include "convert/progress_sink.h"
 
@@ -174,6 +176,20 @@ void write_flat(const Checkpoint& c, const OpenSink& open, const ConvertOptions&
     for (const auto& [k, v] : c.properties())
       if (k.rfind("metadata.", 0) == 0) meta[k.substr(9)] = v;
     if (meta.empty()) meta["format"] = "pt";
+    if (o.store_digests) {
+      // Each distinct tensor once; a tied name repeats its tensor's digest.
+      std::vector<bool> want(tensors.size());
+      for (size_t i = 0; i < flat.entries.size(); ++i) want[i] = !flat.entries[i].alias_of;
+      auto sums = internal::tensor_sha256_all(tensors, want, o.load.threads);
+      std::vector<TensorDigest> digests(tensors.size());
+      for (size_t i = 0; i < flat.entries.size(); ++i) {
+        const auto& e = flat.entries[i];
+        digests[i].name = e.name;
+        digests[i].sha256 = sums[e.alias_of ? *e.alias_of : i];
+      }
+      meta[kSafetensorsDigestKey] = safetensors_digest_metadata(digests);
+      r.digests_stored = digests.size();
+    }
     Output out(open, total, o);
     save_safetensors(out.sink(), tensors, meta, so);
     out.sink().commit();
@@ -209,6 +225,11 @@ ConvertReport run(const Checkpoint& c, const ConvertOptions& o, const OpenSink& 
   r.format = o.to;
   if (o.encryption.enabled() && o.to != ConvertFormat::kTensorizer)
     throw Error(ErrorCode::kInvalidArgument, "encryption is only available for tensorizer output");
+  if (o.store_digests && o.to != ConvertFormat::kSafetensors)
+    throw Error(ErrorCode::kInvalidArgument,
+                std::string("stored digests are only available for safetensors output (") +
+                    convert_format_name(o.to) +
+                    " has no place for them; use `ckpt digest` for a manifest beside the file)");
   if (c.format() == Format::kSafetensors && o.to != ConvertFormat::kSafetensors)
     for (const auto& [k, v] : c.properties())
       if (k.rfind("metadata.", 0) == 0 && k != "metadata.format")

@@ -1,4 +1,4 @@
-// ckpt convert IN OUT [--to pt|safetensors|tensorizer] [--align N] [--copy-shared]
+// ckpt convert IN OUT [--to pt|safetensors|tensorizer] [--align N] [--copy-shared] [--digests]
 // [--encrypt-key FILE | --encrypt-password-file FILE] [--decrypt-key FILE |
 // --decrypt-password-file FILE]
 // Reads any supported checkpoint and writes the target format (from OUT's extension unless --to
@@ -11,6 +11,7 @@
 #include <filesystem>
 
 #include "ckpt/convert.h"
+#include "ckpt/digest.h"
 #include "common.h"
 #include "progress.h"
 
@@ -41,6 +42,7 @@ void add_convert(CLI::App& app) {
     std::string in, out, to, encrypt_key, encrypt_password_file;
     uint32_t align = 0;
     bool copy_shared = false;
+    bool digests = false;
     Common common;
     ProgressMode progress = ProgressMode::kAuto;
   };
@@ -54,6 +56,8 @@ void add_convert(CLI::App& app) {
                   "alignment of tensor data (pt: default 64; safetensors: default 8)");
   cmd->add_flag("--copy-shared", o->copy_shared,
                 "safetensors: write tensors that share storage as separate copies");
+  cmd->add_flag("--digests", o->digests,
+                "safetensors: store every tensor's SHA-256 in __metadata__ (checked by verify)");
   auto* ek = cmd->add_option("--encrypt-key", o->encrypt_key,
                              "tensorizer: encrypt with the key in FILE (hex); a new random key is "
                              "written there if FILE does not exist");
@@ -68,6 +72,7 @@ void add_convert(CLI::App& app) {
     co.to = target_of(o->to, o->out);
     co.alignment = o->align;
     co.copy_shared = o->copy_shared;
+    co.store_digests = o->digests;
     for (const std::string* f : {&o->encrypt_key, &o->encrypt_password_file})
       if (!f->empty()) warn_if_readable_by_others(*f);
     co.encryption.key_file = o->encrypt_key;
@@ -102,6 +107,9 @@ void add_convert(CLI::App& app) {
                    "written as separate copies (first: %s, shares with %s)\n",
                    r.copied_shared.size(), r.copied_shared[0].first.c_str(),
                    r.copied_shared[0].second.c_str());
+    if (r.digests_stored)
+      std::fprintf(stderr, "ckpt: stored %zu tensor SHA-256 digests in __metadata__ \"%s\"\n",
+                   r.digests_stored, kSafetensorsDigestKey);
     if (r.key_file_written)
       std::fprintf(stderr, "ckpt: wrote a new random key to %s\n", o->encrypt_key.c_str());
     double dt = now_seconds() - t0;

@@ -9,6 +9,7 @@
 #include <set>
 
 #include "common.h"
+#include "progress.h"
 
 namespace ckpt::cli {
 namespace {
@@ -62,6 +63,7 @@ void add_extract(CLI::App& app) {
     std::string file, dir;
     bool force = false;
     Common common;
+    ProgressMode progress = ProgressMode::kAuto;
   };
   auto o = std::make_shared<Opts>();
   auto* cmd = app.add_subcommand("extract", "write one .npy per tensor and index.json");
@@ -70,6 +72,7 @@ void add_extract(CLI::App& app) {
       ->required();
   cmd->add_flag("--force", o->force, "replace DIR whole when it exists and is not empty");
   add_common(*cmd, o->common);
+  add_progress_flags(*cmd, o->progress);
   cmd->callback([o] {
     Checkpoint c = open_checkpoint(o->file, o->common);
     std::unique_ptr<FolderSink> out;
@@ -96,6 +99,9 @@ void add_extract(CLI::App& app) {
       for (size_t i = 0; i < c.tensors().size(); ++i)
         if (listed(c.tensors()[i])) items.emplace_back(c.tensors()[i].name, i);
     }
+    uint64_t planned = 0;
+    for (const auto& item : items) planned += c.tensors()[item.second].nbytes();
+    ProgressLine line(o->progress);
     for (const auto& [name, i] : items) {
       TensorInfo info = c.tensors()[i];
       info.name = name;
@@ -113,6 +119,7 @@ void add_extract(CLI::App& app) {
       sink->write(bytes);
       sink->commit();
       total += bytes.size();
+      line.update(total, planned);
       nlohmann::ordered_json r;
       r["name"] = info.name;
       r["file"] = file;
@@ -133,6 +140,7 @@ void add_extract(CLI::App& app) {
     sink->write(index.dump(1) + "\n");
     sink->commit();
     out->commit();
+    line.finish(total);
     std::printf("wrote %zu tensors (%s) to %s\n", index["tensors"].size(),
                 human_bytes(total).c_str(), o->dir.c_str());
   });

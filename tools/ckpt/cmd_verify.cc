@@ -1,27 +1,78 @@
-// ckpt verify FILE: check every CRC32 (or the format's hashes); non-zero exit naming the bad record.
+// ckpt verify FILE [--digests MANIFEST]: check every CRC32 (or the format's hashes), or every
+// tensor's SHA-256 against a manifest (`ckpt digest`) or against the digests a safetensors file
+// stores (`ckpt convert --digests`); non-zero exit naming the bad record or tensors.
 
 #include <cstdio>
 
+#include "ckpt/digest.h"
 #include "common.h"
 #include "progress.h"
 
 namespace ckpt::cli {
+namespace {
+
+// Prints one line per mismatch (at most kShown) on stderr and ends with exit 5 when there is
+// any; else prints the OK line.
+void report_digests(const std::string& file, const Checkpoint& c,
+                    const std::vector<DigestMismatch>& bad, size_t expected, size_t computed,
+                    const std::string& against, bool stored, double t0) {
+  if (bad.empty()) {
+    std::printf("OK: %zu of %zu tensors match %s (%s, %.3f s)\n", computed, expected,
+                against.c_str(), format_name(c.format()), now_seconds() - t0);
+    return;
+  }
+  constexpr size_t kShown = 100;
+  for (size_t i = 0; i < bad.size() && i < kShown; ++i) {
+    std::string problem = bad[i].problem;
+    if (stored && problem == "not in the manifest") problem = "no stored SHA-256";
+    if (stored && problem == "not in the file")
+      problem = "has a stored SHA-256 but is not in the file";
+    std::fprintf(stderr, "ckpt: error: %s: %s: %s [corrupt]\n", file.c_str(),
+                 bad[i].tensor.c_str(), problem.c_str());
+  }
+  if (bad.size() > kShown) std::fprintf(stderr, "ckpt: ... and %zu more\n", bad.size() - kShown);
+  std::fprintf(stderr, "ckpt: %zu tensor%s do%s not match %s\n", bad.size(),
+               bad.size() == 1 ? "" : "s", bad.size() == 1 ? "es" : "", against.c_str());
+  throw ExitStatus{exit_code(ErrorCode::kCorrupt)};
+}
+
+}  // namespace
 
 void add_verify(CLI::App& app) {
   struct Opts {
-    std::string file;
+    std::string file, digests;
     Common common;
     ProgressMode progress = ProgressMode::kAuto;
   };
   auto o = std::make_shared<Opts>();
-  auto* cmd = app.add_subcommand("verify", "check every record's CRC32 (tensorizer: its hashes)");
+  auto* cmd = app.add_subcommand(
+      "verify", "check every record's CRC32 (tensorizer: its hashes), or tensors' SHA-256");
   cmd->add_option("FILE", o->file, "checkpoint")->required();
+  cmd->add_option("--digests", o->digests,
+                  "check every tensor against this manifest (written by `ckpt digest`)");
   add_common(*cmd, o->common);
   add_progress_flags(*cmd, o->progress);
   cmd->callback([o] {
     double t0 = now_seconds();
     Checkpoint c = open_checkpoint(o->file, o->common);
     ProgressLine line(o->progress);
+    DigestOptions dopt;
+    dopt.load.progress = line.fn();
+    if (!o->digests.empty()) {
+      DigestManifest m = read_manifest(o->digests, limits_of(o->common));
+      std::vector<TensorDigest> have = tensor_digests(c, dopt);
+      line.end_line();
+      report_digests(o->file, c, compare_digests(m.tensors, have), m.tensors.size(), have.size(),
+                     o->digests, false, t0);
+      return;
+    }
+    if (auto stored = stored_digests(c)) {
+      std::vector<TensorDigest> have = tensor_digests(c, dopt);
+      line.end_line();
+      report_digests(o->file, c, compare_digests(*stored, have), stored->size(), have.size(),
+                     "their stored SHA-256", true, t0);
+      return;
+    }
     size_t n = c.verify(line.fn());
     line.end_line();
     double dt = now_seconds() - t0;
@@ -40,6 +91,10 @@ void add_verify(CLI::App& app) {
                                           " files store no checksums")
                                              .c_str(),
                    total, what);
+      if (total != 0)
+        std::fprintf(stderr,
+                     "ckpt: hint: `ckpt digest FILE -o MANIFEST` records every tensor's SHA-256; "
+                     "`ckpt verify FILE --digests MANIFEST` checks them\n");
       throw ExitStatus{kNotVerifiedExit};
     }
     std::printf("OK: %zu of %zu %s checked (%s, %.3f s)\n", n, total, what,

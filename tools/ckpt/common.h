@@ -62,6 +62,7 @@ void add_show(CLI::App& app);
 void add_extract(CLI::App& app);
 void add_convert(CLI::App& app);
 void add_verify(CLI::App& app);
+void add_digest(CLI::App& app);
 void add_sample(CLI::App& app);
 void add_bench(CLI::App& app);
 void add_load(CLI::App& app);

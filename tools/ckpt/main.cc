@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
   ckpt::cli::add_extract(app);
   ckpt::cli::add_convert(app);
   ckpt::cli::add_verify(app);
+  ckpt::cli::add_digest(app);
   ckpt::cli::add_bench(app);
   ckpt::cli::add_load(app);
   ckpt::cli::add_sample(app);
