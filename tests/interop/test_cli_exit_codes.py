@@ -18,6 +18,8 @@ import collections
 import json
 import os
 import struct
+import subprocess
+import sys
 
 import pytest
 
@@ -32,6 +34,11 @@ TZ_FIXTURE = next((os.path.abspath(os.path.join(d, "v1_numpy_dtypes.tensors"))
                    if os.path.isfile(os.path.join(d, "v1_numpy_dtypes.tensors"))), None)
 
 TRUNCATED, CORRUPT = 4, 5
+SCRIPT_CHILD = """
+import sys, torch
+m = torch.nn.Sequential(torch.nn.Linear(40, 48), torch.nn.ReLU(), torch.nn.Linear(48, 8))
+torch.jit.save(torch.jit.script(m), sys.argv[1])
+"""
 
 
 # ---------------------------------------------------------------------------
@@ -105,10 +112,10 @@ def files(tmp_path_factory, ckpt):
         cuts |= {o - 8, o - 4, o, o + 1, o + t["nbytes"] // 2}  # element count, then bytes
     out["torch_legacy"] = (p, cuts)
 
-    m = torch.jit.script(torch.nn.Sequential(torch.nn.Linear(40, 48), torch.nn.ReLU(),
-                                             torch.nn.Linear(48, 8)))
+    # Scripted in a child process: scripting here would compile torch.nn classes into the
+    # session's global compilation unit and mangle the names other tests expect.
     p = tmp / "scripted.pt"
-    torch.jit.save(m, str(p))
+    subprocess.run([sys.executable, "-c", SCRIPT_CHILD, str(p)], check=True, timeout=300)
     out["torchscript"] = (p, _zip_boundaries(p))
 
     p = tmp / "st.safetensors"
