@@ -123,8 +123,7 @@ const TorchScriptCodeFile& TorchScriptArchive::find_code(std::string_view name) 
     }
   }
   std::string list;
-  for (size_t i = 0; i < files.size() && i < 5; ++i)
-    list += (i ? ", " : "") + files[i].qualifier;
+  for (size_t i = 0; i < files.size() && i < 5; ++i) list += (i ? ", " : "") + files[i].qualifier;
   if (files.size() > 5) list += ", +" + std::to_string(files.size() - 5) + " more";
   throw Error(ErrorCode::kNotFound,
               "no code file for '" + std::string(name) + "' (" +
@@ -181,7 +180,8 @@ std::vector<TorchScriptSourceLine> TorchScriptArchive::source_lines(std::string_
       // enclosing block (`y0 = torch.mul(y, 2)` in an if-branch: `y0 = ` is the if's, the call
       // the mul's, which is the range torch's graph gives that node).
       const size_t first = std::min(text.find_first_not_of(' ', pos), end);
-      const size_t expr = first + expression_start(std::string_view(text).substr(first, end - first));
+      const size_t expr =
+          first + expression_start(std::string_view(text).substr(first, end - first));
       if (auto o = internal::debug_origin(*info, static_cast<int64_t>(expr),
                                           static_cast<int64_t>(end))) {
         l.original_file = o->first;

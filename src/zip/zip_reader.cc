@@ -223,9 +223,9 @@ ZipReader::ZipReader(SourcePtr source, const Limits& limits)
 // No end record. A cut file (the end records come last, so any cut loses them) is told from
 // one that is no zip at all by its start: a zip starts with a local header. The local headers
 // are then walked to the record, the central directory or the end record the file ends in;
-// torch writes its sizes only in data descriptors, so a record of unknown size is found by its
-// descriptor (one whose sizes match the bytes before it) when the file is mapped, and the walk
-// stops there otherwise. Everything here throws.
+// torch writes its sizes only in data descriptors, so a record of unknown size ends at the first
+// descriptor whose size matches the bytes before it (searched in place in a mapped file, 1 MiB
+// at a time otherwise: this error path may read the whole file). Everything here throws.
 void ZipReader::fail_without_end(std::span<const std::byte> head) const {
   const std::string& src = source_->name();
   const uint64_t file_size = source_->size();
@@ -278,7 +278,8 @@ void ZipReader::fail_without_end(std::span<const std::byte> head) const {
            "no end-of-central-directory record, and no local header where record " +
                std::to_string(k) + " should start",
            src, last, pos);
-    if (file_size - pos < kLocalSize) ends("inside the local header of record " + std::to_string(k), {}, pos);
+    if (file_size - pos < kLocalSize)
+      ends("inside the local header of record " + std::to_string(k), {}, pos);
     const Bytes h = at(pos, kLocalSize);
     const std::byte* p = h.data.data();
     const uint16_t flags = load_le<uint16_t>(p + 6);
@@ -287,8 +288,8 @@ void ZipReader::fail_without_end(std::span<const std::byte> head) const {
     const uint16_t extra_len = load_le<uint16_t>(p + kLocalExtraLenOfs);
     if (file_size - pos - kLocalSize < name_len)
       ends("inside the local header of record " + std::to_string(k), {}, pos);
-    const std::string name(reinterpret_cast<const char*>(at(pos + kLocalSize, name_len).data.data()),
-                           name_len);
+    const std::string name(
+        reinterpret_cast<const char*>(at(pos + kLocalSize, name_len).data.data()), name_len);
     if (file_size - pos - kLocalSize - name_len < extra_len)
       ends("inside the local header", name, pos);
     const uint64_t data = pos + kLocalSize + name_len + extra_len;
@@ -398,9 +399,11 @@ void ZipReader::fail_in_directory(uint64_t pos, uint64_t records) const {
       const uint16_t comment = load_le<uint16_t>(at(pos + 20, 2).data.data());
       if (file_size - pos - kEndSize < comment)
         ends("inside the end-of-central-directory record's comment", pos);
+      // Whole, but too far from the end for the search from the end to find it.
       fail(ErrorCode::kCorrupt,
-           "the end-of-central-directory record at " + std::to_string(pos) +
-               " is not where the file's last 64 KiB can hold it",
+           "the end-of-central-directory record is followed by " +
+               std::to_string(file_size - pos - kEndSize - comment) +
+               " bytes that belong to no part of the zip",
            src, {}, pos);
     } else {
       fail(ErrorCode::kCorrupt,

@@ -39,10 +39,11 @@ struct ZipEntry {
 class ZipReader {
  public:
   // Reads and validates the end records and central directory. Throws Error: kTruncated for a
-  // file that starts like a zip but ends before its end record (an empty file too, and the error
-  // names the record or directory the file ends in), kCorrupt (no end record in a file that does
-  // not start with a local header, bad signatures, entries out of range or overlapping, duplicate names, names with
-  // ".." components or absolute paths), kTruncated, kLimitExceeded (more than limits.max_records).
+  // file that starts like a zip but ends before its end record (an empty file too; the error
+  // names the record or directory the file ends in), kCorrupt (no end record in a file that
+  // does not start with a local header, bad signatures, entries out of range or overlapping,
+  // duplicate names, names with ".." components or absolute paths), kLimitExceeded (more than
+  // limits.max_records).
   ZipReader(SourcePtr source, const Limits& limits);
   // Entry names are views into held_: moving keeps them valid (the bytes do not move).
   ZipReader(ZipReader&&) = default;
