@@ -16,14 +16,15 @@ namespace ckpt {
 //   code               name              exit  meaning
 //   kIo                io                   3  the OS refused a read, write, open, mmap...
 //   kNotFound          not_found            2  a file, record, tensor or key that should exist
-//   kTruncated         truncated            4  the data ends before a structure it declares
+//   kTruncated         truncated            4  the data ends before a structure it declares,
+//                                              wherever it is cut; an empty file too
 //   kCorrupt           corrupt              5  bytes that cannot be what the format says (bad
 //                                              magic, CRC, opcode); also a failed verify
 //   kUnsupported       unsupported          6  valid but not handled (unknown global, dtype...)
 //   kLimitExceeded     limit_exceeded       7  a configurable Limits field was hit
 //   kInvalidArgument   invalid_argument     8  the caller asked for something impossible
 //   kAuth              auth                 9  a wrong key or password, or tampered ciphertext
-//   (CLI only)                             10  `verify` checked nothing (no checksums stored)
+//   (CLI only)         not_verified        10  `verify` checked nothing (no checksums stored)
 //   (CLI only)                             64  usage error (unknown flag, missing argument)
 //   (CLI only)                    129, 130, 143  interrupted by SIGHUP, SIGINT, SIGTERM
 //   (CLI only)                              1  an unexpected failure that is no ckpt::Error

@@ -40,7 +40,9 @@ class TorchScriptArchive {
   const std::vector<TorchScriptCodeFile>& code_files() const;
   // Finds a code file by a qualified name ("__torch__.MyModule", "__torch__.torch.nn.modules.
   // linear.Linear", or a module qualifier) or a path ("code/__torch__/x.py", "__torch__/x.py").
-  // Throws Error{kNotFound}, or Error{kInvalidArgument} for a path with ".." or an absolute path.
+  // A qualified name must be a module qualifier or name a class or function its file defines.
+  // Throws Error{kNotFound} (naming what exists), or Error{kInvalidArgument} for a path with ".."
+  // or an absolute path.
   const TorchScriptCodeFile& find_code(std::string_view name) const;
   // The stored source of a code file (see find_code()).
   const std::string& code(std::string_view name) const;

@@ -1,6 +1,10 @@
 // TorchScriptArchive: the public view of a TorchScript archive over the model that the torch
 // reader keeps (formats/torch/torchscript_reader.h).
 
+#include <algorithm>
+#include <cctype>
+#include <string_view>
+
 #include "api/checkpoint_impl.h"
 #include "ckpt/torchscript.h"
 #include "formats/torch/debug_pkl.h"
@@ -9,6 +13,44 @@
 namespace ckpt {
 
 using internal::TorchScriptModel;
+
+namespace {
+// Names of the top-level classes and functions of stored source ("class A(Module):", "def f(").
+std::vector<std::string> top_level_names(const std::string& text) {
+  std::vector<std::string> out;
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t nl = text.find('\n', pos);
+    std::string_view l(text.data() + pos, (nl == std::string::npos ? text.size() : nl) - pos);
+    for (std::string_view kw : {"class ", "def "}) {
+      if (!l.starts_with(kw)) continue;
+      std::string_view rest = l.substr(kw.size());
+      size_t end = rest.find_first_of("(:");
+      if (end != std::string_view::npos && end > 0) out.emplace_back(rest.substr(0, end));
+    }
+    if (nl == std::string::npos) break;
+    pos = nl + 1;
+  }
+  return out;
+}
+
+// Where the expression of a stored statement starts: after `return ` or after the targets of an
+// assignment (`a = `, `a, b = `, `self.x = `); 0 for any other line.
+size_t expression_start(std::string_view l) {
+  size_t i = 0;
+  if (l.starts_with("return ")) {
+    i = 7;
+  } else {
+    while (i < l.size() && (std::isalnum(static_cast<unsigned char>(l[i])) || l[i] == '_' ||
+                            l[i] == '.' || l[i] == ',' || l[i] == ' '))
+      ++i;
+    if (i == 0 || i + 1 >= l.size() || l[i] != '=' || l[i + 1] == '=') return 0;
+    ++i;
+  }
+  while (i < l.size() && l[i] == ' ') ++i;
+  return i < l.size() ? i : 0;
+}
+}  // namespace
 
 TorchScriptArchive TorchScriptArchive::open(const std::string& path, const OpenOptions& options) {
   return from(Checkpoint::open(path, options));
@@ -56,17 +98,39 @@ const TorchScriptCodeFile& TorchScriptArchive::find_code(std::string_view name) 
     for (const auto& f : files)
       if (f.path == n) return f;
   } else {
-    // A qualified name: the longest qualifier that prefixes it ("a.b.C" -> file for "a.b").
+    // A qualified name: a module qualifier, or the longest qualifier that prefixes it followed by
+    // a class or function that file defines ("a.b.C" -> file for "a.b", if it defines C).
     std::string q = n;
     while (true) {
-      for (const auto& f : files)
-        if (f.qualifier == q) return f;
+      for (size_t k = 0; k < files.size(); ++k) {
+        const auto& f = files[k];
+        if (f.qualifier != q) continue;
+        if (q.size() == n.size()) return f;
+        const std::string rest = n.substr(q.size() + 1);
+        const auto defined = top_level_names(model_->code_text[k]);
+        if (std::find(defined.begin(), defined.end(), rest) != defined.end()) return f;
+        std::string list;
+        for (size_t i = 0; i < defined.size() && i < 8; ++i) list += (i ? ", " : "") + defined[i];
+        if (defined.size() > 8) list += ", ...";
+        throw Error(ErrorCode::kNotFound,
+                    "no class or function '" + rest + "' in code/" + f.path + " (" + q +
+                        (defined.empty() ? " defines none)" : " defines " + list + ")"),
+                    src);
+      }
       auto dot = q.rfind('.');
       if (dot == std::string::npos) break;
       q.resize(dot);
     }
   }
-  throw Error(ErrorCode::kNotFound, "no code file for '" + std::string(name) + "'", src);
+  std::string list;
+  for (size_t i = 0; i < files.size() && i < 5; ++i) list += (i ? ", " : "") + files[i].qualifier;
+  if (files.size() > 5) list += ", +" + std::to_string(files.size() - 5) + " more";
+  throw Error(ErrorCode::kNotFound,
+              "no code file for '" + std::string(name) + "' (" +
+                  (files.empty() ? std::string("the archive has no code files")
+                                 : "code files: " + list + "; ckpt code --list") +
+                  ")",
+              src);
 }
 
 namespace {
@@ -111,11 +175,14 @@ std::vector<TorchScriptSourceLine> TorchScriptArchive::source_lines(std::string_
     l.line = ++line;
     l.text = text.substr(pos, end - pos);
     if (info) {
-      // From the first non-blank byte: the record in effect at the line start often belongs to
-      // the statement before.
-      size_t first = text.find_first_not_of(' ', pos);
-      if (first > end) first = end;
-      if (auto o = internal::debug_origin(*info, static_cast<int64_t>(first),
+      // From where the statement's expression starts: the record in effect at the line start
+      // often belongs to the statement before, and the one over an assignment's targets to the
+      // enclosing block (`y0 = torch.mul(y, 2)` in an if-branch: `y0 = ` is the if's, the call
+      // the mul's, which is the range torch's graph gives that node).
+      const size_t first = std::min(text.find_first_not_of(' ', pos), end);
+      const size_t expr =
+          first + expression_start(std::string_view(text).substr(first, end - first));
+      if (auto o = internal::debug_origin(*info, static_cast<int64_t>(expr),
                                           static_cast<int64_t>(end))) {
         l.original_file = o->first;
         l.original_line = o->second;

@@ -3,11 +3,39 @@
 #include "formats/open.h"
 
 #include <cstring>
+#include <string>
+#include <string_view>
+
+#include "util/bytes.h"
 
 namespace ckpt::internal {
+namespace {
+
+// For a file too short for any format's fixed header (an empty one too): the header its bytes
+// begin, if any. Such a file was cut, not written so: truncated rather than of unknown format.
+// A safetensors file begins with its header size, a u64 that opening caps at 100,000,000: any
+// few bytes whose value stays below the cap can begin one.
+const char* cut_header(const unsigned char* h, size_t n) {
+  auto prefix = [&](std::string_view magic) {
+    return n < magic.size() && std::memcmp(h, magic.data(), n) == 0;
+  };
+  if (prefix(std::string_view("PK\x03\x04", 4))) return "a zip local header";
+  if (prefix(std::string_view("\x80\x02\x8a", 3))) return "a legacy torch file's magic number";
+  if (prefix("|TZR|")) return "a tensorizer file's magic";
+  if (n < 8) {
+    uint64_t v = 0;
+    for (size_t i = 0; i < n; ++i) v |= uint64_t{h[i]} << (8 * i);
+    if (v <= 100'000'000) return "a safetensors file's 8-byte header size";
+  }
+  return nullptr;
+}
+
+}  // namespace
 
 std::shared_ptr<CheckpointModel> open_model(SourcePtr source, const OpenOptions& options,
                                             const OpenHooks& hooks) {
+  if (source->size() == 0)
+    throw Error(ErrorCode::kTruncated, "empty file (0 bytes)", source->name(), {}, 0);
   std::byte head[16] = {};
   size_t n = static_cast<size_t>(std::min<uint64_t>(sizeof head, source->size()));
   std::shared_ptr<CheckpointModel> data;
@@ -35,11 +63,16 @@ std::shared_ptr<CheckpointModel> open_model(SourcePtr source, const OpenOptions&
       data = open_torch_legacy(source, options);
     } else if (n >= 5 && std::memcmp(h, "|TZR|", 5) == 0) {
       data = open_tensorizer(source, options);
-    } else if (n >= 9 && (h[8] == '{' || h[8] == ' ')) {
+    } else if ((n >= 9 && (h[8] == '{' || h[8] == ' ')) ||
+               (n == 8 && load_le<uint64_t>(head) <= 100'000'000)) {
+      // (8 bytes: a header size without its header; the opener says it is cut)
       data = open_safetensors(source, options);
     } else if (n >= 8 && std::memcmp(h, "PYTORCH1", 8) == 0) {
       throw Error(ErrorCode::kUnsupported, "pre-1.0 PYTORCH1 archives are not supported",
                   source->name());
+    } else if (const char* cut = cut_header(h, n)) {
+      throw Error(ErrorCode::kTruncated,
+                  "the file ends after " + std::to_string(n) + " bytes, inside " + cut, {}, {}, n);
     } else {
       throw Error(ErrorCode::kUnsupported,
                   "unknown format (not a torch zip, legacy torch file, safetensors or tensorizer "

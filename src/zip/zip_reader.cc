@@ -97,10 +97,14 @@ ZipReader::ZipReader(SourcePtr source, const Limits& limits)
   if (!source_) throw Error(ErrorCode::kInvalidArgument, "ZipReader needs a source");
   const std::string& src = source_->name();
   const uint64_t file_size = source_->size();
-  if (file_size < kEndSize)
-    fail(ErrorCode::kCorrupt,
-         "not a zip file: " + std::to_string(file_size) + " bytes cannot hold an end record", src,
-         {}, 0);
+  if (file_size < kEndSize) {
+    if (file_size > 0) {
+      std::byte head[kEndSize];
+      source_->read_into(0, std::span<std::byte>(head, file_size));
+      fail_without_end(std::span<const std::byte>(head, file_size));
+    }
+    fail_without_end({});
+  }
 
   const uint64_t tail_len = std::min(file_size, kTailRead);
   const uint64_t tail_off = file_size - tail_len;
@@ -120,9 +124,7 @@ ZipReader::ZipReader(SourcePtr source, const Limits& limits)
       break;
     }
   }
-  if (!eocd)
-    fail(ErrorCode::kCorrupt, "no end-of-central-directory record (not a zip file, or truncated)",
-         src, {}, file_size);
+  if (!eocd) fail_without_end(tail_off == 0 ? tail.data : std::span<const std::byte>());
   const std::byte* e = t + *eocd;
   const uint64_t eocd_abs = tail_off + *eocd;
 
@@ -216,6 +218,200 @@ ZipReader::ZipReader(SourcePtr source, const Limits& limits)
   }
   if (std::find(computed_.begin(), computed_.end(), 0) != computed_.end())
     cache_ = std::make_shared<ZipOffsetCache>(entries_.size());
+}
+
+// No end record. A cut file (the end records come last, so any cut loses them) is told from
+// one that is no zip at all by its start: a zip starts with a local header. The local headers
+// are then walked to the record, the central directory or the end record the file ends in;
+// torch writes its sizes only in data descriptors, so a record of unknown size ends at the first
+// descriptor whose size matches the bytes before it (searched in place in a mapped file, 1 MiB
+// at a time otherwise: this error path may read the whole file). Everything here throws.
+void ZipReader::fail_without_end(std::span<const std::byte> head) const {
+  const std::string& src = source_->name();
+  const uint64_t file_size = source_->size();
+  const std::byte* mem = source_->memory();
+  std::byte sig_buf[4];
+  if (head.empty() && file_size > 0) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(4, file_size));
+    source_->read_into(0, std::span<std::byte>(sig_buf, n));
+    head = std::span<const std::byte>(sig_buf, n);
+  }
+  if (file_size == 0) fail(ErrorCode::kTruncated, "empty file (0 bytes)", src, {}, 0);
+  static constexpr unsigned char kLocalMagic[4] = {'P', 'K', 3, 4};
+  const size_t m = std::min<size_t>(head.size(), 4);
+  const bool zip_start = m > 0 && std::memcmp(head.data(), kLocalMagic, m) == 0;
+  if (!zip_start)
+    fail(ErrorCode::kCorrupt,
+         file_size < kEndSize
+             ? "not a zip file: " + std::to_string(file_size) + " bytes cannot hold an end record"
+             : std::string("no end-of-central-directory record, and the file does not start with "
+                           "a local header: not a zip file"),
+         src, {}, file_size < kEndSize ? 0 : file_size);
+  if (file_size < 4)
+    fail(ErrorCode::kTruncated,
+         "the file ends after " + std::to_string(file_size) + " bytes, inside a zip local header",
+         src, {}, 0);
+
+  // Reads `len` bytes at `off` (both inside the file).
+  auto at = [&](uint64_t off, uint64_t len) -> Bytes {
+    if (mem) return Bytes{std::span<const std::byte>(mem + off, len), nullptr};
+    return source_->read(off, len);
+  };
+  const auto ends = [&](std::string what, const std::string& record, uint64_t offset) {
+    fail(ErrorCode::kTruncated,
+         "the file ends (" + std::to_string(file_size) + " bytes) " + what +
+             "; no end-of-central-directory record",
+         src, record, offset);
+  };
+  uint64_t pos = 0;
+  std::string last;  // the last record whose bytes are all in the file
+  for (uint64_t k = 0;; ++k) {
+    if (pos == file_size)
+      ends("after " + std::to_string(k) + " records, where the central directory should start",
+           last, pos);
+    if (file_size - pos < 4) ends("inside a header", last, pos);
+    const uint32_t sig = load_le<uint32_t>(at(pos, 4).data.data());
+    if (sig == kCentralSig || sig == kZip64EndSig || sig == kZip64LocatorSig || sig == kEndSig)
+      fail_in_directory(pos, k);
+    if (sig != kLocalSig)
+      fail(ErrorCode::kCorrupt,
+           "no end-of-central-directory record, and no local header where record " +
+               std::to_string(k) + " should start",
+           src, last, pos);
+    if (file_size - pos < kLocalSize)
+      ends("inside the local header of record " + std::to_string(k), {}, pos);
+    const Bytes h = at(pos, kLocalSize);
+    const std::byte* p = h.data.data();
+    const uint16_t flags = load_le<uint16_t>(p + 6);
+    uint64_t csize = load_le<uint32_t>(p + 18), size = load_le<uint32_t>(p + 22);
+    const uint16_t name_len = load_le<uint16_t>(p + kLocalNameLenOfs);
+    const uint16_t extra_len = load_le<uint16_t>(p + kLocalExtraLenOfs);
+    if (file_size - pos - kLocalSize < name_len)
+      ends("inside the local header of record " + std::to_string(k), {}, pos);
+    const std::string name(
+        reinterpret_cast<const char*>(at(pos + kLocalSize, name_len).data.data()), name_len);
+    if (file_size - pos - kLocalSize - name_len < extra_len)
+      ends("inside the local header", name, pos);
+    const uint64_t data = pos + kLocalSize + name_len + extra_len;
+    bool zip64 = false;
+    if (extra_len > 0) {  // a zip64 extra replaces saturated sizes (local: size, then csize)
+      const Bytes ex = at(pos + kLocalSize + name_len, extra_len);
+      for (size_t q = 0; q + 4 <= ex.size();) {
+        const uint16_t id = load_le<uint16_t>(ex.data.data() + q);
+        const uint16_t len = load_le<uint16_t>(ex.data.data() + q + 2);
+        if (len > ex.size() - q - 4) break;
+        if (id == kZip64ExtraId) {
+          zip64 = true;
+          if (len >= 16 && size == kMax32 && csize == kMax32) {
+            size = load_le<uint64_t>(ex.data.data() + q + 4);
+            csize = load_le<uint64_t>(ex.data.data() + q + 12);
+          }
+        }
+        q += 4 + len;
+      }
+    }
+    const bool descriptor = (flags & kFlagDescriptor) != 0;
+    if (descriptor && csize == 0) {
+      // The size is in the descriptor after the data: find the first one that agrees with it
+      // (a mapped file is searched in place, another source 1 MiB at a time).
+      const uint64_t dsize = zip64 ? kDescriptorSize64 : kDescriptorSize32;
+      std::optional<uint64_t> found;
+      constexpr uint64_t kChunk = 1 << 20;
+      for (uint64_t q = data; !found && file_size - q >= dsize;) {
+        const uint64_t len = mem ? file_size - q : std::min(file_size - q, kChunk + dsize - 1);
+        const Bytes win = at(q, len);
+        const std::byte* w = win.data.data();
+        for (uint64_t i = 0; i + dsize <= len;) {
+          const void* hit = std::memchr(w + i, 'P', len - dsize + 1 - i);
+          if (!hit) break;
+          i = static_cast<uint64_t>(static_cast<const std::byte*>(hit) - w);
+          if (load_le<uint32_t>(w + i) == kDescriptorSig &&
+              (zip64 ? load_le<uint64_t>(w + i + 8) : load_le<uint32_t>(w + i + 8)) ==
+                  q + i - data) {
+            found = q + i;
+            break;
+          }
+          ++i;
+        }
+        q += len - dsize + 1;
+      }
+      if (!found) ends("inside the data of this record", name, data);
+      pos = *found + dsize;
+    } else {
+      if (file_size - data < csize)
+        ends("inside the data of this record (" + std::to_string(csize) + " bytes at " +
+                 std::to_string(data) + ")",
+             name, data);
+      pos = data + csize;
+      if (descriptor) {
+        uint64_t dsize = zip64 ? kDescriptorSize64 : kDescriptorSize32;
+        if (file_size - pos >= 4 && load_le<uint32_t>(at(pos, 4).data.data()) != kDescriptorSig)
+          dsize -= 4;  // the descriptor's signature is optional
+        if (file_size - pos < dsize) ends("inside the data descriptor of this record", name, pos);
+        pos += dsize;
+      }
+    }
+    last = name;
+  }
+}
+
+// fail_without_end() past the local records: the central directory starts at `pos`. The file
+// is cut when it ends inside the directory or the end records; when they are all there, the
+// end record was not found because it is damaged (kCorrupt).
+void ZipReader::fail_in_directory(uint64_t pos, uint64_t records) const {
+  const std::string& src = source_->name();
+  const uint64_t file_size = source_->size();
+  auto at = [&](uint64_t off, uint64_t len) { return source_->read(off, len); };
+  const auto ends = [&](const std::string& what, uint64_t offset) {
+    fail(ErrorCode::kTruncated,
+         "the file ends (" + std::to_string(file_size) + " bytes) " + what + ", after " +
+             std::to_string(records) + " records; no end-of-central-directory record",
+         src, {}, offset);
+  };
+  uint64_t entries = 0;
+  for (;; ++entries) {
+    if (file_size - pos < 4) break;
+    if (load_le<uint32_t>(at(pos, 4).data.data()) != kCentralSig) break;
+    if (file_size - pos < kCentralSize)
+      ends("inside central directory entry " + std::to_string(entries), pos);
+    const Bytes h = at(pos, kCentralSize);
+    const uint64_t len = kCentralSize + load_le<uint16_t>(h.data.data() + 28) +
+                         load_le<uint16_t>(h.data.data() + 30) +
+                         load_le<uint16_t>(h.data.data() + 32);
+    if (file_size - pos < len)
+      ends("inside central directory entry " + std::to_string(entries), pos);
+    pos += len;
+  }
+  for (;;) {
+    if (pos == file_size) ends("after the central directory, where its end record should be", pos);
+    if (file_size - pos < 4) ends("inside the end records", pos);
+    const uint32_t sig = load_le<uint32_t>(at(pos, 4).data.data());
+    if (sig == kZip64EndSig) {
+      if (file_size - pos < kZip64EndSize) ends("inside the zip64 end record", pos);
+      const uint64_t size = load_le<uint64_t>(at(pos + 4, 8).data.data());
+      if (size > file_size - pos - 12) ends("inside the zip64 end record", pos);
+      pos += 12 + size;
+    } else if (sig == kZip64LocatorSig) {
+      if (file_size - pos < kZip64LocatorSize) ends("inside the zip64 end locator", pos);
+      pos += kZip64LocatorSize;
+    } else if (sig == kEndSig) {
+      if (file_size - pos < kEndSize) ends("inside the end-of-central-directory record", pos);
+      const uint16_t comment = load_le<uint16_t>(at(pos + 20, 2).data.data());
+      if (file_size - pos - kEndSize < comment)
+        ends("inside the end-of-central-directory record's comment", pos);
+      // Whole, but too far from the end for the search from the end to find it.
+      fail(ErrorCode::kCorrupt,
+           "the end-of-central-directory record is followed by " +
+               std::to_string(file_size - pos - kEndSize - comment) +
+               " bytes that belong to no part of the zip",
+           src, {}, pos);
+    } else {
+      fail(ErrorCode::kCorrupt,
+           "no end-of-central-directory record: bad signature after " + std::to_string(entries) +
+               " central directory entries",
+           src, {}, pos);
+    }
+  }
 }
 
 void ZipReader::parse_directory(std::span<const std::byte> cd, uint64_t cd_offset, uint64_t count) {

@@ -38,9 +38,12 @@ struct ZipEntry {
 
 class ZipReader {
  public:
-  // Reads and validates the end records and central directory. Throws Error: kCorrupt (no end
-  // record, bad signatures, entries out of range or overlapping, duplicate names, names with
-  // ".." components or absolute paths), kTruncated, kLimitExceeded (more than limits.max_records).
+  // Reads and validates the end records and central directory. Throws Error: kTruncated for a
+  // file that starts like a zip but ends before its end record (an empty file too; the error
+  // names the record or directory the file ends in), kCorrupt (no end record in a file that
+  // does not start with a local header, bad signatures, entries out of range or overlapping,
+  // duplicate names, names with ".." components or absolute paths), kLimitExceeded (more than
+  // limits.max_records).
   ZipReader(SourcePtr source, const Limits& limits);
   // Entry names are views into held_: moving keeps them valid (the bytes do not move).
   ZipReader(ZipReader&&) = default;
@@ -89,6 +92,8 @@ class ZipReader {
   std::vector<Bytes> read_many(std::span<const size_t> entries, uint64_t max_gap = 64 << 10) const;
 
  private:
+  [[noreturn]] void fail_without_end(std::span<const std::byte> head) const;
+  [[noreturn]] void fail_in_directory(uint64_t pos, uint64_t records) const;
   void parse_directory(std::span<const std::byte> cd, uint64_t cd_offset, uint64_t count);
   void validate_and_compute(uint64_t cd_offset);
   uint64_t read_local_header(size_t i) const;

@@ -207,6 +207,13 @@ TEST(TorchScript, FindsCodeByQualifiedNameAndPath) {
   EXPECT_EQ(a.code("code/__torch__/torch/nn/modules/linear.py"), kLinearCode);
   EXPECT_EQ(a.code("archive/code/__torch__.py"), kTopCode);
   EXPECT_EQ(code_of([&] { a.code("__nothing__.X"); }), ErrorCode::kNotFound);
+  // A qualifier's file does not stand in for a class it does not define.
+  for (const char* missing : {"__torch__.Nope", "__torch__.M.forward", "__torch__.torch.nn.X",
+                              "__torch__.torch.nn.modules.linear.Nope"}) {
+    Error e = test::capture_error([&] { a.find_code(missing); });
+    EXPECT_EQ(e.code(), ErrorCode::kNotFound) << missing;
+    EXPECT_NE(e.message().find(" defines "), std::string::npos) << e.message();
+  }
 }
 
 TEST(TorchScript, SetstateTupleNamesAttributes) {

@@ -9,7 +9,8 @@
 namespace ckpt::cli {
 namespace {
 
-// Lines [first, last] (1-based) of the top-level class `cls` in `text`, or all lines.
+// Lines [first, last] (1-based) of the top-level class or function `cls` in `text`, or all lines
+// (find_code() has checked that the file defines it).
 std::pair<uint32_t, uint32_t> class_lines(const std::string& text, const std::string& cls) {
   uint32_t line = 0, first = 0, last = UINT32_MAX;
   size_t pos = 0;
@@ -18,7 +19,8 @@ std::pair<uint32_t, uint32_t> class_lines(const std::string& text, const std::st
     std::string_view l(text.data() + pos, (nl == std::string::npos ? text.size() : nl) - pos);
     ++line;
     if (first == 0) {
-      if (l.rfind("class " + cls + "(", 0) == 0 || l.rfind("class " + cls + ":", 0) == 0)
+      if (l.rfind("class " + cls + "(", 0) == 0 || l.rfind("class " + cls + ":", 0) == 0 ||
+          l.rfind("def " + cls + "(", 0) == 0)
         first = line;
     } else if (!l.empty() && l[0] != ' ') {
       last = line - 1;

@@ -7,7 +7,8 @@
 //   data buffer                    offsets relative to its start (absolute = 8 + N + begin)
 //
 // The tensors, sorted by (begin, end), must tile the data buffer exactly: no hole, no overlap,
-// the last end equals the file's end. So every byte of the file is accounted for.
+// the last end equals the file's end. So every byte of the file is accounted for. A tensor that
+// passes the end of the file is kTruncated (the file was cut), other mismatches kCorrupt.
 //
 // Tensor order: the tensor table and the root dict follow the data order (sorted by offset, file
 // order breaking ties), which is also the order a coalesced read walks the file.
@@ -222,6 +223,13 @@ std::shared_ptr<CheckpointModel> Parser::run() {
   });
   uint64_t expect = 0;
   for (const Entry& e : entries) {
+    // A file cut in its data: the header promises bytes the file does not have.
+    if (e.end > buffer_size)
+      fail(ErrorCode::kTruncated,
+           "tensor data (" + std::to_string(e.end - e.begin) + " bytes at " +
+               std::to_string(data_start_ + e.begin) + ") passes the end of the file (" +
+               std::to_string(file_size) + " bytes)",
+           e.name, data_start_ + std::min(e.begin, buffer_size));
     if (e.begin != expect) {
       const char* what = e.begin > expect ? "a hole" : "an overlap";
       fail(ErrorCode::kCorrupt,

@@ -59,8 +59,16 @@ std::shared_ptr<CheckpointModel> open_torch_legacy(SourcePtr source, const OpenO
     auto buf = prefix.get(want);
     try {
       size_t pos = 0, used = 0;
-      if (buf.size() < 2 + sizeof(kMagic) - 1 ||
-          std::memcmp(buf.data() + 2, kMagic, sizeof(kMagic) - 1) != 0)
+      if (buf.size() < 2 + sizeof(kMagic) - 1) {
+        // Detection saw the first bytes of the magic number: the file ends inside it.
+        if (std::memcmp(buf.data() + 2, kMagic, buf.size() - 2) == 0)
+          throw Error(ErrorCode::kTruncated,
+                      "the file ends after " + std::to_string(buf.size()) +
+                          " bytes, inside the magic number",
+                      src, "magic number", 0);
+        throw Error(ErrorCode::kCorrupt, "not a legacy torch file (bad magic number)", src, {}, 0);
+      }
+      if (std::memcmp(buf.data() + 2, kMagic, sizeof(kMagic) - 1) != 0)
         throw Error(ErrorCode::kCorrupt, "not a legacy torch file (bad magic number)", src, {}, 0);
       uo.record = "magic number";
       unpickle(buf, plain, uo, &used);
