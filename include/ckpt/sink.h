@@ -64,6 +64,10 @@ struct FileSinkOptions {
   bool fsync = true;   // fsync file and folder on commit
   // Mode 0600 (key files): only the owner may read it, from its creation on. Else 0666 & ~umask.
   bool owner_only = false;
+  // false: never replace an existing file (key files): commit() (or, when not atomic, the
+  // creation) throws Error{kInvalidArgument} naming the file when one exists by then, and leaves
+  // it as it is. Atomic sinks use renameat2(RENAME_NOREPLACE), else link() + unlink().
+  bool replace = true;
 };
 // A file sink. If destroyed without commit(), the temporary file is removed and the target is
 // untouched. Throws Error{kIo}.

@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
@@ -145,8 +146,10 @@ class FileSink final : public ByteSink {
       slot_ = t.slot;
       ::flock(fd_, LOCK_EX | LOCK_NB);  // marks it as a live writer's
     } else {
-      fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC,
+      fd_ = ::open(path_.c_str(),
+                   O_WRONLY | O_CREAT | O_CLOEXEC | (opt_.replace ? O_TRUNC : O_EXCL),
                    opt_.owner_only ? 0600 : 0666);
+      if (fd_ < 0 && errno == EEXIST && !opt_.replace) exists();
       if (fd_ >= 0 && opt_.owner_only) ::fchmod(fd_, 0600);  // an existing file keeps its mode
       if (fd_ < 0) fail("cannot create");
     }
@@ -250,7 +253,11 @@ class FileSink final : public ByteSink {
     }
     fd_ = -1;
     if (opt_.atomic) {
-      if (::rename(tmp_.c_str(), path_.c_str()) != 0) fail("cannot rename temporary file over");
+      if (opt_.replace) {
+        if (::rename(tmp_.c_str(), path_.c_str()) != 0) fail("cannot rename temporary file over");
+      } else {
+        rename_no_replace();
+      }
       io::release_temporary(slot_);
       slot_ = -1;
       if (opt_.fsync) {
@@ -279,6 +286,22 @@ class FileSink final : public ByteSink {
     return true;
   }
 
+  [[noreturn]] void exists() {
+    throw Error(ErrorCode::kInvalidArgument, "the file exists; not replaced", path_);
+  }
+  // The temporary to the target unless a file is there by now (a key file another process wrote
+  // since we looked): then the temporary goes and the other file stays.
+  void rename_no_replace() {
+    if (::renameat2(AT_FDCWD, tmp_.c_str(), AT_FDCWD, path_.c_str(), RENAME_NOREPLACE) == 0) return;
+    if (errno == EEXIST) exists();
+    if (errno != EINVAL && errno != ENOSYS) fail("cannot rename temporary file to");
+    // A file system without RENAME_NOREPLACE: a hard link fails the same way when the name exists.
+    if (::link(tmp_.c_str(), path_.c_str()) != 0) {
+      if (errno == EEXIST) exists();
+      fail("cannot link temporary file to");
+    }
+    ::unlink(tmp_.c_str());
+  }
   [[noreturn]] void fail(const std::string& what) {
     throw Error(ErrorCode::kIo, what + ": " + std::strerror(errno), path_);
   }

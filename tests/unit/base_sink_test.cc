@@ -155,6 +155,50 @@ TEST(Sinks, OwnerOnlyFilesAreMode0600) {
   ::umask(mask);
 }
 
+// replace = false (key files): a file that appears while the sink writes is never overwritten;
+// the sink's bytes go, no temporary is left, and the error names the file.
+TEST(Sinks, NoReplaceNeverOverwritesAFileThatAppeared) {
+  test::TempDir dir;
+  auto put = [](const std::string& p, std::string_view s) {
+    test::write_file(p, std::as_bytes(std::span(s.data(), s.size())));
+  };
+  auto get = [](const std::string& p) {
+    auto b = test::read_file(p);
+    return std::string(reinterpret_cast<const char*>(b.data()), b.size());
+  };
+  for (bool atomic : {true, false}) {
+    std::string key = dir.file(atomic ? "a.key" : "n.key");
+    FileSinkOptions o;
+    o.atomic = atomic;
+    o.fsync = false;
+    o.replace = false;
+    if (atomic) {
+      auto s = create_file_sink(key, o);
+      s->write(std::string_view("new"));
+      put(key, "theirs");  // another process, meanwhile
+      try {
+        s->commit();
+        ADD_FAILURE() << "commit replaced an existing file";
+      } catch (const Error& e) {
+        EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+        EXPECT_EQ(e.source(), key);
+      }
+    } else {
+      put(key, "theirs");
+      EXPECT_CKPT_ERROR(create_file_sink(key, o), ErrorCode::kInvalidArgument);
+    }
+    EXPECT_EQ(get(key), "theirs");
+    // Absent: written as usual.
+    std::string fresh = dir.file(atomic ? "a2.key" : "n2.key");
+    auto s = create_file_sink(fresh, o);
+    s->write(std::string_view("k"));
+    s->commit();
+    EXPECT_EQ(get(fresh), "k");
+  }
+  for (const auto& e : std::filesystem::directory_iterator(dir.path()))
+    EXPECT_EQ(e.path().filename().string().find(".tmp-"), std::string::npos) << e.path();
+}
+
 TEST(Sinks, ReserveChangesNoContent) {
   test::TempDir dir;
   std::string path = dir.file("reserved.bin");
