@@ -18,6 +18,16 @@ namespace {
 // Quantization parameters (per-channel scales and zero points) are part of their tensor.
 bool listed(const TensorInfo& t) { return t.type != "qparams"; }
 
+// The attributes torch's Module.state_dict() sets on the OrderedDict it returns: `_metadata`, the
+// modules' version numbers (read back by load_state_dict for old layouts). No flat format stores
+// them and none of their readers wants them, so dropping them is not worth a note.
+bool only_module_versions(const Value& dict) {
+  const ValuePtr& st = dict.state();
+  if (!st || st->kind() != Value::Kind::kDict || st->entries().size() != 1) return false;
+  const auto& key = st->entries()[0].first;
+  return key && key->kind() == Value::Kind::kString && key->str() == "_metadata";
+}
+
 // Walks the tree depth-first in the order a recursive walk would, calling on_tensor(path, index)
 // for every kTensor reached and collecting the paths of non-tensor values into `non_tensors`
 // (when not null). Dicts, lists and tuples are containers; a container reached a second time
@@ -50,7 +60,8 @@ class TreeWalk {
         visit(child, stack_.size());  // may grow stack_: `f` is not used after this
         continue;
       }
-      if (v->kind() == Value::Kind::kDict && v->state() && non_tensors_) {
+      if (v->kind() == Value::Kind::kDict && v->state() && non_tensors_ &&
+          !only_module_versions(*v)) {
         append("<attributes of " + (v->name().empty() ? std::string("dict") : v->name()) + ">");
         non_tensors_->push_back(path_);
       }

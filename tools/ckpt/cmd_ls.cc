@@ -61,6 +61,19 @@ void add_ls(CLI::App& app) {
     for (auto& r : rows)
       std::printf("%-*s  %-*s  %-*s  %12s  %12s\n", int(wname), r[0].c_str(), int(wdtype),
                   r[1].c_str(), int(wshape), r[2].c_str(), r[3].c_str(), r[4].c_str());
+    // Totals, as `unzip -l` ends: the tensors listed and their bytes (a view counts its own
+    // elements; storages shared by several tensors are counted once in the storage figure).
+    uint64_t total = 0, stored = 0;
+    for (const TensorInfo& t : c.tensors())
+      if (listed(t)) total += t.nbytes();
+    for (const auto& st : c.storages()) stored += st.nbytes;
+    const size_t width = wname + wdtype + wshape + 2 * 4 + 12 + 12;
+    std::printf("%s\n", std::string(width, '-').c_str());
+    std::printf("%zu tensor%s, %llu bytes (%s); %zu storage%s, %llu bytes (%s)\n", rows.size(),
+                rows.size() == 1 ? "" : "s", static_cast<unsigned long long>(total),
+                human_bytes(total).c_str(), c.storages().size(),
+                c.storages().size() == 1 ? "" : "s", static_cast<unsigned long long>(stored),
+                human_bytes(stored).c_str());
   });
 }
 

@@ -124,7 +124,15 @@ std::string slurp(const std::string& path) {
 }  // namespace
 
 Checkpoint open_checkpoint(const std::string& path, const Common& c) {
-  return Checkpoint::open(path, open_options(c));
+  Checkpoint ck = Checkpoint::open(path, open_options(c));
+  // A decryption option the file has no use for would be silently ignored: say so.
+  if (!c.key_file.empty() || !c.password_file.empty()) {
+    auto it = ck.properties().find("encrypted");
+    if (it == ck.properties().end() || it->second != "true")
+      std::fprintf(stderr, "ckpt: warning: %s is not encrypted; %s ignored\n", path.c_str(),
+                   !c.key_file.empty() ? "--decrypt-key" : "--decrypt-password-file");
+  }
+  return ck;
 }
 
 OpenOptions open_options(const Common& c) {

@@ -22,8 +22,12 @@ void add_progress_flags(CLI::App& cmd, ProgressMode& mode) {
 
 ProgressLine::ProgressLine(ProgressMode mode, std::string label)
     : draw_(mode == ProgressMode::kOn || (mode == ProgressMode::kAuto && isatty(STDERR_FILENO) == 1)),
+      // Asked for (--progress): drawn from the start, the final line always. On a terminal by
+      // default: only once the work has taken a quarter of a second.
+      delay_(mode == ProgressMode::kOn ? 0.0 : 0.25),
       label_(std::move(label)),
-      t0_(now_seconds()) {}
+      t0_(now_seconds()),
+      start_(t0_) {}
 
 ProgressLine::~ProgressLine() { end_line(); }
 
@@ -74,11 +78,11 @@ std::string clock_str(double secs) {
 }  // namespace
 
 void ProgressLine::draw(uint64_t done, uint64_t total, bool last) {
-  static constexpr double kDelay = 0.25, kEvery = 0.1;
+  static constexpr double kEvery = 0.1;
   if (!draw_) return;
   const double now = now_seconds();
-  if (!last && (now - t0_ < kDelay || now - drawn_at_ < kEvery)) return;
-  if (last && !drawn_ && now - t0_ < kDelay) return;
+  if (!last && (now - start_ < delay_ || now - drawn_at_ < kEvery)) return;
+  if (last && !drawn_ && now - start_ < delay_) return;
   total = std::max(total, done);
   int pct = total ? static_cast<int>(std::min<uint64_t>(done * 100 / total, 99)) : 0;
   if (last) pct = 100;

@@ -1,8 +1,8 @@
 #pragma once
 // The progress line of long commands: one line on stderr, redrawn in place — bytes done and
-// total, percent, rate and time left. Drawn only when stderr is a terminal (or --progress), never
-// with --no-progress, and only once the work has taken a quarter of a second: quick commands
-// print nothing extra.
+// total, percent, rate and time left. By default drawn only when stderr is a terminal and once the
+// work has taken a quarter of a second (quick commands print nothing extra); --progress draws it
+// anyway, from the start, ending with the 100% line; --no-progress never.
 
 #include <CLI/CLI.hpp>
 #include <cstdint>
@@ -45,8 +45,9 @@ class ProgressLine {
   void draw(uint64_t done, uint64_t total, bool last);
 
   bool draw_;
+  double delay_;
   std::string label_, items_;
-  double t0_, drawn_at_ = 0;
+  double t0_, start_, drawn_at_ = 0;  // t0_: the phase's start (rate, ETA); start_: the line's
   bool drawn_ = false;
   std::mutex mu_;
 };
