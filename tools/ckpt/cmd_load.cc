@@ -83,6 +83,7 @@ void add_load(CLI::App& app) {
         touched += t.info().nbytes();
         line.update(std::min(touched, bytes), bytes);
       }
+      line.finish(bytes);
     } else {
       uint64_t budget = static_cast<uint64_t>(o->budget_mb * 1024 * 1024);
       c.stream(budget, [&](const Tensor& t) {

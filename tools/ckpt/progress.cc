@@ -33,7 +33,11 @@ ProgressLine::~ProgressLine() { end_line(); }
 
 ProgressFn ProgressLine::fn() {
   if (!draw_) return {};
-  return [this](uint64_t done, uint64_t total) { update(done, total); };
+  // The library's last call has done == total: the 100% line.
+  return [this](uint64_t done, uint64_t total) {
+    std::lock_guard<std::mutex> lock(mu_);
+    draw(done, total, total > 0 && done == total);
+  };
 }
 
 void ProgressLine::update(uint64_t done, uint64_t total) {

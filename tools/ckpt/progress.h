@@ -29,8 +29,9 @@ class ProgressLine {
   ProgressLine& operator=(const ProgressLine&) = delete;
 
   bool wanted() const { return draw_; }
-  // A callback drawing into this line (a library ProgressFn: any thread, one at a time); empty
-  // when no line is wanted, so the library skips its counting.
+  // A callback drawing into this line (a library ProgressFn: any thread, one at a time; its last
+  // call, done == total, draws 100%); empty when no line is wanted, so the library skips its
+  // counting.
   ProgressFn fn();
   // Bytes done of total. Thread-safe. Percent stays below 100 until finish().
   void update(uint64_t done, uint64_t total);
