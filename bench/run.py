@@ -77,22 +77,28 @@ def main():
         rows = {x["name"]: x for x in ck["results"]}
         size = ck["file_bytes"]
         data = th["bytes"]
-        huge = rows["limit: memcpy into fresh huge pages"]
-        eager = rows["ckpt: eager load"]
-        verify = rows["ckpt: eager load + verify CRC32"]
-        save = rows["ckpt: save (page cache)"]
+        t = ck["threads"]
+        ts_ = "thread" if t == 1 else "threads"
+        eager = rows[f"ckpt: eager load, {t} {ts_}"]
+        verify = rows[f"ckpt: eager load + verify CRC32, {t} {ts_}"]
+        save = rows["ckpt: save (page cache), 2 threads"]
         openl = rows["ckpt: open + list"]
         lines.append(f"### {label}: {size / 2**20:.0f} MiB file, {ck['tensors']} tensors\n")
-        lines.append("| measurement | ms | GB/s | × fresh-huge-page memcpy |")
+        lines.append("Each ckpt row beside its limit: the same work done by plain system calls with the same "
+                     "thread count into the same kind of memory (`limit:` rows); `machine:` rows are facts "
+                     "for reference.\n")
+        lines.append("| measurement | ms | GB/s | × its limit |")
         lines.append("|---|---:|---:|---:|")
         for x in ck["results"]:
             gbs = f"{x['gb_per_s']:.2f}" if x["gb_per_s"] else "-"
-            ratio = f"{x['vs_fresh_huge_memcpy']:.2f}" if x["gb_per_s"] else "-"
+            ratio = f"{x['vs_limit']:.2f}" if "vs_limit" in x else "-"
             lines.append(f"| {x['name']} | {x['seconds'] * 1e3:.2f} | {gbs} | {ratio} |")
         tl = data / th["load"] / 1e9
         ts = data / th["save"] / 1e9
-        lines.append(f"| torch.load (1.13) | {th['load'] * 1e3:.2f} | {tl:.2f} | {tl * 1e9 / (size / huge['seconds']):.2f} |")
-        lines.append(f"| torch.save (1.13, page cache) | {th['save'] * 1e3:.2f} | {ts:.2f} | {ts * 1e9 / (size / huge['seconds']):.2f} |")
+        lim_load = rows[eager["limit"]]["gb_per_s"]
+        lim_save = rows[save["limit"]]["gb_per_s"]
+        lines.append(f"| torch.load (1.13), 1 thread | {th['load'] * 1e3:.2f} | {tl:.2f} | {tl / lim_load:.2f} (of the eager limit) |")
+        lines.append(f"| torch.save (1.13, page cache), 1 thread | {th['save'] * 1e3:.2f} | {ts:.2f} | {ts / lim_save:.2f} (of the save limit) |")
         for m in ck.get("memory", []):
             lines.append(f"| {m['name']} | {m['peak_rss_bytes'] / 2**20:.0f} MiB | | |")
         trss = r["torch_rss"]
@@ -103,7 +109,7 @@ def main():
         open_target = 2.0 if ck["tensors"] <= 1000 else 50.0
         checks = [
             (f"open+list < {open_target:g} ms", openl["seconds"] * 1e3 < open_target, f"{openl['seconds'] * 1e3:.2f} ms"),
-            ("eager ≥ 0.8× fresh-huge-page memcpy", eager["vs_fresh_huge_memcpy"] >= 0.8, f"{eager['vs_fresh_huge_memcpy']:.2f}×"),
+            (f"eager ≥ 0.8× its limit ({eager['limit'][7:]})", eager["vs_limit"] >= 0.8, f"{eager['vs_limit']:.2f}×"),
             ("verify adds ≤ 25%", verify["seconds"] <= 1.25 * eager["seconds"], f"+{(verify['seconds'] / eager['seconds'] - 1) * 100:.0f}%"),
             ("eager ≥ 5× torch.load", th["load"] / eager["seconds"] >= 5, f"{th['load'] / eager['seconds']:.1f}×"),
             ("save ≥ 3× torch.save", th["save"] / save["seconds"] >= 3, f"{th['save'] / save['seconds']:.1f}×"),

@@ -71,10 +71,10 @@ std::shared_ptr<std::byte> fresh_memory(size_t n, bool huge) {
                                     [p, len](std::byte*) { ::munmap(p, len); });
 }
 
-// `threads` threads taking 8 MiB pieces of [0, n) in turn (as the eager loader hands out work)
-// and running `piece(offset, len)`.
-void in_pieces(uint64_t n, int threads, const std::function<void(uint64_t, uint64_t)>& piece) {
-  constexpr uint64_t kPiece = 8 << 20;
+// `threads` threads taking `size`-byte pieces of [0, n) in turn and running `piece(offset, len)`:
+// 8 MiB as the eager loader hands out work, 1 MiB as the file sink's two writers take slices.
+void in_pieces(uint64_t n, int threads, const std::function<void(uint64_t, uint64_t)>& piece,
+               uint64_t kPiece = 8 << 20) {
   std::atomic<uint64_t> next{0};
   auto work = [&] {
     for (uint64_t off; (off = next.fetch_add(kPiece)) < n;) piece(off, std::min(kPiece, n - off));
@@ -186,14 +186,27 @@ void add_bench(CLI::App& app) {
           for (uint64_t off = 0; off < fsize; off += 4096) sink += std::to_integer<uint8_t>(b[off]);
           ::munmap(p, fsize);
         }), fsize);
+    // Saves write loaded tensors (a warm huge-page arena) in 1 MiB slices from two threads into
+    // a preallocated file: the limit writes the same way from the same kind of memory — with two
+    // threads and with one, keeping the faster: ext4 serializes buffered writes to one file on
+    // its inode lock, so two plain writers contend (slower than one here) while ckpt's two
+    // overlap one's checksum with the other's write. The better plain way is the bound.
     const std::string scratch = o->file + ".bench-limit";
-    const int lim_write = add("limit: pwrite to a new file (page cache), 2 threads", time_it(r, [&] {
-          int wfd = ::open(scratch.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-          if (wfd < 0) throw Error(ErrorCode::kIo, "cannot create", scratch);
-          (void)::posix_fallocate(wfd, 0, static_cast<off_t>(fsize));  // as the file sink reserves
-          in_pieces(fsize, 2, [&](uint64_t off, uint64_t len) { pwrite_all(wfd, warm_buf.data() + off, off, len); });
-          ::close(wfd);
-        }, [&] { std::remove(scratch.c_str()); ::sync(); }), fsize);
+    auto warm_huge = fresh_memory(fsize, true);
+    std::memcpy(warm_huge.get(), warm_buf.data(), fsize);
+    auto write_limit = [&](int writers) {
+      return time_it(r, [&] {
+            int wfd = ::open(scratch.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+            if (wfd < 0) throw Error(ErrorCode::kIo, "cannot create", scratch);
+            (void)::fallocate(wfd, FALLOC_FL_KEEP_SIZE, 0, static_cast<off_t>(fsize));  // as the sink reserves
+            in_pieces(fsize, writers, [&](uint64_t off, uint64_t len) { pwrite_all(wfd, warm_huge.get() + off, off, len); },
+                      1 << 20);
+            ::close(wfd);
+          }, [&] { std::remove(scratch.c_str()); ::sync(); });
+    };
+    const int lim_write = add("limit: pwrite to a new file (page cache), best of 1 and 2 threads",
+                              std::min(write_limit(2), write_limit(1)), fsize);
+    warm_huge.reset();
     std::remove(scratch.c_str());
     ::close(fd);
     warm_buf = {};
