@@ -117,7 +117,9 @@ def non_tensor_paths(obj):
                 return
             for k, v in x.items():
                 walk(v, path + [str(k)])
-            if attrs:
+            # Module.state_dict()'s `_metadata` (module versions) alone is not reported
+            # (docs/cli.md, convert: Notes).
+            if attrs and set(attrs) != {"_metadata"}:
                 out.append(".".join(path + [f"<attributes of {type(x).__name__}>"]))
         elif isinstance(x, (list, tuple)):
             if not x and path:
