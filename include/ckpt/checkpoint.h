@@ -42,6 +42,19 @@ class Checkpoint {
   // kCorrupt, kTruncated, kUnsupported, kLimitExceeded).
   static Checkpoint open(const std::string& path, const OpenOptions& options = {});
   static Checkpoint open(SourcePtr source, const OpenOptions& options = {});
+  // A sharded checkpoint is opened as one: open(path) of an index file (a JSON file whose
+  // "weight_map" maps each tensor name to its shard file, as `model.safetensors.index.json` and
+  // `pytorch_model.bin.index.json`; shard names are relative to the index's folder), or
+  // open_set() of the shard files themselves. The result is one Checkpoint: tensors() and
+  // storages() are the shards' in shard order (an index's files in name order; open_set's in
+  // the order given), root() an OrderedDict of every name to its tensor, format() the first
+  // shard's, and every load reads each tensor from its shard (a StorageInfo's offset is in its
+  // shard: shard_of() says which). A name in two shards is refused (Error{kCorrupt} naming both
+  // files), and so is an index entry whose shard lacks the name (naming the shard); a shard that
+  // cannot be opened throws its own error, which names the file. Each shard must be a dict of
+  // tensors (a state dict, a safetensors or tensorizer file). open_set of one path is open(path).
+  static Checkpoint open_set(const std::vector<std::string>& paths,
+                             const OpenOptions& options = {});
 
   // Opens a file and loads every tensor eagerly: the result of
   // open(path, open_options).load_all(load_options), with the two overlapped. For a torch zip,
@@ -65,6 +78,11 @@ class Checkpoint {
   SourcePtr source_ptr() const;
   // Index of the tensor with this name.
   std::optional<size_t> find(std::string_view name) const;
+  // A sharded set's shards, in order (empty for one file), and the shard that holds tensor
+  // `index` (0 for one file). source() of a set is its index (or, for open_set, a description of
+  // the files); a shard's source() is its file.
+  const std::vector<Checkpoint>& shards() const;
+  size_t shard_of(size_t tensor) const;
 
   // The storage's bytes: a view into the mapping when the source is mapped and the bytes are
   // stored raw in native order (read-only: Storage::writable is false), else read into owned,
@@ -98,8 +116,9 @@ class Checkpoint {
   // the pages in now (MADV_POPULATE_READ where the kernel has it). No-op for unmapped sources.
   void prefetch(std::span<const size_t> tensors = {}, bool populate = false) const;
 
-  // Checks every record that has a CRC32. Throws Error{kCorrupt} naming the first bad record.
-  // Returns the number of records checked. `progress` (may be empty) counts the bytes checked.
+  // Checks every record that has a CRC32 (a set: each shard's, in order). Throws Error{kCorrupt}
+  // naming the first bad record and its file. Returns the number of records checked.
+  // `progress` (may be empty) counts the bytes checked.
   size_t verify(const ProgressFn& progress = {}) const;
 
  private:

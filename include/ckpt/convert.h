@@ -152,7 +152,25 @@ struct ConvertOptions {
   // Counting the bytes keeps the sink's fast paths (reserve, write_sliced) in use.
   std::function<void(uint64_t done, uint64_t total)> progress;
   std::chrono::milliseconds progress_interval{100};
+  // pt and safetensors, the path overload: more than 0 writes the checkpoint as shards of at
+  // most this many tensor bytes plus an index, in the Hugging Face layout. For an output
+  // "DIR/model.safetensors" (or "DIR/model.safetensors.index.json"): shards
+  // "DIR/model-00001-of-00003.safetensors"... and "DIR/model.safetensors.index.json"
+  // ({"metadata": {"total_size": N}, "weight_map": {name: shard file}}, names sorted), written
+  // last; "pytorch_model.bin" gives "pytorch_model-00001-of-00002.bin". Tensors are taken in
+  // order into the current shard until the next would pass the size; a tensor larger than the
+  // size goes alone in a shard of its own; tensors that share bytes go in the shard of the first
+  // of them. Each pt shard is a plain state dict (name -> tensor, flatten_state_dict's names;
+  // non-tensor values are reported in not_written). When everything fits one shard, the one
+  // file is written under the output's name and no index (as Hugging Face does). Each shard is
+  // written atomically; on failure the shards this call wrote are removed. 0: one file.
+  uint64_t max_shard_size = 0;
 };
+
+// "5GB", "500MB", "10GiB", "2048", "1.5GB": a size in bytes (kB/MB/GB/TB are powers of 1000,
+// KiB/MiB/GiB/TiB of 1024; case-insensitive; "B" optional). Throws Error{kInvalidArgument} for
+// anything else, or 0.
+uint64_t parse_byte_size(std::string_view text);
 
 struct ConvertReport {
   ConvertFormat format = ConvertFormat::kAuto;  // the format written
@@ -176,6 +194,10 @@ struct ConvertReport {
   bool key_file_written = false;
   // With store_digests: the number of tensor digests stored.
   size_t digests_stored = 0;
+  // With max_shard_size: the files written (shards, in order) and the index ("" when everything
+  // fit one file, which is then `files[0]`, the output's name).
+  std::vector<std::string> files;
+  std::string index;
 };
 
 // Converts `checkpoint` to `out_path` (format: options.to, or the path's extension).

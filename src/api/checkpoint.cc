@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <filesystem>
 
 #include "api/checkpoint_impl.h"
 #include "formats/open.h"
@@ -16,9 +17,65 @@
 namespace ckpt {
 
 using internal::CheckpointModel;
+using internal::ShardSet;
 
-Checkpoint::Impl::Impl(std::shared_ptr<const CheckpointModel> m)
-    : model(std::move(m)), root(model->root) {
+namespace {
+
+// A set's progress: shard after shard, counted on from the bytes of the shards before, against
+// the whole set's total.
+struct SetProgress {
+  ProgressFn fn;
+  uint64_t total = 0;
+  uint64_t base = 0;
+  ProgressFn shard(uint64_t later) const {  // `later`: bytes of the shards after this one
+    if (!fn) return {};
+    return [this, later](uint64_t done, uint64_t of) {
+      const uint64_t all = std::max(total, base + of + later);
+      fn(std::min(base + done, all), all);
+    };
+  }
+};
+
+// Bytes of the storages the selected tensors use, per shard.
+std::vector<uint64_t> selected_bytes(const CheckpointModel& m, const ShardSet& set,
+                                     const std::vector<uint8_t>& selected) {
+  std::vector<uint64_t> bytes(set.shards.size(), 0);
+  std::vector<uint8_t> counted(m.storages.size(), 0);
+  for (size_t i = 0; i < m.tensors.size(); ++i) {
+    if (!selected[i]) continue;
+    const uint32_t s = m.tensors[i].storage;
+    if (counted[s]) continue;
+    counted[s] = 1;
+    bytes[set.storage_shard[s]] += m.storages[s].nbytes;
+  }
+  return bytes;
+}
+
+// The tensors `filter` accepts, by merged index.
+std::vector<uint8_t> select(const CheckpointModel& m, const TensorFilter& filter) {
+  std::vector<uint8_t> sel(m.tensors.size(), 1);
+  if (filter)
+    for (size_t i = 0; i < m.tensors.size(); ++i) sel[i] = filter(m.tensors[i]) ? 1 : 0;
+  return sel;
+}
+
+// A filter for shard k's own table: the merged selection (the load plan calls it with references
+// into the shard's tensors()).
+TensorFilter shard_filter(const Checkpoint& shard, const ShardSet& set, size_t k,
+                          const std::vector<uint8_t>& sel) {
+  const TensorInfo* first = shard.tensors().data();
+  const size_t n = shard.tensors().size(), base = set.tensor_base[k];
+  return [first, n, base, &sel](const TensorInfo& t) {
+    const size_t i = static_cast<size_t>(&t - first);
+    return i < n && sel[base + i] != 0;
+  };
+}
+
+}  // namespace
+
+Checkpoint::Impl::Impl(std::shared_ptr<const CheckpointModel> m,
+                       std::shared_ptr<const ShardSet> shard_set)
+    : model(std::move(m)), root(model->root), set(std::move(shard_set)) {
   copy = model->source->pread_twin();
   if (!copy) copy = model->source;
 }
@@ -30,7 +87,33 @@ Checkpoint Checkpoint::open(const std::string& path, const OpenOptions& options)
 }
 
 Checkpoint Checkpoint::open(SourcePtr source, const OpenOptions& options) {
-  return internal::CheckpointAccess::make(internal::open_model(std::move(source), options));
+  try {
+    return internal::CheckpointAccess::make(internal::open_model(source, options));
+  } catch (const Error&) {
+    // Not a checkpoint: a sharded checkpoint's index (JSON) opens as its set of shards.
+    if (!internal::looks_like_json(*source)) throw;
+  }
+  return internal::open_index(source, std::filesystem::path(source->name()).parent_path().string(),
+                              options);
+}
+
+Checkpoint Checkpoint::open_set(const std::vector<std::string>& paths,
+                                const OpenOptions& options) {
+  if (paths.size() == 1) return open(paths[0], options);
+  return internal::open_files(paths, options);
+}
+
+const std::vector<Checkpoint>& Checkpoint::shards() const {
+  static const std::vector<Checkpoint> none;
+  return impl_->set ? impl_->set->shards : none;
+}
+
+size_t Checkpoint::shard_of(size_t tensor) const {
+  if (!impl_->set) return 0;
+  if (tensor >= impl_->set->tensor_shard.size())
+    throw Error(ErrorCode::kNotFound, "no tensor #" + std::to_string(tensor),
+                impl_->model->source->name());
+  return impl_->set->tensor_shard[tensor];
 }
 
 Format Checkpoint::format() const { return impl_->model->format; }
@@ -58,6 +141,15 @@ StoragePtr Checkpoint::storage(size_t index, const LoadOptions& options) const {
     if (c.cache.empty()) c.cache.resize(m.storages.size());
     if (auto st = c.cache[index].lock()) return st;
   }
+  if (c.set) {
+    // The shard shares its loaded storages; one more cache here keeps the rule for the set.
+    StoragePtr st = c.set->shards[c.set->storage_shard[index]].storage(
+        c.set->local_storage(index), options);
+    std::lock_guard<std::mutex> lock(c.mu);
+    if (auto other = c.cache[index].lock()) return other;
+    c.cache[index] = st;
+    return st;
+  }
   internal::LoadPlan plan = internal::plan_storage(m, c.copy, index, options, true);
   StoragePtr st = internal::load_one(plan, plan.storages[0]);
   std::lock_guard<std::mutex> lock(c.mu);
@@ -84,12 +176,65 @@ Tensor Checkpoint::tensor(std::string_view name, const LoadOptions& options) con
 
 std::vector<Tensor> Checkpoint::load_all(const LoadOptions& options,
                                          const TensorFilter& filter) const {
+  if (const ShardSet* set = impl_->set.get()) {
+    const CheckpointModel& m = *impl_->model;
+    const std::vector<uint8_t> sel = select(m, filter);
+    const std::vector<uint64_t> bytes = selected_bytes(m, *set, sel);
+    SetProgress progress{options.progress, 0, 0};
+    for (uint64_t b : bytes) progress.total += b;
+    std::vector<Tensor> out;
+    for (size_t k = 0; k < set->shards.size(); ++k) {
+      uint64_t later = 0;
+      for (size_t j = k + 1; j < bytes.size(); ++j) later += bytes[j];
+      const Checkpoint& shard = set->shards[k];
+      const size_t base = set->tensor_base[k];
+      bool any = false;
+      for (size_t i = 0; i < shard.tensors().size() && !any; ++i) any = sel[base + i] != 0;
+      if (!any) continue;
+      LoadOptions o = options;
+      o.progress = progress.shard(later);
+      std::vector<Tensor> part = shard.load_all(o, shard_filter(shard, *set, k, sel));
+      // The plan keeps table order: the selected tensors of this shard, in order.
+      size_t i = base;
+      for (Tensor& t : part) {
+        while (!sel[i]) ++i;
+        out.emplace_back(m.tensors[i++], t.storage());
+      }
+      progress.base += bytes[k];
+    }
+    return out;
+  }
   internal::LoadPlan plan = internal::make_plan(*impl_->model, impl_->copy, options, filter, false);
   return internal::execute_eager(plan);
 }
 
 void Checkpoint::stream(uint64_t budget, const std::function<void(const Tensor&)>& fn,
                         const LoadOptions& options, const TensorFilter& filter) const {
+  if (const ShardSet* set = impl_->set.get()) {
+    const CheckpointModel& m = *impl_->model;
+    const std::vector<uint8_t> sel = select(m, filter);
+    const std::vector<uint64_t> bytes = selected_bytes(m, *set, sel);
+    SetProgress progress{options.progress, 0, 0};
+    for (uint64_t b : bytes) progress.total += b;
+    for (size_t k = 0; k < set->shards.size(); ++k) {
+      uint64_t later = 0;
+      for (size_t j = k + 1; j < bytes.size(); ++j) later += bytes[j];
+      const Checkpoint& shard = set->shards[k];
+      const size_t base = set->tensor_base[k];
+      LoadOptions o = options;
+      o.progress = progress.shard(later);
+      // Each tensor under its merged description (the same name; the set's storage index).
+      shard.stream(
+          budget,
+          [&](const Tensor& t) {
+            const size_t local = shard.find(t.name()).value_or(0);
+            fn(Tensor(m.tensors[base + local], t.storage()));
+          },
+          o, shard_filter(shard, *set, k, sel));
+      progress.base += bytes[k];
+    }
+    return;
+  }
   internal::LoadPlan plan = internal::make_plan(*impl_->model, impl_->copy, options, filter, false);
   internal::execute_stream(plan, budget, fn);
 }
@@ -101,6 +246,10 @@ void Checkpoint::read_into(size_t index, std::span<std::byte> dst,
   if (index >= m.tensors.size())
     throw Error(ErrorCode::kNotFound, "no tensor #" + std::to_string(index), m.source->name());
   const TensorInfo& t = m.tensors[index];
+  if (c.set) {
+    c.set->shards[c.set->tensor_shard[index]].read_into(c.set->local_tensor(index), dst, options);
+    return;
+  }
   if (dst.size() != t.nbytes())
     throw Error(ErrorCode::kInvalidArgument,
                 "destination holds " + std::to_string(dst.size()) + " bytes; the tensor needs " +
@@ -125,6 +274,14 @@ void Checkpoint::read_into(size_t index, std::span<std::byte> dst,
 }
 
 void Checkpoint::prefetch(std::span<const size_t> tensors, bool populate) const {
+  if (const ShardSet* set = impl_->set.get()) {
+    std::vector<std::vector<size_t>> per(set->shards.size());
+    for (size_t i : tensors)
+      if (i < set->tensor_shard.size()) per[set->tensor_shard[i]].push_back(set->local_tensor(i));
+    for (size_t k = 0; k < set->shards.size(); ++k)
+      if (tensors.empty() || !per[k].empty()) set->shards[k].prefetch(per[k], populate);
+    return;
+  }
   const CheckpointModel& d = *impl_->model;
   const std::byte* base = d.source->memory();
   if (!base) return;
@@ -153,6 +310,32 @@ void Checkpoint::prefetch(std::span<const size_t> tensors, bool populate) const 
 }
 
 size_t Checkpoint::verify(const ProgressFn& progress) const {
+  if (const ShardSet* set = impl_->set.get()) {
+    // Each shard as its own file; what is left to check is estimated by the storage bytes of
+    // the shards after this one.
+    std::vector<uint64_t> bytes(set->shards.size(), 0);
+    for (size_t k = 0; k < set->shards.size(); ++k)
+      for (const StorageInfo& s : set->shards[k].storages()) bytes[k] += s.nbytes;
+    SetProgress p{progress, 0, 0};
+    size_t checked = 0;
+    for (size_t k = 0; k < set->shards.size(); ++k) {
+      uint64_t later = 0;
+      for (size_t j = k + 1; j < bytes.size(); ++j) later += bytes[j];
+      uint64_t shard_total = 0;
+      ProgressFn inner = p.shard(later);
+      ProgressFn fn;
+      if (inner)
+        fn = [&](uint64_t done, uint64_t of) {
+          shard_total = of;
+          inner(done, of);
+        };
+      checked += set->shards[k].verify(fn);
+      p.base += shard_total;
+      p.total = p.base + later;
+    }
+    if (progress) progress(p.base, p.base);
+    return checked;
+  }
   const CheckpointModel& m = *impl_->model;
   if (m.verify) {
     try {

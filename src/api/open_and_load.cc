@@ -41,8 +41,19 @@ LoadedCheckpoint Checkpoint::open_and_load(const std::string& path, const OpenOp
         std::make_unique<internal::Preload>(copy, std::move(pr), load_options.verify, threads - 1);
   };
 
-  Checkpoint c =
-      internal::CheckpointAccess::make(internal::open_model(source, open_options, hooks));
+  std::shared_ptr<internal::CheckpointModel> model;
+  try {
+    model = internal::open_model(source, open_options, hooks);
+  } catch (const Error&) {
+    if (!internal::looks_like_json(*source)) throw;
+  }
+  if (!model) {
+    // A sharded checkpoint's index: each shard opens, then loads (api/checkpoint_set.cc).
+    Checkpoint set = Checkpoint::open(source, open_options);
+    std::vector<Tensor> tensors = set.load_all(load_options);
+    return {std::move(set), std::move(tensors)};
+  }
+  Checkpoint c = internal::CheckpointAccess::make(std::move(model));
   internal::LoadPlan plan =
       internal::make_plan(*c.impl_->model, c.impl_->copy, load_options, {}, false);
   std::vector<Tensor> tensors = internal::execute_eager(plan, std::move(pre), started);

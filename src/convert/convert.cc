@@ -20,6 +20,7 @@
 #include "convert/digest_internal.h"
 #include "convert/encryption.h"
 #include "convert/progress_sink.h"
+#include "convert/shards.h"
 
 namespace ckpt {
 namespace {
@@ -246,7 +247,15 @@ ConvertReport run(const Checkpoint& c, const ConvertOptions& o, const OpenSink& 
 ConvertReport convert(const Checkpoint& c, const std::string& out_path,
                       const ConvertOptions& options) {
   ConvertOptions o = options;
-  if (o.to == ConvertFormat::kAuto) o.to = convert_format_for_path(out_path);
+  if (o.to == ConvertFormat::kAuto) {
+    // A sharded output may be named by its index: "model.safetensors.index.json".
+    std::string named = out_path;
+    if (o.max_shard_size && named.size() > 11 &&
+        named.compare(named.size() - 11, 11, ".index.json") == 0)
+      named.resize(named.size() - 11);
+    o.to = convert_format_for_path(named);
+  }
+  if (o.max_shard_size) return internal::convert_sharded(c, out_path, o);
   if (o.archive_name.empty()) o.archive_name = archive_name_for(out_path);
   std::unique_ptr<ByteSink> file;
   return run(c, o, [&]() -> ByteSink& {
@@ -258,6 +267,9 @@ ConvertReport convert(const Checkpoint& c, const std::string& out_path,
 ConvertReport convert(const Checkpoint& c, ByteSink& sink, const ConvertOptions& options) {
   ConvertOptions o = options;
   if (o.to == ConvertFormat::kAuto) o.to = convert_format_for_path(sink.name());
+  if (o.max_shard_size)
+    throw Error(ErrorCode::kInvalidArgument,
+                "shards (max_shard_size) are written to files: use the path overload");
   return run(c, o, [&]() -> ByteSink& { return sink; });
 }
 

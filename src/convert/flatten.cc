@@ -2,6 +2,7 @@
 // stack and one shared path buffer, so that any depth costs neither call stack nor a copy of the
 // path per level.
 
+#include <algorithm>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -127,12 +128,14 @@ class TreeWalk {
 };
 
 // Marks entries whose bytes an earlier entry has: the same storage, or a storage stored at the
-// same place in the file (which a mapped checkpoint hands out as the same memory).
+// same place in the same file (which a mapped checkpoint hands out as the same memory; a sharded
+// set's offsets are each in its own shard).
 void find_sharing(const Checkpoint& c, std::vector<StateDictEntry>& entries) {
   const auto& tensors = c.tensors();
   const auto& storages = c.storages();
   std::unordered_map<size_t, size_t> by_storage;
-  std::unordered_map<uint64_t, size_t> by_offset;
+  std::vector<std::unordered_map<uint64_t, size_t>> by_offset(
+      std::max<size_t>(1, c.shards().size()));
   for (size_t k = 0; k < entries.size(); ++k) {
     const size_t s = tensors[entries[k].tensor].storage;
     auto [it, fresh] = by_storage.emplace(s, k);
@@ -140,7 +143,7 @@ void find_sharing(const Checkpoint& c, std::vector<StateDictEntry>& entries) {
     if (fresh && s < storages.size()) {
       const StorageInfo& si = storages[s];
       if (si.offset != kNoOffset && !si.meta && si.nbytes > 0) {
-        auto [it2, fresh2] = by_offset.emplace(si.offset, k);
+        auto [it2, fresh2] = by_offset[c.shard_of(entries[k].tensor)].emplace(si.offset, k);
         if (!fresh2) {
           owner = it2->second;
           fresh = false;

@@ -73,6 +73,12 @@ void CheckpointModel::finalize() {
   }
 }
 
+void CheckpointModel::index_names() {
+  by_name_.reset(tensors.size());
+  const auto name_of = [this](size_t i) -> const std::string& { return tensors[i].name; };
+  for (size_t i = 0; i < tensors.size(); ++i) by_name_.insert(tensors[i].name, i, name_of);
+}
+
 Error crc_mismatch(const CheckpointModel& m, size_t s, uint32_t computed) {
   const StorageInfo& si = m.storages[s];
   std::string names;

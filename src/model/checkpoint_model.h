@@ -97,6 +97,8 @@ struct CheckpointModel {
   // its storage (Error{kCorrupt} naming the tensor otherwise) and every raw storage fits in the
   // source (Error{kTruncated}). Run by the format detector after a reader returns.
   void finalize();
+  // Builds the name index only: for a model merged from finalized models (a sharded set).
+  void index_names();
 
  private:
   NameIndex by_name_;

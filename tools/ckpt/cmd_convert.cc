@@ -1,4 +1,4 @@
-// ckpt convert IN OUT [--to pt|safetensors|tensorizer] [--align N] [--copy-shared] [--digests]
+// ckpt convert IN... OUT [--to pt|safetensors|tensorizer] [--max-shard-size SIZE] [--align N] [--copy-shared] [--digests]
 // [--encrypt-key FILE | --encrypt-password-file FILE] [--decrypt-key FILE |
 // --decrypt-password-file FILE]
 // Reads any supported checkpoint and writes the target format (from OUT's extension unless --to
@@ -39,7 +39,8 @@ ConvertFormat target_of(const std::string& to, const std::string& out) {
 
 void add_convert(CLI::App& app) {
   struct Opts {
-    std::string in, out, to, encrypt_key, encrypt_password_file;
+    std::vector<std::string> in;  // one checkpoint, an index, or shards
+    std::string out, to, encrypt_key, encrypt_password_file, max_shard_size;
     uint32_t align = 0;
     bool copy_shared = false;
     bool digests = false;
@@ -49,9 +50,13 @@ void add_convert(CLI::App& app) {
   auto o = std::make_shared<Opts>();
   auto* cmd =
       app.add_subcommand("convert", "convert a checkpoint to pt, safetensors or tensorizer");
-  cmd->add_option("IN", o->in, "input checkpoint")->required();
-  cmd->add_option("OUT", o->out, "output file (.pt/.pth/.bin, .safetensors, .tensors)")->required();
+  cmd->add_option("IN", o->in, "input checkpoint, shard index, or shard files")->required();
+  // IN takes every argument (several shard files); the last one is OUT.
+  cmd->add_option("OUT", o->out, "output file (.pt/.pth/.bin, .safetensors, .tensors)");
   cmd->add_option("--to", o->to, "output format: pt, safetensors or tensorizer");
+  cmd->add_option("--max-shard-size", o->max_shard_size,
+                  "pt/safetensors: write shards of at most SIZE tensor bytes (500MB, 5GB, "
+                  "10GiB) and an index, as Hugging Face does (default: one file)");
   cmd->add_option("--align", o->align,
                   "alignment of tensor data (pt: default 64; safetensors: default 8)");
   cmd->add_flag("--copy-shared", o->copy_shared,
@@ -68,8 +73,18 @@ void add_convert(CLI::App& app) {
   add_progress_flags(*cmd, o->progress);
   cmd->callback([o] {
     double t0 = now_seconds();
+    if (o->out.empty()) {
+      if (o->in.size() < 2) {
+        std::fprintf(stderr, "ckpt: OUT is required (see ckpt --help)\n");
+        throw ExitStatus{kUsageExit};
+      }
+      o->out = o->in.back();
+      o->in.pop_back();
+    }
     ConvertOptions co;
-    co.to = target_of(o->to, o->out);
+    std::string named = o->out;  // a sharded output may be named by its index
+    if (named.ends_with(".index.json")) named.resize(named.size() - 11);
+    co.to = target_of(o->to, named);
     co.alignment = o->align;
     co.copy_shared = o->copy_shared;
     co.store_digests = o->digests;
@@ -78,6 +93,18 @@ void add_convert(CLI::App& app) {
     co.encryption.key_file = o->encrypt_key;
     co.encryption.password_file = o->encrypt_password_file;
     co.limits = limits_of(o->common);
+    if (!o->max_shard_size.empty()) {
+      try {
+        co.max_shard_size = parse_byte_size(o->max_shard_size);
+      } catch (const Error& e) {
+        std::fprintf(stderr, "--max-shard-size: %s\n", e.message().c_str());
+        throw ExitStatus{kUsageExit};
+      }
+      if (co.to == ConvertFormat::kTensorizer) {
+        std::fprintf(stderr, "--max-shard-size: tensorizer has no sharded layout\n");
+        throw ExitStatus{kUsageExit};
+      }
+    }
     Checkpoint c = open_checkpoint(o->in, o->common);
     ProgressLine line(o->progress);
     co.progress = line.fn();
@@ -114,6 +141,14 @@ void add_convert(CLI::App& app) {
       std::fprintf(stderr, "ckpt: wrote a new random key to %s\n", o->encrypt_key.c_str());
     double dt = now_seconds() - t0;
     // The bytes of the file written (headers and padding included), not the source's.
+    if (!r.index.empty()) {
+      std::printf("wrote %zu shards and %s (%s): %zu tensors (%s of data), %s (%llu bytes) in "
+                  "%.3f s\n",
+                  r.files.size(), r.index.c_str(), target, r.tensors,
+                  human_bytes(r.tensor_bytes).c_str(), human_bytes(r.bytes_written).c_str(),
+                  static_cast<unsigned long long>(r.bytes_written), now_seconds() - t0);
+      return;
+    }
     std::printf("wrote %s (%s): %zu tensors (%s of data), %s (%llu bytes) in %.3f s\n",
                 o->out.c_str(), target, r.tensors, human_bytes(r.tensor_bytes).c_str(),
                 human_bytes(r.bytes_written).c_str(),

@@ -60,6 +60,7 @@ std::string safe_name(const std::string& name) {
 
 void add_extract(CLI::App& app) {
   struct Opts {
+    std::vector<std::string> files;  // one checkpoint, an index, or shards
     std::string file, dir;
     bool force = false;
     Common common;
@@ -67,14 +68,23 @@ void add_extract(CLI::App& app) {
   };
   auto o = std::make_shared<Opts>();
   auto* cmd = app.add_subcommand("extract", "write one .npy per tensor and index.json");
-  cmd->add_option("FILE", o->file, "checkpoint")->required();
-  cmd->add_option("DIR", o->dir, "output folder (created with its parents; must be empty)")
-      ->required();
+  cmd->add_option("FILE", o->files, "checkpoint, shard index, or shard files")->required();
+  // FILE takes every argument (several shard files); the last one is DIR.
+  cmd->add_option("DIR", o->dir, "output folder (created with its parents; must be empty)");
   cmd->add_flag("--force", o->force, "replace DIR whole when it exists and is not empty");
   add_common(*cmd, o->common);
   add_progress_flags(*cmd, o->progress);
   cmd->callback([o] {
-    Checkpoint c = open_checkpoint(o->file, o->common);
+    if (o->dir.empty()) {
+      if (o->files.size() < 2) {
+        std::fprintf(stderr, "ckpt: DIR is required (see ckpt --help)\n");
+        throw ExitStatus{kUsageExit};
+      }
+      o->dir = o->files.back();
+      o->files.pop_back();
+    }
+    o->file = files_name(o->files);
+    Checkpoint c = open_checkpoint(o->files, o->common);
     std::unique_ptr<FolderSink> out;
     try {
       out = create_folder_sink(o->dir, {.replace = o->force});

@@ -38,18 +38,20 @@ void count_values(const ConstValuePtr& v, std::map<std::string, size_t>& kinds, 
 
 void add_info(CLI::App& app) {
   struct Opts {
+    std::vector<std::string> files;  // one checkpoint, an index, or shards
     std::string file;
     bool json = false;
     Common common;
   };
   auto o = std::make_shared<Opts>();
   auto* cmd = app.add_subcommand("info", "format, version, records, tensor totals");
-  cmd->add_option("FILE", o->file, "checkpoint")->required();
+  cmd->add_option("FILE", o->files, "checkpoint, shard index, or shard files")->required();
   cmd->add_flag("--json", o->json, "machine-readable output");
   add_common(*cmd, o->common);
   cmd->callback([o] {
+    o->file = files_name(o->files);
     double t0 = now_seconds();
-    Checkpoint c = open_checkpoint(o->file, o->common);
+    Checkpoint c = open_checkpoint(o->files, o->common);
     double open_s = now_seconds() - t0;
     uint64_t tensor_bytes = 0, storage_bytes = 0;
     size_t count = 0;

@@ -16,6 +16,7 @@ namespace ckpt::cli {
 
 void add_load(CLI::App& app) {
   struct Opts {
+    std::vector<std::string> files;  // one checkpoint, an index, or shards
     std::string file, mode = "eager";
     double budget_mb = 64;
     bool verify = false, json = false, digest = false;
@@ -25,7 +26,7 @@ void add_load(CLI::App& app) {
   };
   auto o = std::make_shared<Opts>();
   auto* cmd = app.add_subcommand("load", "load every tensor once; report time and peak memory");
-  cmd->add_option("FILE", o->file, "checkpoint")->required();
+  cmd->add_option("FILE", o->files, "checkpoint, shard index, or shard files")->required();
   cmd->add_option("--mode", o->mode, "eager (owned memory), mmap (views, pages touched) or stream")
       ->check(CLI::IsMember({"eager", "mmap", "stream"}));
   cmd->add_option("--budget-mb", o->budget_mb, "stream: bytes in flight (MiB, default 64)")
@@ -41,6 +42,7 @@ void add_load(CLI::App& app) {
   add_common(*cmd, o->common);
   add_progress_flags(*cmd, o->progress);
   cmd->callback([o] {
+    o->file = files_name(o->files);
     double t0 = now_seconds();
     LoadOptions lo;
     lo.verify = o->verify;
@@ -60,7 +62,9 @@ void add_load(CLI::App& app) {
     };
     if (o->mode == "eager") {
       // Opening and loading overlapped: reads start once the zip directory is known.
-      LoadedCheckpoint l = Checkpoint::open_and_load(o->file, open_options(o->common), lo);
+      LoadedCheckpoint l = o->files.size() == 1
+                               ? Checkpoint::open_and_load(o->file, open_options(o->common), lo)
+                               : load_set(o->files, o->common, lo);
       const Checkpoint& c = l.checkpoint;
       auto& all = l.tensors;
       tensors = all.size();
@@ -69,7 +73,7 @@ void add_load(CLI::App& app) {
         checksum += t.info().nbytes() ? std::to_integer<uint8_t>(t.data()[0]) : 0;
         digest(t);
       }
-    } else if (Checkpoint c = open_checkpoint(o->file, o->common); o->mode == "mmap") {
+    } else if (Checkpoint c = open_checkpoint(o->files, o->common); o->mode == "mmap") {
       // Views read nothing in the library: the pages touched here are the progress.
       for (const auto& s : c.storages()) bytes += s.nbytes;
       uint64_t touched = 0;

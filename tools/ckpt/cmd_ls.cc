@@ -8,17 +8,19 @@ namespace ckpt::cli {
 
 void add_ls(CLI::App& app) {
   struct Opts {
+    std::vector<std::string> files;  // one checkpoint, an index, or shards
     std::string file;
     bool json = false;
     Common common;
   };
   auto o = std::make_shared<Opts>();
   auto* cmd = app.add_subcommand("ls", "list tensors: name, dtype, shape, bytes, file offset");
-  cmd->add_option("FILE", o->file, "checkpoint")->required();
+  cmd->add_option("FILE", o->files, "checkpoint, shard index, or shard files")->required();
   cmd->add_flag("--json", o->json, "machine-readable output");
   add_common(*cmd, o->common);
   cmd->callback([o] {
-    Checkpoint c = open_checkpoint(o->file, o->common);
+    o->file = files_name(o->files);
+    Checkpoint c = open_checkpoint(o->files, o->common);
     if (o->json) {
       nlohmann::ordered_json j;
       j["format"] = format_name(c.format());
@@ -35,6 +37,10 @@ void add_ls(CLI::App& app) {
         auto off = file_offset(c, t);
         r["offset"] = off ? nlohmann::ordered_json(*off) : nlohmann::ordered_json(nullptr);
         r["storage"] = c.storages()[t.storage].key;
+        if (!c.shards().empty())  // a sharded set: the file the tensor (and offset) is in
+          r["shard"] = c.shards()[c.shard_of(static_cast<size_t>(&t - c.tensors().data()))]
+                           .source()
+                           .name();
         if (t.requires_grad) r["requires_grad"] = true;
         if (!t.type.empty()) r["type"] = t.type;
         if (c.storages()[t.storage].meta) r["meta"] = true;

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <filesystem>
 #include <set>
 
 #include "common.h"
@@ -262,16 +263,23 @@ void print_tree(const Checkpoint& c, const ConstValuePtr& v, const std::string& 
 
 void add_show(CLI::App& app) {
   struct Opts {
+    std::vector<std::string> files;  // one checkpoint, an index, or shards
     std::string file, name;
     Common common;
   };
   auto o = std::make_shared<Opts>();
   auto* cmd = app.add_subcommand("show", "print the object tree, or one tensor's values");
-  cmd->add_option("FILE", o->file, "checkpoint")->required();
+  cmd->add_option("FILE", o->files, "checkpoint, shard index, or shard files")->required();
   cmd->add_option("NAME", o->name, "tensor to print");
   add_common(*cmd, o->common);
   cmd->callback([o] {
-    Checkpoint c = open_checkpoint(o->file, o->common);
+    // FILE... NAME: a last argument that is no file is the tensor's name.
+    if (o->name.empty() && o->files.size() > 1 && !std::filesystem::exists(o->files.back())) {
+      o->name = o->files.back();
+      o->files.pop_back();
+    }
+    o->file = files_name(o->files);
+    Checkpoint c = open_checkpoint(o->files, o->common);
     if (!o->name.empty()) {
       print_values(c.tensor(o->name));
       return;

@@ -40,6 +40,7 @@ void report_digests(const std::string& file, const Checkpoint& c,
 
 void add_verify(CLI::App& app) {
   struct Opts {
+    std::vector<std::string> files;  // one checkpoint, an index, or shards
     std::string file, digests;
     Common common;
     ProgressMode progress = ProgressMode::kAuto;
@@ -47,14 +48,15 @@ void add_verify(CLI::App& app) {
   auto o = std::make_shared<Opts>();
   auto* cmd = app.add_subcommand(
       "verify", "check every record's CRC32 (tensorizer: its hashes), or tensors' SHA-256");
-  cmd->add_option("FILE", o->file, "checkpoint")->required();
+  cmd->add_option("FILE", o->files, "checkpoint, shard index, or shard files")->required();
   cmd->add_option("--digests", o->digests,
                   "check every tensor against this manifest (written by `ckpt digest`)");
   add_common(*cmd, o->common);
   add_progress_flags(*cmd, o->progress);
   cmd->callback([o] {
+    o->file = files_name(o->files);
     double t0 = now_seconds();
-    Checkpoint c = open_checkpoint(o->file, o->common);
+    Checkpoint c = open_checkpoint(o->files, o->common);
     ProgressLine line(o->progress);
     DigestOptions dopt;
     dopt.load.progress = line.fn();

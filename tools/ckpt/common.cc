@@ -135,6 +135,33 @@ Checkpoint open_checkpoint(const std::string& path, const Common& c) {
   return ck;
 }
 
+Checkpoint open_checkpoint(const std::vector<std::string>& paths, const Common& c) {
+  if (paths.size() == 1) return open_checkpoint(paths[0], c);
+  Checkpoint ck = Checkpoint::open_set(paths, open_options(c));
+  if (!c.key_file.empty() || !c.password_file.empty()) {
+    auto it = ck.properties().find("encrypted");
+    if (it == ck.properties().end() || it->second != "true")
+      std::fprintf(stderr, "ckpt: warning: %s is not encrypted; %s ignored\n",
+                   files_name(paths).c_str(),
+                   !c.key_file.empty() ? "--decrypt-key" : "--decrypt-password-file");
+  }
+  return ck;
+}
+
+LoadedCheckpoint load_set(const std::vector<std::string>& paths, const Common& c,
+                          const LoadOptions& lo) {
+  Checkpoint ck = open_checkpoint(paths, c);
+  std::vector<Tensor> tensors = ck.load_all(lo);
+  return {std::move(ck), std::move(tensors)};
+}
+
+std::string files_name(const std::vector<std::string>& paths) {
+  if (paths.empty()) return {};
+  if (paths.size() == 1) return paths[0];
+  return paths[0] + " and " + std::to_string(paths.size() - 1) + " more file" +
+         (paths.size() == 2 ? "" : "s");
+}
+
 OpenOptions open_options(const Common& c) {
   OpenOptions o;
   o.mmap = !c.no_mmap;

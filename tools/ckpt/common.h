@@ -41,6 +41,13 @@ void add_common(CLI::App& cmd, Common& c);
 // Limits from the --max-* options.
 Limits limits_of(const Common& c);
 Checkpoint open_checkpoint(const std::string& path, const Common& c);
+// One file (a checkpoint or a shard index), or several shard files opened as one checkpoint.
+Checkpoint open_checkpoint(const std::vector<std::string>& paths, const Common& c);
+// Several shard files opened as one and loaded (what open_and_load is for one file).
+LoadedCheckpoint load_set(const std::vector<std::string>& paths, const Common& c,
+                          const LoadOptions& lo);
+// How messages name what FILE... gave: the path, or the first path and how many more.
+std::string files_name(const std::vector<std::string>& paths);
 // The OpenOptions those flags ask for (mmap, limits, decryption key or password).
 OpenOptions open_options(const Common& c);
 // The line the tool prints for an error: its text, and for kLimitExceeded the option that raises

@@ -1,0 +1,268 @@
+// Sharded checkpoints (include/ckpt/checkpoint.h: open of an index, open_set; convert.h:
+// max_shard_size): a set of files is one checkpoint, errors name the shard, convert writes the
+// Hugging Face layout. The same against torch-written shards is tests/interop/test_sharded.py.
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "ckpt/ckpt.h"
+#include "ckpt/convert.h"
+#include "ckpt/safetensors.h"
+#include "test_util.h"
+
+namespace ckpt {
+namespace {
+
+using test::TempDir;
+
+Tensor make(const std::string& name, DType dtype, std::vector<int64_t> shape, uint32_t seed) {
+  uint64_t n = dtype_size(dtype);
+  for (auto d : shape) n *= static_cast<uint64_t>(d);
+  std::vector<std::byte> v(n);
+  uint32_t x = seed * 2654435761u + 1;
+  for (auto& b : v) {
+    x = x * 1664525u + 1013904223u;
+    b = static_cast<std::byte>(x >> 24);
+  }
+  return Tensor::copy_of(name, dtype, std::move(shape), v);
+}
+
+std::vector<Tensor> part(int k) {
+  // In the order a safetensors file stores them (wider dtypes first).
+  if (k == 0)
+    return {make("a.bias", DType::kInt64, {8}, 2), make("a.weight", DType::kFloat32, {16, 8}, 1)};
+  if (k == 1) return {make("b.weight", DType::kFloat16, {32, 4}, 3)};
+  return {make("c.step", DType::kInt64, {}, 5), make("c.weight", DType::kBFloat16, {5, 5}, 4)};
+}
+
+void write_text(const std::string& path, const std::string& text) {
+  std::ofstream(path, std::ios::binary) << text;
+}
+
+// Three shards (safetensors, pt, safetensors) and an index over them.
+struct Set {
+  TempDir dir;
+  std::vector<std::string> files;
+  std::string index;
+  Set() {
+    const char* names[] = {"m-00001-of-00003.safetensors", "m-00002-of-00003.bin",
+                           "m-00003-of-00003.safetensors"};
+    nlohmann::json wm;
+    for (int k = 0; k < 3; ++k) {
+      files.push_back(dir.file(names[k]));
+      auto ts = part(k);
+      if (k == 1) {
+        SaveOptions o;
+        o.fsync = false;
+        save_torch(files.back(), state_dict_value(ts), ts, o);
+      } else {
+        save_safetensors(files.back(), ts);
+      }
+      for (const auto& t : ts) wm[t.name()] = names[k];
+    }
+    index = dir.file("m.index.json");
+    write_text(index, nlohmann::json{{"metadata", {{"total_size", 1}}}, {"weight_map", wm}}.dump());
+  }
+};
+
+std::vector<Tensor> all_parts() {
+  std::vector<Tensor> v;
+  for (int k = 0; k < 3; ++k)
+    for (auto& t : part(k)) v.push_back(t);
+  return v;
+}
+
+void expect_same(const Tensor& a, const Tensor& b) {
+  EXPECT_EQ(a.name(), b.name());
+  EXPECT_EQ(a.dtype(), b.dtype());
+  EXPECT_EQ(a.shape(), b.shape());
+  EXPECT_EQ(a.contiguous_bytes(), b.contiguous_bytes()) << a.name();
+}
+
+TEST(Shards, IndexOpensAsOneCheckpoint) {
+  Set s;
+  for (bool mmap : {true, false}) {
+    OpenOptions oo;
+    oo.mmap = mmap;
+    Checkpoint c = Checkpoint::open(s.index, oo);
+    ASSERT_EQ(c.shards().size(), 3u);
+    auto want = all_parts();
+    ASSERT_EQ(c.tensors().size(), want.size());
+    EXPECT_EQ(c.properties().at("shards"), "3");
+    EXPECT_EQ(c.source().name(), s.index);
+    for (size_t i = 0; i < want.size(); ++i) {
+      EXPECT_EQ(c.tensors()[i].name, want[i].name());
+      expect_same(c.tensor(i), want[i]);
+      expect_same(c.tensor(want[i].name()), want[i]);
+      std::vector<std::byte> buf(want[i].info().nbytes());
+      c.read_into(i, buf);
+      EXPECT_EQ(buf, want[i].contiguous_bytes());
+      EXPECT_EQ(c.root()->get(want[i].name())->tensor_index(), i);
+    }
+    EXPECT_EQ(c.shard_of(0), 0u);
+    EXPECT_EQ(c.shard_of(2), 1u);
+    EXPECT_EQ(c.shard_of(4), 2u);
+    EXPECT_EQ(c.root()->module(), "collections");
+    // Storage offsets are in their shard.
+    const TensorInfo& b = c.tensors()[2];
+    EXPECT_EQ(c.storages()[b.storage].offset, c.shards()[1].storages()[0].offset);
+
+    uint64_t last_done = 0, last_total = 0;
+    LoadOptions lo;
+    lo.progress = [&](uint64_t d, uint64_t t) {
+      EXPECT_GE(d, last_done);
+      last_done = d;
+      last_total = t;
+    };
+    auto loaded = c.load_all(lo);
+    ASSERT_EQ(loaded.size(), want.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      expect_same(loaded[i], want[i]);
+      EXPECT_EQ(loaded[i].info().storage, c.tensors()[i].storage);
+    }
+    uint64_t total = 0;
+    for (const auto& st : c.storages()) total += st.nbytes;
+    EXPECT_EQ(last_done, total);
+    EXPECT_EQ(last_total, total);
+
+    auto filtered = c.load_all({}, [](const TensorInfo& t) { return t.name.ends_with("weight"); });
+    ASSERT_EQ(filtered.size(), 3u);
+    EXPECT_EQ(filtered[1].name(), "b.weight");
+    expect_same(filtered[2], want[4]);
+
+    std::vector<std::string> streamed;
+    c.stream(1 << 20, [&](const Tensor& t) {
+      streamed.push_back(t.name());
+      expect_same(t, want[*c.find(t.name())]);
+    });
+    EXPECT_EQ(streamed.size(), want.size());
+    c.prefetch();
+  }
+  LoadedCheckpoint l = Checkpoint::open_and_load(s.index);
+  ASSERT_EQ(l.tensors.size(), 5u);
+  expect_same(l.tensors[4], all_parts()[4]);
+}
+
+TEST(Shards, OpenSetOfFiles) {
+  Set s;
+  Checkpoint c = Checkpoint::open_set(s.files);
+  ASSERT_EQ(c.shards().size(), 3u);
+  auto want = all_parts();
+  for (size_t i = 0; i < want.size(); ++i) expect_same(c.tensor(i), want[i]);
+  EXPECT_EQ(c.format(), Format::kSafetensors);
+  // One path: the file itself.
+  Checkpoint one = Checkpoint::open_set({s.files[1]});
+  EXPECT_TRUE(one.shards().empty());
+  EXPECT_EQ(one.format(), Format::kTorchZip);
+  // verify: each shard (only the torch shard has CRCs: its records).
+  EXPECT_EQ(c.verify(), one.verify());
+  EXPECT_FALSE(c.records().empty());
+  EXPECT_EQ(c.records()[0].name.rfind("m-00002-of-00003.bin:", 0), 0u);
+}
+
+TEST(Shards, DuplicateNameNamesBothShards) {
+  TempDir d;
+  save_safetensors(d.file("x.safetensors"), {make("w", DType::kFloat32, {2}, 1)});
+  save_safetensors(d.file("y.safetensors"), {make("w", DType::kFloat32, {2}, 2)});
+  Error e = test::capture_error(
+      [&] { Checkpoint::open_set({d.file("x.safetensors"), d.file("y.safetensors")}); });
+  EXPECT_EQ(e.code(), ErrorCode::kCorrupt);
+  EXPECT_NE(e.message().find("x.safetensors"), std::string::npos) << e.what();
+  EXPECT_NE(e.message().find("y.safetensors"), std::string::npos) << e.what();
+  EXPECT_EQ(e.record(), "w");
+}
+
+TEST(Shards, IndexErrorsNameTheShard) {
+  Set s;
+  // An entry its shard lacks.
+  nlohmann::json j = nlohmann::json::parse(std::ifstream(s.index));
+  j["weight_map"]["ghost"] = "m-00002-of-00003.bin";
+  write_text(s.index, j.dump());
+  Error e = test::capture_error([&] { Checkpoint::open(s.index); });
+  EXPECT_EQ(e.code(), ErrorCode::kCorrupt);
+  EXPECT_EQ(e.source(), s.files[1]);
+  EXPECT_EQ(e.record(), "ghost");
+  // A missing shard.
+  j["weight_map"].erase("ghost");
+  j["weight_map"]["gone"] = "m-00004-of-00004.safetensors";
+  write_text(s.index, j.dump());
+  e = test::capture_error([&] { Checkpoint::open(s.index); });
+  EXPECT_EQ(e.code(), ErrorCode::kNotFound);
+  EXPECT_NE(std::string(e.what()).find("m-00004-of-00004.safetensors"), std::string::npos);
+  // A shard outside the index's folder.
+  j["weight_map"]["gone"] = "/etc/passwd";
+  write_text(s.index, j.dump());
+  e = test::capture_error([&] { Checkpoint::open(s.index); });
+  EXPECT_EQ(e.code(), ErrorCode::kCorrupt);
+  // JSON that is no index.
+  write_text(s.index, "{\"hidden\": 1}");
+  e = test::capture_error([&] { Checkpoint::open(s.index); });
+  EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
+}
+
+TEST(Shards, ParseByteSize) {
+  EXPECT_EQ(parse_byte_size("5GB"), 5'000'000'000u);
+  EXPECT_EQ(parse_byte_size("500MB"), 500'000'000u);
+  EXPECT_EQ(parse_byte_size("10GiB"), 10ull << 30);
+  EXPECT_EQ(parse_byte_size("2048"), 2048u);
+  EXPECT_EQ(parse_byte_size("1.5kb"), 1500u);
+  EXPECT_EQ(parse_byte_size("7 MiB"), 7u << 20);
+  for (const char* bad : {"", "0", "GB", "5XB", "1.2.3MB", "-5"})
+    EXPECT_EQ(test::capture_error([&] { parse_byte_size(bad); }).code(),
+              ErrorCode::kInvalidArgument)
+        << bad;
+}
+
+TEST(Shards, ConvertWritesShardsAndIndex) {
+  TempDir d;
+  std::vector<Tensor> ts = {make("t0", DType::kFloat32, {10}, 1),   // 40 B
+                            make("big", DType::kFloat32, {100}, 2),  // 400 B: alone
+                            make("t1", DType::kFloat32, {5}, 3),     // 20 B
+                            make("t2", DType::kFloat32, {5}, 4)};    // 20 B
+  SaveOptions so;
+  so.fsync = false;
+  save_torch(d.file("in.pt"), state_dict_value(ts), ts, so);
+  Checkpoint in = Checkpoint::open(d.file("in.pt"));
+  for (const char* out : {"model.safetensors", "pytorch_model.bin"}) {
+    ConvertOptions o;
+    o.fsync = false;
+    o.max_shard_size = 100;
+    ConvertReport r = convert(in, d.file(out), o);
+    ASSERT_EQ(r.files.size(), 3u);
+    EXPECT_EQ(r.index, d.file(std::string(out) + ".index.json"));
+    EXPECT_FALSE(std::filesystem::exists(d.file(out)));
+    nlohmann::json j = nlohmann::json::parse(std::ifstream(r.index));
+    EXPECT_EQ(j["metadata"]["total_size"], 480);
+    const std::string ext = std::filesystem::path(out).extension().string();
+    const std::string stem = std::filesystem::path(out).stem().string();
+    EXPECT_EQ(j["weight_map"]["big"], stem + "-00002-of-00003" + ext);
+    EXPECT_EQ(j["weight_map"]["t1"], stem + "-00003-of-00003" + ext);
+    EXPECT_EQ(j["weight_map"]["t2"], stem + "-00003-of-00003" + ext);
+    Checkpoint back = Checkpoint::open(r.index);
+    ASSERT_EQ(back.tensors().size(), 4u);
+    for (const auto& t : ts) expect_same(back.tensor(t.name()), t);
+    // Sharded back to one file.
+    ConvertOptions one;
+    one.fsync = false;
+    convert(back, d.file("one.pt"), one);
+    Checkpoint c1 = Checkpoint::open(d.file("one.pt"));
+    for (size_t i = 0; i < ts.size(); ++i) expect_same(c1.tensor(i), ts[i]);
+  }
+  // Everything fits: the one file, no index.
+  ConvertOptions o;
+  o.fsync = false;
+  o.max_shard_size = 1 << 20;
+  ConvertReport r = convert(in, d.file("whole.safetensors"), o);
+  EXPECT_TRUE(r.index.empty());
+  EXPECT_TRUE(std::filesystem::exists(d.file("whole.safetensors")));
+  // Refused: tensorizer, a sink.
+  o.max_shard_size = 100;
+  EXPECT_EQ(test::capture_error([&] { convert(in, d.file("x.tensors"), o); }).code(),
+            ErrorCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace ckpt
