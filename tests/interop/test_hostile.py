@@ -192,7 +192,8 @@ def test_hostile_file_is_refused(ckpt, hostile, name, cmd):
     assert r.returncode >= 0, f"killed by signal {-r.returncode}: {r.stderr[-2000:]}"
     if name in HARMLESS and r.returncode == 0:
         return  # a valid, harmless pickle: opening it quickly and in bounded memory is the point
-    if name in CODE and r.returncode == 0:
+    # (exit 10 is verify's "nothing to check" for a file that opened with no storages)
+    if name in CODE and r.returncode in (0, 10):
         assert not marker.exists(), "a hostile file ran code"
         assert sorted(os.listdir(tmp)) == before, "ckpt created or removed a file"
         return  # opened with the code kept as opaque objects
