@@ -25,6 +25,10 @@ struct Limits {
 struct OpenOptions {
   bool mmap = true;  // map the file (zero-copy views); false: pread into owned memory
   Limits limits;
+  // torch pickles: refuse classes ckpt does not know (Error{kUnsupported} naming the global), as
+  // torch.load(weights_only=True) does. Off: they are kept as opaque objects (Value::foreign),
+  // never called either way.
+  bool strict = false;
   // tensorizer decryption (issue 4): a raw 32-byte key, or a password.
   std::string decrypt_key;
   std::string decrypt_password;

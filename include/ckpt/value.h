@@ -25,9 +25,13 @@ class Value {
     kList, kTuple, kSet, kDict,
     kTensor,  // tensor_index() into the tensor table
     kGlobal,  // a class or function named module.name (e.g. torch.float32, a TorchScript class)
-    kObject,  // an instance: module()/name() = its class, items() = constructor args,
-              // state() = BUILD state
+    kObject,  // an instance, or the result of calling a function: module()/name() = the
+              // class or function, items() = its arguments, state() = BUILD state, appended() and
+              // entries() = items the pickle appended / set on it afterwards (see "Opaque objects")
   };
+  // kObject: how the pickle made it, which a writer repeats: cls(*args) (REDUCE, INST, OBJ with
+  // arguments) or cls.__new__(cls, *args) (NEWOBJ, NEWOBJ_EX without keywords, INST/OBJ without).
+  enum class Call : uint8_t { kReduce, kNewObj };
 
   Value() = default;
   Value(const Value&) = default;
@@ -81,10 +85,11 @@ class Value {
   size_t tensor_index() const noexcept { return static_cast<size_t>(i_); }  // kTensor
   void set_tensor_index(size_t index) noexcept { i_ = static_cast<int64_t>(index); }
 
-  // kList, kTuple, kSet: the elements; kObject: the constructor arguments.
+  // kList, kTuple, kSet: the elements; kObject: the call's arguments; kDict of a class: the
+  // class's arguments (collections.defaultdict's default factory), usually none.
   const std::vector<ValuePtr>& items() const noexcept { return items_; }
   std::vector<ValuePtr>& items() noexcept { return items_; }
-  // kDict: (key, value) in insertion order.
+  // kDict: (key, value) in insertion order; kObject: the keys and values set on it.
   const std::vector<std::pair<ValuePtr, ValuePtr>>& entries() const noexcept { return entries_; }
   std::vector<std::pair<ValuePtr, ValuePtr>>& entries() noexcept { return entries_; }
   // kGlobal: the name; kObject and kDict: the class (empty for a plain dict).
@@ -93,6 +98,25 @@ class Value {
   // kObject/kDict: state from BUILD (e.g. OrderedDict's _metadata); may be null.
   const ValuePtr& state() const noexcept { return state_; }
   void set_state(ValuePtr state) noexcept { state_ = std::move(state); }
+
+  // --- Opaque objects ------------------------------------------------------------------------
+  // A class or function a reader does not know is kept as it was pickled, never called: a
+  // kObject (or kGlobal) with foreign() true. Its module/name, arguments (items()), call(),
+  // appended(), entries() (kObject: keys and values set on it) and state() are what the pickle
+  // applied, so a writer reproduces the same object.
+  Call call() const noexcept { return call_; }
+  void set_call(Call c) noexcept { call_ = c; }
+  // kGlobal, kObject: the class or function is not one the reader knows (an opaque node).
+  bool foreign() const noexcept { return foreign_; }
+  void set_foreign(bool f) noexcept { foreign_ = f; }
+  // kObject: the elements APPEND(S)ed onto it after construction (a list subclass, a deque).
+  const std::vector<ValuePtr>& appended() const noexcept { return appended_; }
+  std::vector<ValuePtr>& appended() noexcept { return appended_; }
+  // A value read from a call (a numpy scalar as kFloat/kInt/kBool/kComplex, a numpy array as
+  // kTensor): the call as the pickle made it (a kObject), which writers pickle instead of the
+  // value so that the output holds the same object. Null for values read as they are.
+  const ValuePtr& origin() const noexcept { return origin_; }
+  void set_origin(ValuePtr origin) noexcept { origin_ = std::move(origin); }
 
   // kDict: the value under a string or int key, or null.
   ValuePtr get(std::string_view key) const;
@@ -112,6 +136,8 @@ class Value {
   Kind kind_ = Kind::kNone;
   bool b_ = false;
   bool bytearray_ = false;
+  bool foreign_ = false;
+  Call call_ = Call::kReduce;
   int64_t i_ = 0;
   double f_ = 0;
   std::complex<double> c_;
@@ -120,6 +146,8 @@ class Value {
   std::vector<std::pair<ValuePtr, ValuePtr>> entries_;
   std::string module_, name_;
   ValuePtr state_;
+  std::vector<ValuePtr> appended_;
+  ValuePtr origin_;
 };
 
 // The name a dict key or list index contributes to a dotted tensor path ("0", "exp_avg").

@@ -166,6 +166,16 @@ const char* kind_name(Value::Kind kind) noexcept {
 Ref builtin_call(PickleHeap& h, Ref callable, std::span<const Ref> a, CopyBudget& budget) {
   const std::string_view m = h.module(callable), n = h.name(callable);
   if (m == "collections" && n == "OrderedDict") return ordered_dict(h, callable, a, budget);
+  // Counter(dict): a dict of class Counter. defaultdict(factory): a dict of class defaultdict
+  // whose argument (the factory, a global or None) is kept; its items follow as SETITEMS.
+  if (m == "collections" && n == "Counter") {
+    if (a.size() == 1 && h.kind(a[0]) != Kind::kDict) return kNoRef;
+    return ordered_dict(h, callable, a, budget);
+  }
+  if (m == "collections" && n == "defaultdict") {
+    if (a.size() > 1) return kNoRef;
+    return h.dict(callable, a.empty() ? kNoRef : h.tuple(a));
+  }
   if (m == "_codecs" && n == "encode") {
     if (a.empty() || a.size() > 2 || h.kind(a[0]) != Kind::kString) return kNoRef;
     if (a.size() == 2 && h.kind(a[1]) != Kind::kString) return kNoRef;

@@ -83,14 +83,109 @@ Ref PickleHeap::cls(Ref r) const {
   return kNoRef;
 }
 
+Ref PickleHeap::dict_args(Ref r) const {
+  const Node& n = nodes_[r];
+  return n.kind == Kind::kDict ? static_cast<Ref>(n.c >> 32) : kNoRef;
+}
+
+bool PickleHeap::foreign(Ref r) const {
+  const Node& n = nodes_[r];
+  if (n.kind == Kind::kGlobal) return n.flags & kForeign;
+  Ref c = cls(r);
+  return c != kNoRef && (nodes_[c].flags & kForeign);
+}
+
+std::span<const Ref> PickleHeap::appended(Ref r) const {
+  if (object_lists_.empty()) return {};
+  auto it = object_lists_.find(r);
+  if (it == object_lists_.end() || it->second.first == 0) return {};
+  return lists_[it->second.first];
+}
+
+std::span<const Ref> PickleHeap::object_entries(Ref r) const {
+  if (object_lists_.empty()) return {};
+  auto it = object_lists_.find(r);
+  if (it == object_lists_.end() || it->second.second == 0) return {};
+  return lists_[it->second.second];
+}
+
+Ref PickleHeap::origin(Ref r) const {
+  if (origins_.empty()) return kNoRef;
+  auto it = origins_.find(r);
+  return it == origins_.end() ? kNoRef : it->second;
+}
+
+std::vector<Ref>& PickleHeap::object_list(Ref obj, bool entries) {
+  auto& slots = object_lists_[obj];
+  uint32_t& idx = entries ? slots.second : slots.first;
+  if (idx == 0) {
+    idx = static_cast<uint32_t>(lists_.size());
+    lists_.emplace_back();
+  }
+  return lists_[idx];
+}
+
+void PickleHeap::object_append(Ref obj, std::span<const Ref> items) {
+  if (items.empty()) return;
+  std::vector<Ref> tmp(items.begin(), items.end());  // `items` may alias lists_
+  std::vector<Ref>& out = object_list(obj, false);
+  out.insert(out.end(), tmp.begin(), tmp.end());
+}
+
+void PickleHeap::object_set_items(Ref obj, std::span<const Ref> pairs) {
+  if (pairs.empty()) return;
+  std::vector<Ref> tmp(pairs.begin(), pairs.end());
+  std::vector<Ref>& out = object_list(obj, true);
+  out.insert(out.end(), tmp.begin(), tmp.end());
+}
+
+void PickleHeap::set_origin(Ref value, Ref origin) { origins_[value] = origin; }
+
+void PickleHeap::become(Ref r, Ref value) {
+  Ref old = add(nodes_[r]);
+  if (auto it = object_lists_.find(r); it != object_lists_.end()) {
+    auto lists = it->second;
+    object_lists_.erase(it);
+    object_lists_[old] = lists;
+  }
+  if (auto it = origins_.find(r); it != origins_.end()) {
+    Ref o = it->second;
+    origins_.erase(it);
+    origins_[old] = o;
+  }
+  nodes_[r] = nodes_[value];
+  origins_[r] = old;
+}
+
+size_t PickleHeap::child_count(Ref r) const {
+  return items(r).size() + 4 + appended(r).size() + object_entries(r).size();
+}
+
+Ref PickleHeap::child_at(Ref r, size_t k) const {
+  auto it = items(r);
+  if (k < it.size()) return it[k];
+  k -= it.size();
+  if (k == 0) return state(r);
+  if (k == 1) return dict_args(r);
+  if (k == 2) return origin(r);
+  if (k == 3) return kNoRef;
+  k -= 4;
+  auto ap = appended(r);
+  if (k < ap.size()) return ap[k];
+  k -= ap.size();
+  auto en = object_entries(r);
+  return k < en.size() ? en[k] : kNoRef;
+}
+
 Ref PickleHeap::state(Ref r) const {
   const Node& n = nodes_[r];
-  if (n.kind == Kind::kDict) return static_cast<Ref>(n.c);
+  if (n.kind == Kind::kDict) return static_cast<Ref>(n.c & 0xffffffffu);
   if (n.kind == Kind::kObject) return static_cast<Ref>(n.c >> 32);
   return kNoRef;
 }
 
 bool PickleHeap::is_container(Ref r) const {
+  if (!origins_.empty() && origins_.count(r)) return true;
   switch (nodes_[r].kind) {
     case Kind::kTuple:
       return nodes_[r].c != 0;
@@ -174,17 +269,22 @@ Ref PickleHeap::set(std::span<const Ref> items) {
   return r;
 }
 
-Ref PickleHeap::dict(Ref cls) { return add(Node{Kind::kDict, 0, 0, cls, 0}); }
+Ref PickleHeap::dict(Ref cls, Ref args) {
+  if (args != kNoRef) dict_args_used_ = true;
+  return add(Node{Kind::kDict, 0, 0, cls, static_cast<uint64_t>(args) << 32});
+}
 
 Ref PickleHeap::tensor(size_t index) { return add(Node{Kind::kTensor, 0, 0, index}); }
 
-Ref PickleHeap::global(std::string_view module, std::string_view name) {
+Ref PickleHeap::global(std::string_view module, std::string_view name, bool foreign) {
   globals_.emplace_back(std::string(module), std::string(name));
-  return add(Node{Kind::kGlobal, 0, static_cast<uint32_t>(globals_.size() - 1)});
+  return add(Node{Kind::kGlobal, static_cast<uint8_t>(foreign ? kForeign : 0),
+                  static_cast<uint32_t>(globals_.size() - 1)});
 }
 
-Ref PickleHeap::object(Ref cls, Ref args, int64_t tag) {
-  return add(Node{Kind::kObject, 0, args, static_cast<uint64_t>(tag), cls});
+Ref PickleHeap::object(Ref cls, Ref args, int64_t tag, bool new_obj) {
+  return add(Node{Kind::kObject, static_cast<uint8_t>(new_obj ? kNewObjFlag : 0), args,
+                  static_cast<uint64_t>(tag), cls});
 }
 
 void PickleHeap::append(Ref container, std::span<const Ref> items) {
@@ -204,7 +304,7 @@ void PickleHeap::append(Ref container, std::span<const Ref> items) {
 void PickleHeap::set_state(Ref obj, Ref state) {
   Node& n = nodes_[obj];
   if (n.kind == Kind::kDict) {
-    n.c = state;
+    n.c = (n.c & ~uint64_t{0xffffffffu}) | state;
   } else {
     n.c = (n.c & 0xffffffffu) | (static_cast<uint64_t>(state) << 32);
   }
@@ -218,24 +318,19 @@ bool PickleHeap::has_cycle(std::span<const Ref> roots) const {
     size_t next;
   };
   std::vector<Frame> path;
-  auto child = [&](Ref r, size_t k) -> Ref {
-    auto it = items(r);
-    if (k < it.size()) return it[k];
-    return k == it.size() ? state(r) : kNoRef;
-  };
   for (Ref root : roots) {
     if (!is_container(root) || color.count(root)) continue;
     color[root] = 1;
     path.push_back({root, 0});
     while (!path.empty()) {
       Frame& f = path.back();
-      const size_t total = items(f.r).size() + 1;  // + state
+      const size_t total = child_count(f.r);
       if (f.next == total) {
         color[f.r] = 2;
         path.pop_back();
         continue;
       }
-      Ref c = child(f.r, f.next++);
+      Ref c = child_at(f.r, f.next++);
       if (c == kNoRef || !is_container(c)) continue;
       auto [it, fresh] = color.emplace(c, 1);
       if (fresh) {
@@ -256,17 +351,21 @@ ValuePtr PickleHeap::to_value(Ref root, CopyBudget& budget) const {
   std::vector<uint32_t> made_at(nodes_.size(), 0);
   std::vector<ValuePtr> made;
   std::vector<uint8_t> open(nodes_.size());  // 1 while the node's frame is on the stack
+  // A frame fills one node's children by kind: its items (dict entries), then state, dict
+  // arguments, origin, appended items and set entries of an object.
   struct Frame {
     Ref r;
     Value* v;
     size_t next;
   };
   std::vector<Frame> stack;
+  const bool extras = !origins_.empty() || !object_lists_.empty() || dict_args_used_;
 
   auto make = [&](Ref r) -> ValuePtr {
     if (made_at[r]) return made[made_at[r] - 1];
     const Node& n = nodes_[r];
     ValuePtr v;
+    bool frame = false;
     switch (n.kind) {
       case Kind::kNone:
         v = Value::none();
@@ -295,14 +394,20 @@ ValuePtr PickleHeap::to_value(Ref root, CopyBudget& budget) const {
         break;
       case Kind::kGlobal:
         v = Value::global(globals_[n.a].first, globals_[n.a].second);
+        if (n.flags & kForeign) v->set_foreign(true);
         break;
       case Kind::kObject:
         v = Value::object(std::string(module(r)), std::string(name(r)), {}, nullptr,
                           static_cast<int64_t>(n.b));
+        if (foreign(r)) v->set_foreign(true);
+        if (n.flags & kNewObjFlag) v->set_call(Value::Call::kNewObj);
         budget.spend(items(r).size());
         [[fallthrough]];
       case Kind::kDict:
-        if (!v) v = Value::dict_of(std::string(module(r)), std::string(name(r)));
+        if (!v) {
+          v = Value::dict_of(std::string(module(r)), std::string(name(r)));
+          if (Ref a = dict_args(r)) budget.spend(items(a).size());
+        }
         [[fallthrough]];
       case Kind::kTuple:
       case Kind::kList:
@@ -311,8 +416,7 @@ ValuePtr PickleHeap::to_value(Ref root, CopyBudget& budget) const {
           v = n.kind == Kind::kTuple  ? Value::tuple()
               : n.kind == Kind::kList ? Value::list()
                                       : Value::set();
-        stack.push_back({r, v.get(), 0});
-        open[r] = 1;
+        frame = true;
         if (n.kind == Kind::kDict) {
           v->entries().reserve(items(r).size() / 2);
         } else {
@@ -320,9 +424,21 @@ ValuePtr PickleHeap::to_value(Ref root, CopyBudget& budget) const {
         }
         break;
     }
+    if (extras && (frame || origin(r) != kNoRef)) frame = true;
+    if (frame) {
+      stack.push_back({r, v.get(), 0});
+      open[r] = 1;
+    }
     made.push_back(v);
     made_at[r] = static_cast<uint32_t>(made.size());
     return v;
+  };
+  auto child = [&](Ref c) -> ValuePtr {
+    if (open[c])  // a container that is being filled: a cycle (the VM refuses them first)
+      throw Error(ErrorCode::kUnsupported,
+                  "the object graph contains a cycle (a container that contains itself); "
+                  "checkpoints never do");
+    return make(c);
   };
 
   ValuePtr result = make(root);
@@ -333,12 +449,7 @@ ValuePtr PickleHeap::to_value(Ref root, CopyBudget& budget) const {
       const size_t k = f.next++;
       Value* parent = f.v;  // `f` dies if make() pushes
       const Kind pk = parent->kind();
-      const Ref c = it[k];
-      if (open[c])  // a container that is being filled: a cycle (the VM refuses them first)
-        throw Error(ErrorCode::kUnsupported,
-                    "the object graph contains a cycle (a container that contains itself); "
-                    "checkpoints never do");
-      ValuePtr cv = make(c);
+      ValuePtr cv = child(it[k]);
       if (pk == Kind::kDict) {
         if (k % 2 == 0) {
           parent->entries().emplace_back(std::move(cv), nullptr);
@@ -350,7 +461,7 @@ ValuePtr PickleHeap::to_value(Ref root, CopyBudget& budget) const {
       }
       continue;
     }
-    if (f.next == it.size()) {
+    if (!extras && f.next == it.size()) {
       ++f.next;
       Ref s = state(f.r);
       if (s != kNoRef) {
@@ -360,6 +471,37 @@ ValuePtr PickleHeap::to_value(Ref root, CopyBudget& budget) const {
                       "checkpoints never do");
         Value* parent = f.v;
         parent->set_state(make(s));
+      }
+      continue;
+    }
+    if (extras && f.next < child_count(f.r)) {
+      // Past the items: state, dict arguments, origin, (unused), appended, object entries.
+      const size_t k = f.next++ - it.size();
+      Value* parent = f.v;
+      const Ref r = f.r;
+      Ref c = child_at(r, it.size() + k);
+      if (c == kNoRef) continue;
+      if (k == 0) {
+        parent->set_state(child(c));
+      } else if (k == 1) {
+        auto args = items(c);
+        std::vector<Ref> a(args.begin(), args.end());
+        for (Ref x : a) {
+          ValuePtr xv = child(x);
+          parent->items().push_back(std::move(xv));
+        }
+      } else if (k == 2) {
+        parent->set_origin(child(c));
+      } else if (k - 4 < appended(r).size()) {
+        parent->appended().push_back(child(c));
+      } else {
+        const size_t e = k - 4 - appended(r).size();
+        ValuePtr cv = child(c);
+        if (e % 2 == 0) {
+          parent->entries().emplace_back(std::move(cv), nullptr);
+        } else {
+          parent->entries().back().second = std::move(cv);
+        }
       }
       continue;
     }

@@ -20,6 +20,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "ckpt/value.h"
@@ -58,6 +59,14 @@ class PickleHeap {
   std::string_view name(Ref r) const;
   Ref cls(Ref r) const;    // kObject, kDict: the class (a kGlobal), or kNoRef
   Ref state(Ref r) const;  // kObject, kDict: the BUILD state, or kNoRef
+  Ref dict_args(Ref r) const;  // kDict: the class's argument tuple, or kNoRef
+  // kGlobal: not on the caller's allow-list (an opaque class); kObject: made from such a class.
+  bool foreign(Ref r) const;
+  bool new_obj(Ref r) const { return nodes_[r].flags & kNewObjFlag; }  // kObject: NEWOBJ
+  // kObject: what APPEND(S) and SETITEM(S) put on it (k0, v0, k1, v1... for the latter).
+  std::span<const Ref> appended(Ref r) const;
+  std::span<const Ref> object_entries(Ref r) const;
+  Ref origin(Ref r) const;  // the call a value was read from (set_origin), or kNoRef
   bool is_container(Ref r) const;
   size_t node_count() const { return nodes_.size(); }
 
@@ -66,6 +75,8 @@ class PickleHeap {
   Ref none() const { return kNone; }
   Ref boolean(bool v) const { return v ? kTrue : kFalse; }
   Ref empty_tuple() const { return kEmptyTuple; }
+  // A bool node of its own (not the shared singleton), for a value that gets an origin.
+  Ref own_boolean(bool v) { return add(Node{Kind::kBool, 0, 0, v ? 1u : 0u}); }
   Ref integer(int64_t v);
   Ref big_integer(std::string_view digits);
   Ref real(double v);
@@ -77,16 +88,26 @@ class PickleHeap {
   Ref tuple(std::span<const Ref> items);  // `items` may point into this heap
   Ref list(std::span<const Ref> items = {});
   Ref set(std::span<const Ref> items = {});
-  Ref dict(Ref cls = kNoRef);  // cls: e.g. the collections.OrderedDict global
+  // cls: e.g. the collections.OrderedDict global; args: a tuple of the class's arguments.
+  Ref dict(Ref cls = kNoRef, Ref args = kNoRef);
   Ref tensor(size_t index);
-  Ref global(std::string_view module, std::string_view name);
+  Ref global(std::string_view module, std::string_view name, bool foreign = false);
   // An instance of `cls` (a kGlobal) made from `args` (a kTuple, shared, not copied); `tag` is a
-  // number for the caller's own markers (Value::i after to_value).
-  Ref object(Ref cls, Ref args, int64_t tag = 0);
+  // number for the caller's own markers (Value::i after to_value); `new_obj`: made by NEWOBJ.
+  Ref object(Ref cls, Ref args, int64_t tag = 0, bool new_obj = false);
 
   // --- changing (the VM's APPEND, SETITEM, BUILD) --------------------------------------------
   void append(Ref container, std::span<const Ref> items);  // kList, kSet; kDict: k, v pairs
   void set_state(Ref obj, Ref state);                       // kObject, kDict
+  // APPEND(S) / SETITEM(S) onto a kObject: recorded, to be written back (k, v pairs for the
+  // latter).
+  void object_append(Ref obj, std::span<const Ref> items);
+  void object_set_items(Ref obj, std::span<const Ref> pairs);
+  // `value` was read from the call `origin` (a kObject): writers reproduce the call.
+  void set_origin(Ref value, Ref origin);
+  // Turns node `r` (a kObject that memo and stack may already hold) into a copy of node `value`,
+  // whose origin is what `r` was.
+  void become(Ref r, Ref value);
 
   // --- results -------------------------------------------------------------------------------
   // The Value tree that `root` reaches; shared objects stay shared. Refuses (kUnsupported) a
@@ -97,14 +118,14 @@ class PickleHeap {
   bool has_cycle(std::span<const Ref> roots) const;
 
  private:
-  enum Flags : uint8_t { kBig = 1, kInInput = 2, kByteArray = 4 };
+  enum Flags : uint8_t { kBig = 1, kInInput = 2, kByteArray = 4, kForeign = 8, kNewObjFlag = 16 };
   // 24 bytes. Fields by kind:
   //   kBool, kInt, kTensor: b = value (two's complement); big kInt: c = chars_ offset, a = length
   //   kFloat: b = bits; kComplex: b, c = bits of re, im
   //   kString, kBytes: b = offset (into the input when kInInput, else chars_), c = length
   //   kTuple: b = start in pool_, c = length
   //   kList, kSet: a = index in lists_ (0: still empty)
-  //   kDict: a = lists_ index (entries flattened), b = class Ref, c = state Ref
+  //   kDict: a = lists_ index (entries flattened), b = class Ref, c = state Ref | args Ref << 32
   //   kObject: a = args tuple Ref, b = tag, c = class Ref | state Ref << 32
   //   kGlobal: a = index in globals_
   struct Node {
@@ -118,6 +139,11 @@ class PickleHeap {
 
   Ref add(const Node& n);
   std::vector<Ref>& list_of(Ref r);
+  std::vector<Ref>& object_list(Ref obj, bool entries);
+  // Children in a fixed order (items, state, dict args, appended, object entries, origin), for
+  // the cycle check.
+  size_t child_count(Ref r) const;
+  Ref child_at(Ref r, size_t k) const;
 
   std::span<const std::byte> input_;
   std::vector<Node> nodes_;
@@ -125,6 +151,11 @@ class PickleHeap {
   std::vector<std::vector<Ref>> lists_;    // list/set/dict contents ([0] unused)
   std::string chars_;                      // copied strings and big-int digits
   std::vector<std::pair<std::string, std::string>> globals_;
+  // Rare, so kept beside the nodes: kObject -> lists_ indexes of its appended items and entries;
+  // value -> origin.
+  std::unordered_map<Ref, std::pair<uint32_t, uint32_t>> object_lists_;
+  std::unordered_map<Ref, Ref> origins_;
+  bool dict_args_used_ = false;
 };
 
 }  // namespace ckpt::internal

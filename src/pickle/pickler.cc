@@ -252,6 +252,22 @@ class Pickler {
     }
   }
 
+  // Items appended by a reduce (an iterator in CPython): a last batch of one is an APPEND.
+  void batch_list_iter(const std::vector<ValuePtr>& items) {
+    for (size_t i = 0; i < items.size();) {
+      size_t n = std::min(kBatch, items.size() - i);
+      if (n == 1) {
+        save(items[i], true);
+        put(op::kAppend);
+      } else {
+        put(op::kMark);
+        for (size_t k = 0; k < n; ++k) save(items[i + k], true);
+        put(op::kAppends);
+      }
+      i += n;
+    }
+  }
+
   // A tuple of `items`; `self` is the tuple Value, or null for an argument tuple made up here.
   void save_tuple(const std::vector<ValuePtr>& items, const Value* self) {
     size_t n = items.size();
@@ -351,6 +367,8 @@ void Pickler::save(const ValuePtr& vp, bool persistent_ok) {
       return put(op::kBinPersId);
     }
   }
+  // A value read from a call (a numpy scalar) is written as that call.
+  if (v.origin()) return save(v.origin(), persistent_ok);
   switch (v.kind()) {
     case Kind::kNone:
       return put(op::kNone);
@@ -396,9 +414,10 @@ void Pickler::save(const ValuePtr& vp, bool persistent_ok) {
         batch_dict_exact(v.entries());
         break;
       }
-      // A dict subclass (OrderedDict): cls.__reduce__ -> (cls, (), state, None, items).
+      // A dict subclass (OrderedDict): cls.__reduce__ -> (cls, args, state, None, items); args
+      // are empty but for a defaultdict's factory.
       save_global(v.module(), v.name());
-      put(op::kEmptyTuple);
+      save_tuple(v.items(), nullptr);
       put(op::kReduce);
       if (!reduce_done(&v)) break;
       batch_dict_iter(v.entries());
@@ -428,10 +447,13 @@ void Pickler::save(const ValuePtr& vp, bool persistent_ok) {
       reduce_done(&v);
       break;
     case Kind::kObject:
+      // As the pickle made it: cls args REDUCE (or NEWOBJ), then what it applied afterwards.
       save_global(v.module(), v.name());
       save_tuple(v.items(), nullptr);
-      put(op::kReduce);
+      put(v.call() == Value::Call::kNewObj ? op::kNewObj : op::kReduce);
       if (!reduce_done(&v)) break;
+      batch_list_iter(v.appended());
+      batch_dict_iter(v.entries());
       if (v.state() && !v.state()->is_none()) {
         save(v.state(), true);
         put(op::kBuild);

@@ -7,9 +7,11 @@
 //
 // Value kinds map to:
 //   kGlobal -> GLOBAL "module\nname\n" (memoized).
-//   kObject -> the reduce form: GLOBAL of module.name, args tuple (from items), REDUCE, memoize,
-//              then BUILD of `state` when state is non-null.
-//   kDict with a class (module/name set, e.g. collections.OrderedDict) -> GLOBAL, EMPTY_TUPLE,
+//   kObject -> the reduce form: GLOBAL of module.name, args tuple (from items), REDUCE (NEWOBJ
+//              when call() is kNewObj), memoize, APPEND(S) of appended(), SETITEM(S) of
+//              entries(), then BUILD of `state` when state is non-null.
+//   a value with an origin() (a numpy scalar) -> its origin, so the output holds the same object.
+//   kDict with a class (module/name set, e.g. collections.OrderedDict) -> GLOBAL, args (items()),
 //              REDUCE, memoize, SETITEM(S) for entries, then BUILD of `state` when non-null.
 //   kSet -> builtins.set reduce of a list (protocol 2 has no set opcodes).
 //   kComplex -> builtins.complex reduce.

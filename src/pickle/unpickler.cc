@@ -184,6 +184,7 @@ class Vm {
   Ref container_below_mark(size_t& k, Kind want) {
     k = pop_mark();
     if (k == 0 || k - 1 < fence()) fail(ErrorCode::kCorrupt, "stack underflow");
+    if (want != Kind::kSet && heap_.kind(stack_[k - 1]) == Kind::kObject) return stack_[k - 1];
     return expect(stack_[k - 1], want);
   }
   Ref expect(Ref v, Kind want) const {
@@ -285,14 +286,18 @@ class Vm {
   // GLOBAL/INST read module and name as text lines; STACK_GLOBAL takes them from the stack.
   Ref resolve_global(std::string module, std::string name) {
     if (protocol_ < 3) rename_py2_to_py3(module, name);
-    if (!hooks_.allow_global || !hooks_.allow_global(module, name))
+    if (!hooks_.allow_global || !hooks_.allow_global(module, name)) {
+      // An opaque class: recorded by name, never looked up or called.
+      if (hooks_.admit_foreign && hooks_.admit_foreign(module, name))
+        return heap_.global(module, name, true);
       throw Error(ErrorCode::kUnsupported, "global '" + module + "." + name + "' is not allowed",
                   opt_.source, opt_.record, abs(op_pos_));
+    }
     return heap_.global(module, name);
   }
 
-  // `args` must be a tuple node.
-  Ref call(Ref callable, Ref args) {
+  // `args` must be a tuple node. `new_obj`: cls.__new__(cls, *args) rather than cls(*args).
+  Ref call(Ref callable, Ref args, bool new_obj = false) {
     if (heap_.kind(callable) != Kind::kGlobal)
       fail(ErrorCode::kCorrupt,
            std::string("calls a ") + kind_name(heap_.kind(callable)) + ", not a global");
@@ -311,10 +316,12 @@ class Vm {
       large.assign(items.begin(), items.end());
       a = large;
     }
+    // A foreign (opaque) callable is recorded with its arguments: nothing interprets it.
+    if (heap_.foreign(callable)) return heap_.object(callable, args, 0, new_obj);
     Ref result = kNoRef;
     if (hooks_.call) result = hooks_.call(heap_, callable, a);
     if (result == kNoRef) result = builtin_call(heap_, callable, a, budget_);
-    if (result == kNoRef) result = heap_.object(callable, args);
+    if (result == kNoRef) result = heap_.object(callable, args, 0, new_obj);
     return result;
   }
 
@@ -342,7 +349,11 @@ class Vm {
     if ((stack_.size() - k) % 2) fail(ErrorCode::kCorrupt, "odd number of items");
     // Keys are appended, not looked up: a duplicate key (which no pickler writes) stays a
     // second entry instead of costing a quadratic search on every dict.
-    heap_.append(dict, above(k));
+    if (heap_.kind(dict) == Kind::kObject) {
+      heap_.object_set_items(dict, above(k));  // obj[k] = v on an object: recorded
+    } else {
+      heap_.append(dict, above(k));
+    }
     stack_.resize(k);
   }
 
@@ -551,9 +562,14 @@ Ref Vm::loop() {
       }
       case op::kAppend: {
         Ref v = pop();
-        Ref l = expect(top(), Kind::kList);
+        Ref l = top();
+        if (heap_.kind(l) != Kind::kObject) expect(l, Kind::kList);
         if (heap_.is_container(v)) note_mutated(l);
-        heap_.append(l, std::span<const Ref>(&v, 1));
+        if (heap_.kind(l) == Kind::kObject) {
+          heap_.object_append(l, std::span<const Ref>(&v, 1));  // obj.append(v): recorded
+        } else {
+          heap_.append(l, std::span<const Ref>(&v, 1));
+        }
         break;
       }
       case op::kAppends:
@@ -561,13 +577,18 @@ Ref Vm::loop() {
         size_t k;
         Ref c = container_below_mark(k, code_ == op::kAppends ? Kind::kList : Kind::kSet);
         note_if_receives_container(k - 1, k);
-        heap_.append(c, above(k));
+        if (heap_.kind(c) == Kind::kObject) {
+          heap_.object_append(c, above(k));
+        } else {
+          heap_.append(c, above(k));
+        }
         stack_.resize(k);
         break;
       }
       case op::kSetItem: {
         need_items(3);
-        Ref d = expect(stack_[stack_.size() - 3], Kind::kDict);
+        Ref d = stack_[stack_.size() - 3];
+        if (heap_.kind(d) != Kind::kObject) expect(d, Kind::kDict);
         note_if_receives_container(stack_.size() - 3, stack_.size() - 2);
         set_items(d, stack_.size() - 2);
         break;
@@ -628,7 +649,7 @@ Ref Vm::loop() {
         std::string name(line());
         Ref cls = resolve_global(std::move(module), std::move(name));
         Ref args = tuple_from(pop_mark());
-        push(call(cls, args));
+        push(call(cls, args, heap_.items(args).empty()));
         break;
       }
       case op::kObj: {
@@ -637,14 +658,14 @@ Ref Vm::loop() {
         Ref cls = stack_[k];
         Ref args = tuple_from(k + 1);
         stack_.pop_back();  // cls
-        push(call(cls, args));
+        push(call(cls, args, heap_.items(args).empty()));
         break;
       }
       case op::kReduce:
       case op::kNewObj: {
         Ref args = pop();
         Ref callable = pop();
-        push(call(callable, args));
+        push(call(callable, args, code_ == op::kNewObj));
         break;
       }
       case op::kNewObjEx: {
@@ -653,7 +674,7 @@ Ref Vm::loop() {
           fail(ErrorCode::kCorrupt, "keyword arguments are not a dict");
         if (!heap_.items(kwargs).empty())
           fail(ErrorCode::kUnsupported, "keyword arguments are not supported");
-        push(call(cls, args));
+        push(call(cls, args, true));
         break;
       }
       case op::kBuild:

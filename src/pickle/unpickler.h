@@ -32,6 +32,11 @@ struct UnpicklerHooks {
   // Is module.name allowed as a GLOBAL / STACK_GLOBAL / INST / OBJ class? Not allowed ->
   // Error{kUnsupported, "global 'os.system' is not allowed"} at the opcode's offset.
   std::function<bool(const std::string& module, const std::string& name)> allow_global;
+  // Asked for a global that allow_global refused: true admits it as a foreign (opaque) global.
+  // Calls of it are recorded as kObject (never interpreted, never run), and APPEND(S) and
+  // SETITEM(S) onto such objects are recorded too (PickleHeap::object_append/object_set_items).
+  // Unset or false: the refusal above.
+  std::function<bool(const std::string& module, const std::string& name)> admit_foreign;
   // REDUCE / NEWOBJ / NEWOBJ_EX / INST / OBJ of an allowed global `callable` (a kGlobal) with
   // `args`. Return the result, or kNoRef to get the built-in handling (below) or, failing that,
   // a kObject recording the call. May throw Error.
@@ -48,8 +53,9 @@ struct UnpicklerHooks {
 //   collections.OrderedDict() -> ordered kDict;  builtins.set/frozenset(iterable) -> kSet;
 //   builtins.complex(re, im) -> kComplex;  builtins.bytearray(x) -> kBytes with bytearray=true;
 //   _codecs.encode(str, 'latin1'/'latin-1'/'utf-8') -> kBytes;  builtins.bytes(...) -> kBytes.
-// APPEND/APPENDS onto kList (and kSet via ADDITEMS), SETITEM/SETITEMS onto kDict; anything else
-// is Error{kCorrupt}.
+// APPEND/APPENDS onto kList (and kSet via ADDITEMS), SETITEM/SETITEMS onto kDict; onto a kObject
+// they are recorded (a list or dict subclass, a deque, a defaultdict); anything else is
+// Error{kCorrupt}. The call kind (REDUCE or NEWOBJ) of a kObject is recorded for writers.
 
 struct UnpickleOptions {
   std::string source;        // names the file in errors

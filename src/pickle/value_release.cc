@@ -14,7 +14,11 @@ void release_values(std::vector<ValuePtr>& work) noexcept {
       work.push_back(std::move(key));
       work.push_back(std::move(value));
     }
-    if (v->state()) work.push_back(std::move(v->state()));
+    if (v->state()) work.push_back(v->state());
+    for (auto& item : v->appended()) work.push_back(std::move(item));
+    if (v->origin()) work.push_back(v->origin());
+    v->set_state(nullptr);
+    v->set_origin(nullptr);
   }
 }
 

@@ -26,7 +26,7 @@ ValuePtr Value::with_names(Kind k, std::string module, std::string name) {
 }
 
 Value::~Value() {
-  if (items_.empty() && entries_.empty() && !state_) return;
+  if (items_.empty() && entries_.empty() && !state_ && appended_.empty() && !origin_) return;
   // Children with children of their own (and no other owner) are emptied here one by one, from
   // `pending`; every other child dies in place, where its destructor has nothing to recurse on. A
   // state_ dict of 20,000 leaves thus needs no stack, and a chain nested 1e6 deep needs one slot.
@@ -34,7 +34,8 @@ Value::~Value() {
   auto take = [&pending](ValuePtr& p) {
     if (!p) return;
     const Value& c = *p;
-    if (p.use_count() == 1 && (!c.items_.empty() || !c.entries_.empty() || c.state_))
+    if (p.use_count() == 1 && (!c.items_.empty() || !c.entries_.empty() || c.state_ ||
+                               !c.appended_.empty() || c.origin_))
       pending.push_back(std::move(p));
     else
       p.reset();  // a leaf, or shared: no recursion either way
@@ -46,6 +47,8 @@ Value::~Value() {
       take(val);
     }
     take(v.state_);
+    for (auto& it : v.appended_) take(it);
+    take(v.origin_);
   };
   drain(*this);
   while (!pending.empty()) {
@@ -231,9 +234,33 @@ std::string Value::repr(size_t max_len) const {
     case Kind::kGlobal:
       s = module_ + "." + name_;
       break;
-    case Kind::kObject:
-      s = module_ + "." + name_ + "(...)";
+    case Kind::kObject: {
+      // module.name(args, attr=value...): the call as the pickle made it, and a dict state as
+      // keyword-like attributes (argparse.Namespace(lr=0.1)).
+      s = module_ + "." + name_ + "(";
+      bool first = true;
+      auto sep = [&] {
+        if (!first) s += ", ";
+        first = false;
+      };
+      for (auto& it : items_) {
+        if (s.size() > max_len) break;
+        sep();
+        s += it ? it->repr(max_len) : "?";
+      }
+      if (state_ && state_->kind_ == Kind::kDict) {
+        for (auto& [k, val] : state_->entries_) {
+          if (s.size() > max_len) break;
+          sep();
+          s += (k ? path_component(*k) : "?") + "=" + (val ? val->repr(max_len) : "?");
+        }
+      } else if (state_ && !state_->is_none() && s.size() <= max_len) {
+        sep();
+        s += "state=" + state_->repr(max_len);
+      }
+      s += ")";
       break;
+    }
   }
   if (s.size() > max_len && max_len > 3) s = s.substr(0, max_len - 3) + "...";
   return s;
@@ -271,6 +298,8 @@ ValuePtr Value::clone(uint32_t max_depth) const {
       work.push_back({&v, v.get(), it.depth + 1});
     }
     if (copy->state_) work.push_back({&copy->state_, copy->state_.get(), it.depth + 1});
+    for (auto& c : copy->appended_) work.push_back({&c, c.get(), it.depth + 1});
+    if (copy->origin_) work.push_back({&copy->origin_, copy->origin_.get(), it.depth + 1});
   }
   return root;
 }

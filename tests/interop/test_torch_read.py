@@ -161,10 +161,23 @@ def test_refuse_unknown_global(ckpt, corpus_files, file_id, command, tmp_path):
     path, global_name = corpus_files["refuse"][file_id]
     args = {"ls": ["ls", path, "--json"], "extract": ["extract", path, tmp_path / "x"],
             "convert": ["convert", path, tmp_path / "out.pt"]}[command]
-    r = ckpt.run(*args)
+    r = ckpt.run(*args, "--strict")  # issue 13: only --strict refuses; by default it is opaque
     line = one_error_line(r)
     module, name = global_name.rsplit(".", 1)
     assert global_name in line or f"{module} {name}" in line, f"message does not name {global_name}: {line!r}"
     assert not os.path.exists(corpus_files["marker"]), "a pickled os.system call ran"
     if command == "convert":
         assert os.listdir(tmp_path) == [], f"failed convert left files: {os.listdir(tmp_path)}"
+
+
+@pytest.mark.parametrize("file_id", REFUSE_IDS)
+def test_unknown_global_is_opaque(ckpt, corpus_files, file_id, tmp_path):
+    """Without --strict an unknown global is kept by name, never called (issue 13)."""
+    path, global_name = corpus_files["refuse"][file_id]
+    listing = ckpt.json("ls", path, "--json")
+    names = {r["name"] for r in (listing if isinstance(listing, list) else listing["tensors"])}
+    assert "w" in names, names
+    info = ckpt.json("info", path, "--json")
+    assert global_name in info["foreign_classes"], info["foreign_classes"]
+    ckpt.ok("extract", path, tmp_path / "x")
+    assert not os.path.exists(corpus_files["marker"]), "a pickled os.system call ran"

@@ -9,9 +9,14 @@
 namespace ckpt::cli {
 namespace {
 
-void count_values(const ConstValuePtr& v, std::map<std::string, size_t>& kinds, std::set<const Value*>& seen,
+void count_values(const ConstValuePtr& v, std::map<std::string, size_t>& kinds,
+                  std::map<std::string, size_t>& foreign, std::set<const Value*>& seen,
                   int depth) {
   if (!v || depth > 200 || !seen.insert(v.get()).second) return;
+  if (v->foreign()) foreign[v->module() + "." + v->name()]++;
+  auto count_values = [&](const ConstValuePtr& c, auto&, auto&, int d) {
+    ckpt::cli::count_values(c, kinds, foreign, seen, d);
+  };
   switch (v->kind()) {
     case Value::Kind::kTensor: return;
     case Value::Kind::kDict:
@@ -31,6 +36,8 @@ void count_values(const ConstValuePtr& v, std::map<std::string, size_t>& kinds, 
     default: kinds[v->repr(30)]++; return;
   }
   for (auto& it : v->items()) count_values(it, kinds, seen, depth + 1);
+  for (auto& it : v->appended()) count_values(it, kinds, seen, depth + 1);
+  for (auto& [k, val] : v->entries()) count_values(val, kinds, seen, depth + 1);
   if (v->state()) count_values(v->state(), kinds, seen, depth + 1);
 }
 
@@ -65,9 +72,9 @@ void add_info(CLI::App& app) {
       d.second += t.nbytes();
     }
     for (const StorageInfo& s : c.storages()) storage_bytes += s.nbytes;
-    std::map<std::string, size_t> kinds;
+    std::map<std::string, size_t> kinds, foreign;
     std::set<const Value*> seen;
-    count_values(c.root(), kinds, seen, 0);
+    count_values(c.root(), kinds, foreign, seen, 0);
     nlohmann::ordered_json j;
     j["file"] = o->file;
     j["format"] = format_name(c.format());
@@ -80,6 +87,9 @@ void add_info(CLI::App& app) {
     j["storage_bytes"] = storage_bytes;
     for (auto& [k, v] : by_dtype) j["dtypes"][k] = {{"tensors", v.first}, {"bytes", v.second}};
     for (auto& [k, v] : kinds) j["values"][k] = v;
+    // Classes and functions ckpt does not know, kept as opaque objects (never called).
+    j["foreign_classes"] = nlohmann::ordered_json::object();
+    for (auto& [k, v] : foreign) j["foreign_classes"][k] = v;
     j["open_seconds"] = open_s;
     if (o->json) {
       std::printf("%s\n", j.dump(1).c_str());
@@ -97,6 +107,10 @@ void add_info(CLI::App& app) {
     if (!kinds.empty()) {
       std::printf("non-tensor values:\n");
       for (auto& [k, v] : kinds) std::printf("  %-30s %zu\n", k.c_str(), v);
+    }
+    if (!foreign.empty()) {
+      std::printf("foreign classes (kept as opaque objects, never called):\n");
+      for (auto& [k, v] : foreign) std::printf("  %-30s %zu\n", k.c_str(), v);
     }
     std::printf("opened in %.3f ms\n", open_s * 1e3);
   });

@@ -13,6 +13,9 @@ int exit_code(ErrorCode code) { return exit_status(code); }
 
 void add_common(CLI::App& cmd, Common& c) {
   cmd.add_flag("--no-mmap", c.no_mmap, "read with pread instead of mapping the file");
+  cmd.add_flag("--strict", c.strict,
+               "refuse classes ckpt does not know (torch's weights_only) instead of keeping them "
+               "as opaque objects");
   cmd.add_option("--decrypt-key", c.key_file, "tensorizer: file with the raw key (hex or binary)");
   cmd.add_option("--decrypt-password-file", c.password_file,
                  "tensorizer: file whose first line is the password");
@@ -164,6 +167,7 @@ std::string files_name(const std::vector<std::string>& paths) {
 
 OpenOptions open_options(const Common& c) {
   OpenOptions o;
+  o.strict = c.strict;
   o.mmap = !c.no_mmap;
   o.limits = limits_of(c);
   if (!c.key_file.empty()) {

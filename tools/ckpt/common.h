@@ -31,6 +31,7 @@ struct ExitStatus {
 
 struct Common {
   bool no_mmap = false;
+  bool strict = false;  // refuse classes ckpt does not know (OpenOptions::strict)
   std::string key_file, password_file;  // tensorizer decryption
   // --max-* options (docs/security.md): the bounds a file may ask for; defaults are Limits'.
   uint64_t max_metadata_mb = Limits{}.max_metadata_bytes >> 20;

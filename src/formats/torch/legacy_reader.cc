@@ -92,6 +92,7 @@ std::shared_ptr<CheckpointModel> open_torch_legacy(SourcePtr source, const OpenO
       to.record = "object pickle";
       to.base_offset = pos;
       to.limits = options.limits;
+      to.strict = options.strict;
       TorchPickle tp = unpickle_torch(buf.subspan(pos), to, &used);
       pos += used;
 
@@ -125,8 +126,9 @@ std::shared_ptr<CheckpointModel> open_torch_legacy(SourcePtr source, const OpenO
         st.record = "storage " + k->str();
         off = *end;
       }
-      for (auto& st : tp.storages)
-        if (st.offset == kNoOffset && !st.meta)
+      for (size_t i = 0; i < tp.storages.size(); ++i)
+        if (const StorageInfo& st = tp.storages[i];
+            st.offset == kNoOffset && !st.meta && !tp.inline_bytes.count(i))
           throw Error(ErrorCode::kCorrupt, "storage " + st.key + " has no data in the file", src);
       // Check each storage's element count against its persistent id (batched reads).
       std::vector<int64_t> got(counts.size());
@@ -154,6 +156,7 @@ std::shared_ptr<CheckpointModel> open_torch_legacy(SourcePtr source, const OpenO
       data->set_records(std::move(records));
       data->properties["version"] = "1001";
       data->properties["records"] = std::to_string(counts.size());
+      data->decoder = inline_decoder(nullptr, std::move(tp.inline_bytes));
       data->root = std::move(tp.root);
       data->storages = std::move(tp.storages);
       data->tensors = std::move(tp.tensors);

@@ -9,6 +9,9 @@
 
 #include "formats/torch/torch_unpickle.h"
 
+#include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <string_view>
 #include <unordered_map>
 #include <unordered_set>
@@ -62,6 +65,31 @@ bool allowed(const std::string& module, const std::string& name, bool torchscrip
       "__builtin__.frozenset",
       "__builtin__.bytearray",
       "__builtin__.complex",
+      // Data-only classes of training checkpoints: real values where ckpt knows them (numpy
+      // scalars and arrays, Counter, defaultdict), else recorded objects; never called.
+      "argparse.Namespace",
+      "collections.defaultdict",
+      "collections.Counter",
+      "collections.deque",
+      "datetime.datetime",
+      "datetime.date",
+      "datetime.time",
+      "datetime.timedelta",
+      "datetime.timezone",
+      "pathlib.Path",
+      "pathlib.PosixPath",
+      "pathlib.WindowsPath",
+      "pathlib.PurePath",
+      "pathlib.PurePosixPath",
+      "pathlib.PureWindowsPath",
+      "builtins.slice",
+      "__builtin__.slice",
+      "numpy.ndarray",
+      "numpy.dtype",
+      "numpy.core.multiarray._reconstruct",
+      "numpy.core.multiarray.scalar",
+      "numpy._core.multiarray._reconstruct",
+      "numpy._core.multiarray.scalar",
   };
   std::string full = module + "." + name;
   if (kExact.count(full)) return true;
@@ -87,6 +115,10 @@ class Builder {
     hooks.allow_global = [this](const std::string& m, const std::string& n) {
       return allowed(m, n, opt_.torchscript);
     };
+    hooks.admit_foreign = [this](const std::string&, const std::string&) {
+      return !opt_.strict;
+    };
+    hooks.build = [this](PickleHeap& h, Ref obj, Ref state) { return build(h, obj, state); };
     hooks.persistent_load = [this](PickleHeap& h, Ref pid) { return persistent_load(h, pid); };
     hooks.call = [this](PickleHeap& h, Ref fn, std::span<const Ref> args) {
       return call(h, fn, args);
@@ -386,12 +418,168 @@ class Builder {
       return h.tuple(dims);
     }
     if (m == "torch.serialization" && n == "_get_layout") return h.global("torch", "strided");
+    if ((m == "numpy.core.multiarray" || m == "numpy._core.multiarray") && n == "scalar")
+      return numpy_scalar(h, fn, a);
     if (m == "torch.jit._pickle") {
       // restore_type_tag(obj, type_str) and build_{int,double,bool,tensor}list(list): identity.
       need(1);
       return a[0];
     }
     return kNoRef;  // VM built-ins (OrderedDict, set, bytes...) or a recorded object
+  }
+
+  // --- numpy ---------------------------------------------------------------------------------
+
+  struct NpType {
+    DType dtype;
+    bool swap = false;
+  };
+  // A numpy.dtype object: numpy.dtype('f8', False, True) with BUILD state (3, '<', ...). Only
+  // plain numeric types ('b1', 'i1'..'i8', 'u1'..'u8', 'f2', 'f4', 'f8', 'c8', 'c16').
+  std::optional<NpType> np_type(const PickleHeap& h, Ref d) const {
+    if (h.kind(d) != Kind::kObject || h.name(d) != "dtype" || h.module(d) != "numpy")
+      return std::nullopt;
+    auto args = h.items(d);
+    if (args.empty() || h.kind(args[0]) != Kind::kString) return std::nullopt;
+    static const std::pair<std::string_view, DType> kTypes[] = {
+        {"b1", DType::kBool},    {"i1", DType::kInt8},     {"i2", DType::kInt16},
+        {"i4", DType::kInt32},   {"i8", DType::kInt64},    {"u1", DType::kUInt8},
+        {"u2", DType::kUInt16},  {"u4", DType::kUInt32},   {"u8", DType::kUInt64},
+        {"f2", DType::kFloat16}, {"f4", DType::kFloat32},  {"f8", DType::kFloat64},
+        {"c8", DType::kComplex64}, {"c16", DType::kComplex128}};
+    std::optional<NpType> t;
+    for (auto& [code, dt] : kTypes)
+      if (h.text(args[0]) == code) t = NpType{dt};
+    if (!t) return std::nullopt;
+    Ref st = h.state(d);
+    if (st == kNoRef) return t;
+    auto si = h.items(st);
+    if (h.kind(st) != Kind::kTuple || si.size() < 2 || h.kind(si[1]) != Kind::kString)
+      return std::nullopt;
+    // Fields beyond the byte order (names, fields, a subarray) mean a structured type.
+    for (size_t i = 2; i < si.size() && i < 5; ++i)
+      if (h.kind(si[i]) != Kind::kNone) return std::nullopt;
+    std::string_view order = h.text(si[1]);
+    if (order == ">") {
+      t->swap = dtype_info(t->dtype).bits > 8;
+    } else if (order != "<" && order != "|" && order != "=") {
+      return std::nullopt;
+    }
+    return t;
+  }
+
+  // numpy.core.multiarray.scalar(dtype, bytes): the number, remembering the call.
+  Ref numpy_scalar(PickleHeap& h, Ref fn, std::span<const Ref> a) {
+    if (a.size() != 2 || h.kind(a[1]) != Kind::kBytes) return kNoRef;
+    auto t = np_type(h, a[0]);
+    if (!t) return kNoRef;
+    std::string raw(h.text(a[1]));
+    const size_t size = dtype_info(t->dtype).bits / 8;
+    if (raw.size() != size) return kNoRef;
+    if (t->swap) {
+      const size_t half = (t->dtype == DType::kComplex64 || t->dtype == DType::kComplex128) ? 2 : 1;
+      for (size_t p = 0; p < half; ++p)
+        std::reverse(raw.begin() + p * size / half, raw.begin() + (p + 1) * size / half);
+    }
+    auto rd = [&](auto x, size_t off = 0) {
+      std::memcpy(&x, raw.data() + off, sizeof x);
+      return x;
+    };
+    Ref v;
+    switch (t->dtype) {
+      case DType::kBool: v = h.own_boolean(raw[0] != 0); break;  // not the shared one
+      case DType::kInt8: v = h.integer(rd(int8_t{})); break;
+      case DType::kInt16: v = h.integer(rd(int16_t{})); break;
+      case DType::kInt32: v = h.integer(rd(int32_t{})); break;
+      case DType::kInt64: v = h.integer(rd(int64_t{})); break;
+      case DType::kUInt8: v = h.integer(rd(uint8_t{})); break;
+      case DType::kUInt16: v = h.integer(rd(uint16_t{})); break;
+      case DType::kUInt32: v = h.integer(rd(uint32_t{})); break;
+      case DType::kUInt64: {
+        uint64_t x = rd(uint64_t{});
+        v = x <= INT64_MAX ? h.integer(static_cast<int64_t>(x)) : h.big_integer(std::to_string(x));
+        break;
+      }
+      case DType::kFloat16: v = h.real(half_to_double(rd(uint16_t{}))); break;
+      case DType::kFloat32: v = h.real(rd(float{})); break;
+      case DType::kFloat64: v = h.real(rd(double{})); break;
+      case DType::kComplex64: v = h.complex({rd(float{}), rd(float{}, 4)}); break;
+      case DType::kComplex128: v = h.complex({rd(double{}), rd(double{}, 8)}); break;
+      default: return kNoRef;
+    }
+    const Ref args[2] = {a[0], a[1]};
+    Ref call = h.object(fn, h.tuple(args));
+    h.set_origin(v, call);
+    return v;
+  }
+
+  static double half_to_double(uint16_t x) {
+    const int sign = x >> 15, exp = (x >> 10) & 0x1f, frac = x & 0x3ff;
+    double v;
+    if (exp == 0) {
+      v = std::ldexp(frac, -24);
+    } else if (exp == 31) {
+      v = frac ? std::nan("") : INFINITY;
+    } else {
+      v = std::ldexp(frac + 1024, exp - 25);
+    }
+    return sign ? -v : v;
+  }
+
+  // BUILD of numpy.core.multiarray._reconstruct(ndarray, (0,), b'b') with the state (version,
+  // shape, dtype, is_fortran, raw bytes): a numeric array becomes a tensor whose bytes the
+  // pickle holds (origin: the call). Object arrays and anything unusual stay as recorded.
+  bool build(PickleHeap& h, Ref obj, Ref state) {
+    if (h.kind(obj) != Kind::kObject || h.name(obj) != "_reconstruct" ||
+        (h.module(obj) != "numpy.core.multiarray" && h.module(obj) != "numpy._core.multiarray"))
+      return false;
+    auto si = h.items(state);
+    if (h.kind(state) != Kind::kTuple || si.size() != 5 || h.kind(si[4]) != Kind::kBytes)
+      return false;
+    const Ref shape_ref = si[1], dtype_ref = si[2], fortran_ref = si[3], data_ref = si[4];
+    if (h.kind(shape_ref) != Kind::kTuple || h.kind(fortran_ref) != Kind::kBool) return false;
+    auto t = np_type(h, dtype_ref);
+    if (!t) return false;
+    std::vector<int64_t> shape = int_tuple(h, shape_ref, "numpy array shape");
+    const uint64_t item = dtype_info(t->dtype).bits / 8;
+    uint64_t numel = 1;
+    for (int64_t d : shape) {
+      auto n = checked_mul(numel, static_cast<uint64_t>(d));
+      if (!n) fail(ErrorCode::kCorrupt, "numpy array size overflows");
+      numel = *n;
+    }
+    if (numel * item != h.text(data_ref).size()) return false;  // numpy would refuse it too
+    if (out_.storages.size() >= opt_.limits.max_tensors)
+      throw Error(ErrorCode::kLimitExceeded,
+                  "more storages than Limits::max_tensors (" +
+                      std::to_string(opt_.limits.max_tensors) + ")",
+                  opt_.source, opt_.record);
+    StorageInfo s;
+    s.key = "numpy." + std::to_string(out_.storages.size());
+    s.dtype = t->dtype;
+    s.nbytes = numel * item;
+    s.byteswap = t->swap;
+    s.record = opt_.record + " (numpy array)";
+    const size_t index = out_.storages.size();
+    out_.inline_bytes.emplace(index, std::string(h.text(data_ref)));
+    out_.storages.push_back(std::move(s));
+    TensorInfo ti;
+    ti.dtype = t->dtype;
+    ti.storage = index;
+    ti.shape = shape;
+    ti.strides = contiguous_strides(shape);
+    if (h.truth(fortran_ref)) {  // column-major: strides grow from the first dimension
+      int64_t st = 1;
+      for (size_t i = 0; i < shape.size(); ++i) {
+        ti.strides[i] = st;
+        st *= std::max<int64_t>(shape[i], 1);
+      }
+    }
+    ti.type = "numpy";
+    h.set_state(obj, state);
+    Ref tensor = add_tensor(h, std::move(ti));
+    h.become(obj, tensor);
+    return true;
   }
 
   const TorchUnpickleOptions& opt_;
@@ -450,6 +638,9 @@ void walk(const ValuePtr& v, std::string& path, std::vector<TensorInfo>& tensors
       return;
     case Value::Kind::kObject:
       for (size_t i = 0; i < v->items().size(); ++i) child(std::to_string(i), v->items()[i]);
+      for (size_t i = 0; i < v->appended().size(); ++i)
+        child(std::to_string(i), v->appended()[i]);
+      for (auto& [k, val] : v->entries()) key_child(k, val);
       if (v->state()) {
         // A module's attributes read as its own path (TorchScript: encoder.layer.weight).
         if (v->state()->kind() == Value::Kind::kDict) {
@@ -473,6 +664,35 @@ void name_tensors(const ValuePtr& root, std::vector<TensorInfo>& tensors, uint32
   walk(root, path, tensors, named, 0, max_depth, seen);
   for (size_t i = 0; i < tensors.size(); ++i)
     if (!named[i] && tensors[i].name.empty()) tensors[i].name = "<unnamed>." + std::to_string(i);
+}
+
+namespace {
+class InlineDecoder final : public StorageDecoder {
+ public:
+  InlineDecoder(std::shared_ptr<const StorageDecoder> inner,
+                std::unordered_map<size_t, std::string> bytes)
+      : inner_(std::move(inner)), bytes_(std::move(bytes)) {}
+  void read(size_t index, std::span<std::byte> dst, bool verify) const override {
+    auto it = bytes_.find(index);
+    if (it == bytes_.end()) {
+      if (!inner_) throw Error(ErrorCode::kCorrupt, "storage has no decoder");
+      return inner_->read(index, dst, verify);
+    }
+    if (it->second.size() != dst.size())
+      throw Error(ErrorCode::kCorrupt, "inline storage size differs");
+    if (!dst.empty()) std::memcpy(dst.data(), it->second.data(), dst.size());
+  }
+
+ private:
+  std::shared_ptr<const StorageDecoder> inner_;
+  std::unordered_map<size_t, std::string> bytes_;
+};
+}  // namespace
+
+std::shared_ptr<const StorageDecoder> inline_decoder(
+    std::shared_ptr<const StorageDecoder> inner, std::unordered_map<size_t, std::string> bytes) {
+  if (bytes.empty()) return inner;
+  return std::make_shared<InlineDecoder>(std::move(inner), std::move(bytes));
 }
 
 TorchPickle unpickle_torch(std::span<const std::byte> data, const TorchUnpickleOptions& options,

@@ -7,11 +7,13 @@
 #include <functional>
 #include <span>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "ckpt/options.h"
 #include "ckpt/tensor.h"
 #include "ckpt/value.h"
+#include "model/checkpoint_model.h"
 
 namespace ckpt::internal {
 
@@ -25,6 +27,9 @@ struct PidStorage {
 
 struct TorchPickle {
   ValuePtr root;
+  // Storages whose bytes the pickle itself holds (numpy arrays): storage index -> bytes. Their
+  // StorageInfo::offset is kNoOffset; inline_decoder() serves them.
+  std::unordered_map<size_t, std::string> inline_bytes;
   std::vector<StorageInfo> storages;  // key, dtype, nbytes, device filled; offsets left to caller
   std::vector<TensorInfo> tensors;    // names filled (dotted paths), `storage` indexes storages
 };
@@ -34,9 +39,18 @@ struct TorchUnpickleOptions {
   uint64_t base_offset = 0;
   Limits limits;
   bool torchscript = false;  // also allow __torch__.* classes and torch.jit._pickle helpers
+  // Refuse classes outside the allow-list (torch's weights_only) rather than keeping them as
+  // opaque objects (OpenOptions::strict).
+  bool strict = false;
 };
 
-// Throws Error (kUnsupported for a global outside the allow-list, naming it; kCorrupt for a
+// A decoder that serves `inline_bytes` storages and hands every other one to `inner` (may be
+// null when there is none).
+std::shared_ptr<const StorageDecoder> inline_decoder(
+    std::shared_ptr<const StorageDecoder> inner, std::unordered_map<size_t, std::string> bytes);
+
+// Classes outside the allow-list are kept as opaque objects (Value::foreign), or with `strict`
+// refused. Throws Error (kUnsupported for a refused global, naming it; kCorrupt for a
 // malformed persistent id or rebuild call).
 TorchPickle unpickle_torch(std::span<const std::byte> data, const TorchUnpickleOptions& options,
                            size_t* consumed = nullptr);

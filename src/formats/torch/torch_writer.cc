@@ -50,6 +50,11 @@ class TorchPickleBuilder {
     ValuePtr out;
     switch (v->kind()) {
       case Value::Kind::kTensor:
+        // A numpy array is written as the array it was (its bytes are in the origin's state).
+        if (v->origin()) {
+          out = convert(v->origin(), depth + 1);
+          break;
+        }
         out = tensor_reduce(static_cast<size_t>(v->as_int()));
         break;
       case Value::Kind::kList:
@@ -65,6 +70,7 @@ class TorchPickleBuilder {
           val = convert(val, depth + 1);
         }
         if (out->state()) out->set_state(convert(out->state(), depth + 1));
+        for (auto& item : out->appended()) item = convert(item, depth + 1);
         return out;
       }
       default:

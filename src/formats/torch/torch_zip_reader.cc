@@ -156,6 +156,7 @@ std::shared_ptr<CheckpointModel> open_torch_zip(SourcePtr source, const OpenOpti
   uo.base_offset = pe.method == 0 ? zip->data_offset(*pkl) : 0;
   uo.limits = options.limits;
   uo.torchscript = torchscript;
+  uo.strict = options.strict;
   TorchPickle tp = unpickle_torch(pkl_bytes.data, uo);
   // The object tree holds copies of what it needs: drop data.pkl's mapped pages (if mapped).
   if (pe.method == 0) source->release(zip->data_offset(*pkl), pe.size);
@@ -170,7 +171,7 @@ std::shared_ptr<CheckpointModel> open_torch_zip(SourcePtr source, const OpenOpti
   size_t hint = 0;  // the entry after the last one found: storages usually come in record order
   for (size_t s = 0; s < tp.storages.size(); ++s) {
     StorageInfo& st = tp.storages[s];
-    if (st.meta) continue;
+    if (st.meta || tp.inline_bytes.count(s)) continue;
     if (st.record.empty()) {
       rec.resize(rec_stem);
       rec += st.key;
@@ -218,6 +219,7 @@ std::shared_ptr<CheckpointModel> open_torch_zip(SourcePtr source, const OpenOpti
   };
   data->properties["records"] = std::to_string(zip->entries().size());
   if (any_deflated) data->decoder = std::make_shared<ZipStorageDecoder>(zip, entry_of);
+  data->decoder = inline_decoder(data->decoder, std::move(tp.inline_bytes));
 
   // Verification reads every record through the zip layer (stored ones in slices).
   data->verify = [zip](const ProgressFn& progress) {
