@@ -542,7 +542,7 @@ Ref Vm::loop() {
         break;
       case op::kFrozenSet: {
         size_t k = pop_mark();
-        Ref s = heap_.set(above(k));
+        Ref s = heap_.set(above(k), /*frozen=*/true);
         stack_.resize(k);
         push(s);
         break;

@@ -455,9 +455,15 @@ class Builder {
       need(1);
       if (h.kind(a[0]) != Kind::kTuple && h.kind(a[0]) != Kind::kList)
         fail(ErrorCode::kCorrupt, "torch.Size of a " + std::string(kind_name(h.kind(a[0]))));
-      if (h.kind(a[0]) == Kind::kTuple) return a[0];
-      std::vector<Ref> dims(h.items(a[0]).begin(), h.items(a[0]).end());
-      return h.tuple(dims);
+      // Kept as the torch.Size object it is (a tuple subclass: rewriting must not make it a
+      // plain tuple); its argument becomes a tuple, as torch.Size's own __reduce__ writes it.
+      if (a.size() != 1) fail(ErrorCode::kCorrupt, "torch.Size takes one argument");
+      Ref dims = a[0];
+      if (h.kind(dims) == Kind::kList) {
+        std::vector<Ref> items(h.items(dims).begin(), h.items(dims).end());
+        dims = h.tuple(items);
+      }
+      return h.object(fn, h.tuple(std::span<const Ref>(&dims, 1)));
     }
     if (m == "torch.serialization" && n == "_get_layout") return h.global("torch", "strided");
     if (m == "torch.jit._pickle") {
