@@ -129,6 +129,37 @@ void write_flat(const Checkpoint& c, const OpenSink& open, const ConvertOptions&
   fo.limits = o.limits;
   FlatStateDict flat = flatten_state_dict(c, fo);
   const auto& infos = c.tensors();
+  if (o.to == ConvertFormat::kSafetensors) {
+    // Meta tensors have no bytes and safetensors no meta tensors: never invent zeros silently.
+    auto is_meta = [&](const StateDictEntry& e) {
+      return c.storages().at(infos[e.tensor].storage).meta;
+    };
+    for (const auto& e : flat.entries) {
+      if (!is_meta(e)) continue;
+      if (o.meta == MetaTensors::kRefuse)
+        throw Error(ErrorCode::kUnsupported,
+                    "is a meta tensor (a dtype and shape without bytes), which " + target +
+                        " cannot hold: --meta=zeros (MetaTensors::kZeros) writes zeros, "
+                        "--meta=skip (kSkip) leaves it out",
+                    in, e.name);
+      (o.meta == MetaTensors::kZeros ? r.meta_zeroed : r.meta_skipped).push_back(e.name);
+    }
+    if (o.meta == MetaTensors::kSkip && !r.meta_skipped.empty()) {
+      // Indices into `entries` (alias_of, shares_with) are renumbered past the removed ones.
+      std::vector<size_t> new_index(flat.entries.size(), SIZE_MAX);
+      std::vector<StateDictEntry> kept;
+      for (size_t i = 0; i < flat.entries.size(); ++i) {
+        if (is_meta(flat.entries[i])) continue;
+        new_index[i] = kept.size();
+        kept.push_back(flat.entries[i]);
+      }
+      for (auto& e : kept) {
+        if (e.alias_of) e.alias_of = new_index[*e.alias_of];
+        if (e.shares_with) e.shares_with = new_index[*e.shares_with];
+      }
+      flat.entries = std::move(kept);
+    }
+  }
   for (const auto& e : flat.entries) {
     if (infos[e.tensor].quantization)
       throw Error(ErrorCode::kUnsupported, "quantized tensors cannot be written to " + target, in,

@@ -149,9 +149,18 @@ class TorchPickleBuilder {
     if (info.strides.size() != info.shape.size())
       throw Error(ErrorCode::kInvalidArgument, "strides and shape differ in length", {}, t.name());
     auto hooks = [&] { return Value::ordered_dict(); };
-    ValuePtr storage = storage_marker(t);
     ValuePtr r;
-    if (info.quantization) {
+    if (t.storage() && t.storage()->info.meta) {
+      // A meta tensor has no bytes: torch.save writes its dtype, size and stride only.
+      if (info.quantization)
+        throw Error(ErrorCode::kInvalidArgument, "a quantized meta tensor cannot be written", {},
+                    t.name());
+      bool rg = info.requires_grad && !info.is_parameter;
+      r = Value::object("torch._utils", "_rebuild_meta_tensor_no_storage",
+                        {global("torch", dtype_info(info.dtype).name), int_tuple(info.shape),
+                         int_tuple(info.strides), Value::boolean(rg)});
+    } else if (info.quantization) {
+      ValuePtr storage = storage_marker(t);
       const Quantization& q = *info.quantization;
       ValuePtr qparams;
       if (q.scales_tensor && q.zero_points_tensor) {
@@ -166,6 +175,7 @@ class TorchPickleBuilder {
                          int_tuple(info.strides), qparams, Value::boolean(info.requires_grad),
                          hooks()});
     } else {
+      ValuePtr storage = storage_marker(t);
       bool legacy = dtype_info(info.dtype).storage_class != nullptr;
       bool rg = info.requires_grad && !info.is_parameter;
       std::vector<ValuePtr> args = {storage, Value::integer(info.storage_offset),
