@@ -164,6 +164,13 @@ class TorchPickleBuilder {
       const Quantization& q = *info.quantization;
       ValuePtr qparams;
       if (q.scales_tensor && q.zero_points_tensor) {
+        // Plain tensors: a quantized one there (or the tensor itself) is no quantizer.
+        for (size_t k : {*q.scales_tensor, *q.zero_points_tensor})
+          if (k == index || (k < tensors_.size() && tensors_[k].info().quantization))
+            throw Error(ErrorCode::kInvalidArgument,
+                        "the scales and zero points of a per-channel quantized tensor must be "
+                        "plain tensors",
+                        {}, t.name());
         qparams = Value::tuple({global("torch", q.scheme), tensor_reduce(*q.scales_tensor),
                                 tensor_reduce(*q.zero_points_tensor), Value::integer(q.axis)});
       } else {
