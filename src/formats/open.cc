@@ -3,6 +3,7 @@
 #include "formats/open.h"
 
 #include <cstring>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -12,11 +13,12 @@ namespace ckpt::internal {
 namespace {
 
 // A legacy torch file begins with its magic number pickled as an int, in the encoding of the
-// protocol torch.save was given: protocols 2 and 3 PROTO then LONG1 of 10 bytes; 4 and 5 the
-// same inside a FRAME; 0 and 1 the decimal text of LONG ("L1195...L\n", or INT from other
-// picklers). These patterns check the encoding, not the number (the reader checks that): a
-// damaged magic number is a corrupt legacy file, not an unknown format. Returns 2 when the n
-// bytes hold the whole pattern, 1 when they are a prefix of it, 0 otherwise.
+// protocol torch.save was given: protocols 2 and 3 PROTO then LONG1 of 10 bytes (LONG4 from
+// other picklers); 4 and 5 the same inside a FRAME; 0 and 1 the decimal text of LONG
+// ("L1195...L\n", or INT from other picklers). These patterns check the encoding, not the
+// number (the reader checks that): a damaged magic number is a corrupt legacy file, not an
+// unknown format. Returns 2 when the n bytes hold the whole pattern, 1 when they are a prefix of
+// it, 0 otherwise.
 int legacy_magic_head(const unsigned char* h, size_t n) {
   auto digits = [&](size_t from, size_t len) {
     for (size_t i = from; i < std::min(n, len); ++i)
@@ -35,9 +37,16 @@ int legacy_magic_head(const unsigned char* h, size_t n) {
     return 0;
   }
   if (n <= at) return 1;
-  if (h[at] != 0x8a) return 0;
-  if (n <= at + 1) return 1;
-  return h[at + 1] == 0x0a ? 2 : 0;
+  // LONG1 with its 1-byte length 10, or (from other picklers) LONG4 with its 4-byte length 10.
+  static constexpr unsigned char kLong1[] = {0x8a, 0x0a};
+  static constexpr unsigned char kLong4[] = {0x8b, 0x0a, 0, 0, 0};
+  std::span<const unsigned char> want = kLong1;
+  if (h[at] == 0x8b) want = kLong4;
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (n <= at + i) return 1;
+    if (h[at + i] != want[i]) return 0;
+  }
+  return 2;
 }
 
 // For a file too short for any format's fixed header (an empty one too): the header its bytes

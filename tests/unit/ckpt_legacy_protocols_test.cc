@@ -77,6 +77,11 @@ TEST(LegacyProtocols, MagicNumberInEveryProtocolIsDetected) {
     EXPECT_EQ(c.format(), Format::kTorchLegacy) << p;
     EXPECT_TRUE(c.tensors().empty());
   }
+  // LONG4 instead of LONG1 (no torch version writes it; another pickler may).
+  std::string rest = "\x80\x02M\xe9\x03.\x80\x02}q\x00.\x80\x02}q\x00.\x80\x02]."s;
+  std::string long4 = "\x80\x02\x8b\x0a\x00\x00\x00"s + kMagicLong1.substr(2) + ".";
+  Checkpoint c = Checkpoint::open(memory_source(test::to_bytes(long4 + rest), "l4.pt"));
+  EXPECT_EQ(c.format(), Format::kTorchLegacy);
 }
 
 TEST(LegacyProtocols, WrongMagicValueIsCorruptCutMagicIsTruncated) {
