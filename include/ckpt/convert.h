@@ -210,12 +210,12 @@ struct ConvertReport {
 // tensorizer, store_digests with a target other than safetensors, shared tensors to
 // safetensors without copy_shared, a checkpoint that is one
 // unnamed tensor to a flat format), kUnsupported (a dtype the target cannot hold: quantized and
-// sub-byte dtypes in a flat format, complex128/complex32 in safetensors; a meta tensor to safetensors
-// with MetaTensors::kRefuse), kLimitExceeded (a tree
-// deeper than options.limits, see flatten_state_dict; pt: save_torch's pickler refuses trees
-// nested deeper than Limits{}.max_pickle_depth), kNotFound (an encryption key_file/password_file that
-// cannot be read), and whatever reading the checkpoint or writing throws. On failure nothing is
-// left under out_path (with options.atomic; the key file of a new random key may remain).
+// sub-byte dtypes in a flat format, complex128/complex32 in safetensors; a meta tensor to
+// safetensors with MetaTensors::kRefuse), kLimitExceeded (a tree deeper than options.limits, see
+// flatten_state_dict; pt: save_torch's pickler refuses trees nested deeper than
+// Limits{}.max_pickle_depth), kNotFound (an encryption key_file/password_file that cannot be read),
+// and whatever reading the checkpoint or writing throws. On failure nothing is left under out_path
+// (with options.atomic; the key file of a new random key may remain).
 ConvertReport convert(const Checkpoint& checkpoint, const std::string& out_path,
                       const ConvertOptions& options = {});
 // Same, into a sink: the sink is committed at the end (after a new random key's key file).

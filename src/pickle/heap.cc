@@ -310,7 +310,7 @@ ValuePtr PickleHeap::to_value(Ref root, CopyBudget& budget) const {
         if (!v)
           v = n.kind == Kind::kTuple  ? Value::tuple()
               : n.kind == Kind::kList ? Value::list()
-              : (n.flags & kFrozen) ? Value::frozenset()
+              : (n.flags & kFrozen)   ? Value::frozenset()
                                       : Value::set();
         stack.push_back({r, v.get(), 0});
         open[r] = 1;

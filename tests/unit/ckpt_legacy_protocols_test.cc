@@ -95,9 +95,8 @@ TEST(LegacyProtocols, WrongMagicValueIsCorruptCutMagicIsTruncated) {
     EXPECT_EQ(e.code(), ErrorCode::kCorrupt) << p << ": " << e.what();
     EXPECT_NE(std::string(e.what()).find("magic"), std::string::npos) << e.what();
     for (size_t n : {3u, 9u, 14u}) {
-      Error cut = test::capture_error([&] {
-        Checkpoint::open(memory_source(test::to_bytes(m.substr(0, n)), "cut.pt"));
-      });
+      Error cut = test::capture_error(
+          [&] { Checkpoint::open(memory_source(test::to_bytes(m.substr(0, n)), "cut.pt")); });
       EXPECT_EQ(cut.code(), ErrorCode::kTruncated) << p << " " << n << ": " << cut.what();
     }
   }
@@ -132,8 +131,7 @@ TEST(LegacyProtocols, HostileTextPersistentIdsAreRefused) {
 TEST(LegacyProtocols, HugeTextIntIsUnsupportedWithItsOffset) {
   std::string pkl = "(I1\nL" + std::string(6000, '7') + "L\nt.";
   internal::UnpicklerHooks hooks;
-  Error e = test::capture_error(
-      [&] { internal::unpickle(internal::as_bytes(pkl), hooks, {}); });
+  Error e = test::capture_error([&] { internal::unpickle(internal::as_bytes(pkl), hooks, {}); });
   EXPECT_EQ(e.code(), ErrorCode::kUnsupported) << e.what();
   EXPECT_EQ(e.offset(), std::optional<uint64_t>(4));
   // Just below the bound: read, digits kept.
@@ -150,8 +148,9 @@ TEST(RewriteClasses, FrozensetStaysAFrozensetThroughPickler) {
   };
   // FROZENSET opcode (protocol 4), REDUCE of builtins.frozenset (protocol 2), and a plain set.
   auto a = internal::unpickle(internal::as_bytes("\x80\x04(K\x01K\x02\x91."s), hooks, {});
-  auto b = internal::unpickle(
-      internal::as_bytes("\x80\x02" "c__builtin__\nfrozenset\n]K\x03\x61\x85R."s), hooks, {});
+  auto b = internal::unpickle(internal::as_bytes("\x80\x02"
+                                                 "c__builtin__\nfrozenset\n]K\x03\x61\x85R."s),
+                              hooks, {});
   auto s = internal::unpickle(internal::as_bytes("\x80\x04\x8f(K\x01\x90."s), hooks, {});
   EXPECT_TRUE(a->is_frozenset());
   EXPECT_TRUE(b->is_frozenset());
@@ -169,7 +168,9 @@ TEST(RewriteClasses, FrozensetStaysAFrozensetThroughPickler) {
 
 TEST(RewriteClasses, TorchSizeStaysTorchSize) {
   // torch.save({'s': torch.Size([3, 4])}) in a torch zip, read and written back.
-  std::string pkl = "\x80\x02}q\x00X\x01\x00\x00\x00sq\x01" "ctorch\nSize\nq\x02K\x03K\x04\x86q\x03\x85q\x04Rq\x05s."s;
+  std::string pkl =
+      "\x80\x02}q\x00X\x01\x00\x00\x00sq\x01"
+      "ctorch\nSize\nq\x02K\x03K\x04\x86q\x03\x85q\x04Rq\x05s."s;
   MemorySink sink;
   {
     Checkpoint c = Checkpoint::open(memory_source(torch_zip(pkl), "s.pt"));

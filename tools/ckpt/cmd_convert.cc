@@ -81,7 +81,8 @@ void add_convert(CLI::App& app) {
     if (!o->meta.empty()) {
       co.meta = parse_meta_tensors(o->meta);
       if (co.to != ConvertFormat::kSafetensors)
-        std::fprintf(stderr, "ckpt: warning: %s keeps meta tensors as meta tensors; --meta ignored\n",
+        std::fprintf(stderr,
+                     "ckpt: warning: %s keeps meta tensors as meta tensors; --meta ignored\n",
                      convert_format_name(co.to));
     }
     for (const std::string* f : {&o->encrypt_key, &o->encrypt_password_file})
@@ -120,9 +121,8 @@ void add_convert(CLI::App& app) {
                    r.copied_shared[0].second.c_str());
     if (!r.meta_zeroed.empty() || !r.meta_skipped.empty()) {
       const auto& names = r.meta_zeroed.empty() ? r.meta_skipped : r.meta_zeroed;
-      std::fprintf(stderr, "ckpt: note: %zu meta tensors (no bytes) %s (first: %s)\n",
-                   names.size(), r.meta_zeroed.empty() ? "left out" : "written as zeros",
-                   names[0].c_str());
+      std::fprintf(stderr, "ckpt: note: %zu meta tensors (no bytes) %s (first: %s)\n", names.size(),
+                   r.meta_zeroed.empty() ? "left out" : "written as zeros", names[0].c_str());
     }
     if (r.digests_stored)
       std::fprintf(stderr, "ckpt: stored %zu tensor SHA-256 digests in __metadata__ \"%s\"\n",

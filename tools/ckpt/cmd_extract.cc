@@ -1,7 +1,8 @@
-// ckpt extract FILE DIR [--force] [--meta zeros|skip]: one .npy per tensor plus index.json. dtypes numpy lacks are
-// written as their raw bit pattern (an unsigned or signed integer of the same width), said in the
-// index. The folder appears whole or not at all (ckpt::create_folder_sink): written into a
-// temporary sibling, index.json last, then renamed into place; a non-empty DIR is refused unless
+// ckpt extract FILE DIR [--force] [--meta zeros|skip]: one .npy per tensor plus index.json. dtypes
+// numpy lacks are written as their raw bit pattern (an unsigned or signed integer of the same
+// width), said in the index. The folder appears whole or not at all (ckpt::create_folder_sink):
+// written into a temporary sibling, index.json last, then renamed into place; a non-empty DIR is
+// refused unless
 // --force, which replaces it whole.
 
 #include <cctype>
@@ -65,11 +66,21 @@ nlohmann::ordered_json json_values(const Tensor& t) {
   for (uint64_t i = 0; es && i < t.info().numel(); ++i) {
     const std::byte* p = bytes.data() + i * es;
     switch (t.info().dtype) {
-      case DType::kFloat64: out.push_back(load_value<double>(p)); break;
-      case DType::kFloat32: out.push_back(load_value<float>(p)); break;
-      case DType::kInt64: out.push_back(load_value<int64_t>(p)); break;
-      case DType::kInt32: out.push_back(load_value<int32_t>(p)); break;
-      default: out.push_back(nullptr); break;
+      case DType::kFloat64:
+        out.push_back(load_value<double>(p));
+        break;
+      case DType::kFloat32:
+        out.push_back(load_value<float>(p));
+        break;
+      case DType::kInt64:
+        out.push_back(load_value<int64_t>(p));
+        break;
+      case DType::kInt32:
+        out.push_back(load_value<int32_t>(p));
+        break;
+      default:
+        out.push_back(nullptr);
+        break;
     }
   }
   return out;

@@ -130,8 +130,8 @@ void print_meta(const TensorInfo& info) {
   for (size_t i = 0; i < info.shape.size(); ++i)
     out += (i ? ", " : "") + std::to_string(info.shape[i]);
   out += info.shape.size() == 1 ? ",)" : ")";
-  bool default_dtype = info.dtype == DType::kFloat32 || info.dtype == DType::kInt64 ||
-                       info.dtype == DType::kBool;
+  bool default_dtype =
+      info.dtype == DType::kFloat32 || info.dtype == DType::kInt64 || info.dtype == DType::kBool;
   if (!default_dtype) out += ", dtype=torch." + std::string(dtype_name(info.dtype));
   if (info.requires_grad) out += ", requires_grad=True";
   out += ")";
@@ -277,10 +277,10 @@ void print_tree(const Checkpoint& c, const ConstValuePtr& v, const std::string& 
   }
   const bool size = v->kind() == Value::Kind::kObject && v->module() == "torch" &&
                     v->name() == "Size" && !v->state();  // a leaf: torch.Size([3, 4])
-  bool container = v->kind() == Value::Kind::kDict || v->kind() == Value::Kind::kList ||
-                   v->kind() == Value::Kind::kTuple || v->kind() == Value::Kind::kSet ||
-                   (v->kind() == Value::Kind::kObject && !size &&
-                    (v->state() || !v->items().empty()));
+  bool container =
+      v->kind() == Value::Kind::kDict || v->kind() == Value::Kind::kList ||
+      v->kind() == Value::Kind::kTuple || v->kind() == Value::Kind::kSet ||
+      (v->kind() == Value::Kind::kObject && !size && (v->state() || !v->items().empty()));
   if (!container) {
     std::printf("%s%s\n", head.c_str(), v->repr(100).c_str());
     return;
@@ -289,12 +289,11 @@ void print_tree(const Checkpoint& c, const ConstValuePtr& v, const std::string& 
     std::printf("%s<%s, shown above>\n", head.c_str(), v->repr(40).c_str());
     return;
   }
-  std::string kind = v->kind() == Value::Kind::kDict
-                         ? (v->name().empty() ? "dict" : v->name())
-                         : v->kind() == Value::Kind::kList ? "list"
-                         : v->kind() == Value::Kind::kTuple ? "tuple"
-                         : v->kind() == Value::Kind::kSet ? (v->is_frozenset() ? "frozenset" : "set")
-                                                          : v->module() + "." + v->name();
+  std::string kind = v->kind() == Value::Kind::kDict    ? (v->name().empty() ? "dict" : v->name())
+                     : v->kind() == Value::Kind::kList  ? "list"
+                     : v->kind() == Value::Kind::kTuple ? "tuple"
+                     : v->kind() == Value::Kind::kSet   ? (v->is_frozenset() ? "frozenset" : "set")
+                                                        : v->module() + "." + v->name();
   size_t n = v->kind() == Value::Kind::kDict ? v->entries().size() : v->items().size();
   std::printf("%s%s (%zu)\n", head.c_str(), kind.c_str(), n);
   if (v->kind() == Value::Kind::kDict) {

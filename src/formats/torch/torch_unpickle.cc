@@ -196,8 +196,8 @@ class Builder {
         std::string module = text.substr(0, dot), name = text.substr(dot + 1);
         if (!allowed(module, name, opt_.torchscript))
           throw Error(ErrorCode::kUnsupported,
-                      "global '" + text + "' is not allowed (in a text persistent id)",
-                      opt_.source, opt_.record);
+                      "global '" + text + "' is not allowed (in a text persistent id)", opt_.source,
+                      opt_.record);
         items.push_back(h.global(module, name));
       } else if (t.substr(i, 4) == "None") {
         i += 4;
@@ -213,8 +213,10 @@ class Builder {
         return bad();
       }
       skip_space();
-      if (i < t.size() && t[i] == ',') ++i;
-      else if (i >= t.size() || t[i] != ')') return bad();
+      if (i < t.size() && t[i] == ',')
+        ++i;
+      else if (i >= t.size() || t[i] != ')')
+        return bad();
     }
     if (i != t.size()) return bad();
     return h.tuple(items);
