@@ -80,6 +80,7 @@ def test_protocol_0_is_unreadable_by_torch(legacy_files):
 def test_every_protocol_is_detected(ckpt, legacy_files, p):
     info = ckpt.json("info", legacy_files[p], "--json")
     assert info["format"] == "torch-legacy", info
+    assert info["properties"]["pickle_protocol"] == str(p), info
 
 
 @pytest.mark.parametrize("p", PROTOCOLS)

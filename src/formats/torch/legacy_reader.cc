@@ -69,6 +69,12 @@ std::shared_ptr<CheckpointModel> open_torch_legacy(SourcePtr source, const OpenO
         throw Error(ErrorCode::kCorrupt,
                     "not a legacy torch file (bad magic number " + magic->repr(40) + ")", src,
                     "magic number", 0);
+      // The pickle protocol torch.save was given: PROTO's byte, or without one 0 (text opcodes:
+      // the protocol version is an INT line) or 1 (binary: BININT2).
+      const auto* bytes = reinterpret_cast<const unsigned char*>(buf.data());
+      const int pickle_protocol = bytes[0] == 0x80                          ? bytes[1]
+                                  : used < buf.size() && bytes[used] == 'I' ? 0
+                                                                            : 1;
       pos += used;
       uo.record = "protocol version";
       uo.base_offset = pos;
@@ -150,6 +156,7 @@ std::shared_ptr<CheckpointModel> open_torch_legacy(SourcePtr source, const OpenO
       }
       data->set_records(std::move(records));
       data->properties["version"] = "1001";
+      data->properties["pickle_protocol"] = std::to_string(pickle_protocol);
       data->properties["records"] = std::to_string(counts.size());
       data->root = std::move(tp.root);
       data->storages = std::move(tp.storages);
