@@ -59,6 +59,12 @@ def torch_seeds(out):
             buf = io.BytesIO()
             torch.save(obj, buf, _use_new_zipfile_serialization=False)
             write(out, "legacy", name + ".pt", buf.getvalue())
+    # Legacy files in the other pickle protocols: text opcodes and a text persistent id (0),
+    # no PROTO (0, 1), FRAME (4, 5).
+    for p in (0, 1, 3, 4, 5):
+        buf = io.BytesIO()
+        torch.save(objs["state_dict"], buf, _use_new_zipfile_serialization=False, pickle_protocol=p)
+        write(out, "legacy", f"state_dict_p{p}.pt", buf.getvalue())
 
 
 def torchscript_seeds(out):

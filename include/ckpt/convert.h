@@ -113,6 +113,18 @@ struct ConvertEncryption {
   }
 };
 
+// What to do with a meta tensor (dtype and shape, no bytes: StorageInfo::meta) when the target
+// has no meta tensors (safetensors; `ckpt extract`'s .npy files). pt and tensorizer keep meta
+// tensors as meta tensors whatever this says.
+enum class MetaTensors {
+  kRefuse,  // Error{kUnsupported} naming the tensor (the default: no invented bytes)
+  kZeros,   // write zeros of its dtype and shape
+  kSkip,    // leave it out (ConvertReport::meta_skipped names it)
+};
+// "refuse", "zeros", "skip"; parse_meta_tensors throws Error{kInvalidArgument} for another name.
+const char* meta_tensors_name(MetaTensors m) noexcept;
+MetaTensors parse_meta_tensors(std::string_view name);
+
 struct ConvertOptions {
   // kAuto: from the output path's extension (convert_format_for_path); for the sink overload,
   // from sink.name().
@@ -124,6 +136,8 @@ struct ConvertOptions {
   // safetensors: tensors that share bytes (views, tied weights: StateDictEntry::shares_with) are
   // refused with Error{kInvalidArgument} unless this is set; then each name gets its own copy.
   bool copy_shared = false;
+  // safetensors: meta tensors (see MetaTensors).
+  MetaTensors meta = MetaTensors::kRefuse;
   ConvertEncryption encryption;  // tensorizer only
   // safetensors: store each tensor's SHA-256 (tensor_sha256, include/ckpt/digest.h) in
   // __metadata__ under kSafetensorsDigestKey, which stored_digests() reads back (`ckpt verify`
@@ -192,6 +206,8 @@ struct ConvertReport {
   // ConvertEncryption::key_file.
   std::string key;
   bool key_file_written = false;
+  // Meta tensors written as zeros (MetaTensors::kZeros) or left out (kSkip), by name.
+  std::vector<std::string> meta_zeroed, meta_skipped;
   // With store_digests: the number of tensor digests stored.
   size_t digests_stored = 0;
   // With max_shard_size: the files written (shards, in order) and the index ("" when everything
@@ -216,11 +232,12 @@ struct ConvertReport {
 // tensorizer, store_digests with a target other than safetensors, shared tensors to
 // safetensors without copy_shared, a checkpoint that is one
 // unnamed tensor to a flat format), kUnsupported (a dtype the target cannot hold: quantized and
-// sub-byte dtypes in a flat format, complex128/complex32 in safetensors), kLimitExceeded (a tree
-// deeper than options.limits, see flatten_state_dict; pt: save_torch's pickler refuses trees
-// nested deeper than Limits{}.max_pickle_depth), kNotFound (an encryption key_file/password_file that
-// cannot be read), and whatever reading the checkpoint or writing throws. On failure nothing is
-// left under out_path (with options.atomic; the key file of a new random key may remain).
+// sub-byte dtypes in a flat format, complex128/complex32 in safetensors; a meta tensor to
+// safetensors with MetaTensors::kRefuse), kLimitExceeded (a tree deeper than options.limits, see
+// flatten_state_dict; pt: save_torch's pickler refuses trees nested deeper than
+// Limits{}.max_pickle_depth), kNotFound (an encryption key_file/password_file that cannot be read),
+// and whatever reading the checkpoint or writing throws. On failure nothing is left under out_path
+// (with options.atomic; the key file of a new random key may remain).
 ConvertReport convert(const Checkpoint& checkpoint, const std::string& out_path,
                       const ConvertOptions& options = {});
 // Same, into a sink: the sink is committed at the end (after a new random key's key file).

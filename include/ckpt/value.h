@@ -54,6 +54,8 @@ class Value {
   static ValuePtr list(std::vector<ValuePtr> items = {});
   static ValuePtr tuple(std::vector<ValuePtr> items = {});
   static ValuePtr set(std::vector<ValuePtr> items = {});
+  // A kSet whose class is builtins.frozenset (module()/name() say so; a set's are empty).
+  static ValuePtr frozenset(std::vector<ValuePtr> items = {});
   static ValuePtr dict();  // plain dict
   static ValuePtr ordered_dict();  // collections.OrderedDict
   // A dict of class module.name (e.g. collections.OrderedDict); empty names: a plain dict.
@@ -72,6 +74,7 @@ class Value {
   bool is_none() const noexcept { return kind_ == Kind::kNone; }
   bool is_dict() const noexcept { return kind_ == Kind::kDict; }
   bool is_sequence() const noexcept { return kind_ == Kind::kList || kind_ == Kind::kTuple; }
+  bool is_frozenset() const noexcept { return kind_ == Kind::kSet && name_ == "frozenset"; }
 
   // Scalars: each is meaningful for its kind only (false / 0 / empty otherwise).
   bool as_bool() const noexcept { return b_; }              // kBool
@@ -92,7 +95,8 @@ class Value {
   // kDict: (key, value) in insertion order; kObject: the keys and values set on it.
   const std::vector<std::pair<ValuePtr, ValuePtr>>& entries() const noexcept { return entries_; }
   std::vector<std::pair<ValuePtr, ValuePtr>>& entries() noexcept { return entries_; }
-  // kGlobal: the name; kObject and kDict: the class (empty for a plain dict).
+  // kGlobal: the name; kObject and kDict: the class (empty for a plain dict); kSet:
+  // builtins.frozenset for a frozenset, empty for a set.
   const std::string& module() const noexcept { return module_; }
   const std::string& name() const noexcept { return name_; }
   // kObject/kDict: state from BUILD (e.g. OrderedDict's _metadata); may be null.

@@ -1,10 +1,12 @@
 // convert(): a checkpoint of any format to a torch zip, safetensors or tensorizer file.
 
+#include <algorithm>
 #include <filesystem>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "ckpt/checkpoint.h"
@@ -87,6 +89,7 @@ void write_torch(const Checkpoint& c, const OpenSink& open, const ConvertOptions
   std::vector<Tensor> tensors;
   tensors.reserve(c.tensors().size());
   const bool torchscript = c.format() == Format::kTorchScript;
+  ValuePtr state_root;
   if (torchscript) {
     // A TorchScript module becomes its state dict (parameters and buffers by module path),
     // which load_state_dict accepts: the __torch__ module objects would not torch.load.
@@ -97,6 +100,23 @@ void write_torch(const Checkpoint& c, const OpenSink& open, const ConvertOptions
       t.info().requires_grad = false;  // as module.state_dict() gives them
       tensors.push_back(std::move(t));
     }
+    // A per-channel quantized tensor's scales and zero points are tensors of the archive's
+    // table, not of the state dict: they follow it, and its quantization points at them there.
+    const size_t n_state = tensors.size();
+    std::unordered_map<size_t, size_t> placed;
+    auto place = [&](size_t index) {
+      auto [it, fresh] = placed.emplace(index, tensors.size());
+      if (fresh) tensors.push_back(source.get(index));
+      return it->second;
+    };
+    for (size_t k = 0; k < n_state; ++k) {
+      std::optional<Quantization> q = tensors[k].info().quantization;
+      if (!q || !q->scales_tensor || !q->zero_points_tensor) continue;
+      q->scales_tensor = place(*q->scales_tensor);
+      q->zero_points_tensor = place(*q->zero_points_tensor);
+      tensors[k].info().quantization = q;
+    }
+    state_root = state_dict_value(std::vector<Tensor>(tensors.begin(), tensors.begin() + n_state));
   } else {
     for (size_t i = 0; i < c.tensors().size(); ++i) tensors.push_back(source.get(i));
   }
@@ -112,8 +132,10 @@ void write_torch(const Checkpoint& c, const OpenSink& open, const ConvertOptions
   if (c.root() && !torchscript && c.format() != Format::kSafetensors)
     save_torch(out.sink(), c.root(), tensors, so);  // commits
   else
-    save_torch(out.sink(), state_dict_value(tensors), tensors, so);
-  r.tensors = tensors.size();
+    save_torch(out.sink(), state_root ? state_root : state_dict_value(tensors), tensors, so);
+  // Per-channel scales and zero points are part of their tensor, not counted apart.
+  r.tensors = std::count_if(tensors.begin(), tensors.end(),
+                            [](const Tensor& t) { return t.info().type != "qparams"; });
   r.tensor_bytes = bytes;
   r.bytes_written = out.finish();
 }
@@ -130,6 +152,37 @@ void write_flat(const Checkpoint& c, const OpenSink& open, const ConvertOptions&
   fo.limits = o.limits;
   FlatStateDict flat = flatten_state_dict(c, fo);
   const auto& infos = c.tensors();
+  if (o.to == ConvertFormat::kSafetensors) {
+    // Meta tensors have no bytes and safetensors no meta tensors: never invent zeros silently.
+    auto is_meta = [&](const StateDictEntry& e) {
+      return c.storages().at(infos[e.tensor].storage).meta;
+    };
+    for (const auto& e : flat.entries) {
+      if (!is_meta(e)) continue;
+      if (o.meta == MetaTensors::kRefuse)
+        throw Error(ErrorCode::kUnsupported,
+                    "is a meta tensor (a dtype and shape without bytes), which " + target +
+                        " cannot hold: --meta=zeros (MetaTensors::kZeros) writes zeros, "
+                        "--meta=skip (kSkip) leaves it out",
+                    in, e.name);
+      (o.meta == MetaTensors::kZeros ? r.meta_zeroed : r.meta_skipped).push_back(e.name);
+    }
+    if (o.meta == MetaTensors::kSkip && !r.meta_skipped.empty()) {
+      // Indices into `entries` (alias_of, shares_with) are renumbered past the removed ones.
+      std::vector<size_t> new_index(flat.entries.size(), SIZE_MAX);
+      std::vector<StateDictEntry> kept;
+      for (size_t i = 0; i < flat.entries.size(); ++i) {
+        if (is_meta(flat.entries[i])) continue;
+        new_index[i] = kept.size();
+        kept.push_back(flat.entries[i]);
+      }
+      for (auto& e : kept) {
+        if (e.alias_of) e.alias_of = new_index[*e.alias_of];
+        if (e.shares_with) e.shares_with = new_index[*e.shares_with];
+      }
+      flat.entries = std::move(kept);
+    }
+  }
   for (const auto& e : flat.entries) {
     if (infos[e.tensor].quantization)
       throw Error(ErrorCode::kUnsupported, "quantized tensors cannot be written to " + target, in,

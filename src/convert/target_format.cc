@@ -32,6 +32,26 @@ ConvertFormat parse_convert_format(std::string_view name) {
                   "': the format must be pt, safetensors or tensorizer");
 }
 
+const char* meta_tensors_name(MetaTensors m) noexcept {
+  switch (m) {
+    case MetaTensors::kRefuse:
+      return "refuse";
+    case MetaTensors::kZeros:
+      return "zeros";
+    case MetaTensors::kSkip:
+      return "skip";
+  }
+  return "?";
+}
+
+MetaTensors parse_meta_tensors(std::string_view name) {
+  if (name == "refuse") return MetaTensors::kRefuse;
+  if (name == "zeros") return MetaTensors::kZeros;
+  if (name == "skip") return MetaTensors::kSkip;
+  throw Error(ErrorCode::kInvalidArgument,
+              "unknown meta tensor policy '" + std::string(name) + "': zeros, skip or refuse");
+}
+
 ConvertFormat convert_format_for_path(const std::string& path) {
   const std::string ext = std::filesystem::path(path).extension().string();
   if (ext == ".safetensors") return ConvertFormat::kSafetensors;

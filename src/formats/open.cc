@@ -3,6 +3,7 @@
 #include "formats/open.h"
 
 #include <cstring>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -10,6 +11,43 @@
 
 namespace ckpt::internal {
 namespace {
+
+// A legacy torch file begins with its magic number pickled as an int, in the encoding of the
+// protocol torch.save was given: protocols 2 and 3 PROTO then LONG1 of 10 bytes (LONG4 from
+// other picklers); 4 and 5 the same inside a FRAME; 0 and 1 the decimal text of LONG
+// ("L1195...L\n", or INT from other picklers). These patterns check the encoding, not the
+// number (the reader checks that): a damaged magic number is a corrupt legacy file, not an
+// unknown format. Returns 2 when the n bytes hold the whole pattern, 1 when they are a prefix of
+// it, 0 otherwise.
+int legacy_magic_head(const unsigned char* h, size_t n) {
+  auto digits = [&](size_t from, size_t len) {
+    for (size_t i = from; i < std::min(n, len); ++i)
+      if (h[i] < '0' || h[i] > '9') return 0;
+    return n >= len ? 2 : 1;
+  };
+  if (n == 0) return 0;
+  if (h[0] == 'L' || h[0] == 'I') return digits(1, 16);
+  if (h[0] != 0x80) return 0;
+  if (n < 2) return 1;
+  size_t at = 2;  // the LONG1 opcode
+  if (h[1] == 4 || h[1] == 5) {
+    if (n < 3) return 1;
+    if (h[2] == 0x95) at = 11;  // FRAME and its 8-byte length
+  } else if (h[1] != 2 && h[1] != 3) {
+    return 0;
+  }
+  if (n <= at) return 1;
+  // LONG1 with its 1-byte length 10, or (from other picklers) LONG4 with its 4-byte length 10.
+  static constexpr unsigned char kLong1[] = {0x8a, 0x0a};
+  static constexpr unsigned char kLong4[] = {0x8b, 0x0a, 0, 0, 0};
+  std::span<const unsigned char> want = kLong1;
+  if (h[at] == 0x8b) want = kLong4;
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (n <= at + i) return 1;
+    if (h[at + i] != want[i]) return 0;
+  }
+  return 2;
+}
 
 // For a file too short for any format's fixed header (an empty one too): the header its bytes
 // begin, if any. Such a file was cut, not written so: truncated rather than of unknown format.
@@ -20,7 +58,7 @@ const char* cut_header(const unsigned char* h, size_t n) {
     return n < magic.size() && std::memcmp(h, magic.data(), n) == 0;
   };
   if (prefix(std::string_view("PK\x03\x04", 4))) return "a zip local header";
-  if (prefix(std::string_view("\x80\x02\x8a", 3))) return "a legacy torch file's magic number";
+  if (legacy_magic_head(h, n) == 1) return "a legacy torch file's magic number";
   if (prefix("|TZR|")) return "a tensorizer file's magic";
   if (n < 8) {
     uint64_t v = 0;
@@ -59,7 +97,7 @@ std::shared_ptr<CheckpointModel> open_model(SourcePtr source, const OpenOptions&
     } else if (n >= 4 && h[0] == 'P' && h[1] == 'K' && h[2] == 3 && h[3] == 4) {
       if (zip_error) throw *zip_error;
       data = open_torch_zip(source, options, hooks);
-    } else if (n >= 4 && h[0] == 0x80 && h[1] == 0x02 && h[2] == 0x8a) {
+    } else if (legacy_magic_head(h, n) == 2) {
       data = open_torch_legacy(source, options);
     } else if (n >= 5 && std::memcmp(h, "|TZR|", 5) == 0) {
       data = open_tensorizer(source, options);

@@ -90,14 +90,14 @@ Ref ordered_dict(PickleHeap& h, Ref cls, std::span<const Ref> a, CopyBudget& bud
   return d;
 }
 
-Ref set_of(PickleHeap& h, std::span<const Ref> a, CopyBudget& budget) {
-  if (a.empty()) return h.set();
+Ref set_of(PickleHeap& h, std::span<const Ref> a, CopyBudget& budget, bool frozen) {
+  if (a.empty()) return h.set({}, frozen);
   if (a.size() != 1) return kNoRef;
   const Ref src = a[0];
   if (is_sequence(h, src) || h.kind(src) == Kind::kSet) {
     std::vector<Ref> items(h.items(src).begin(), h.items(src).end());
     budget.spend(items.size());
-    return h.set(items);
+    return h.set(items, frozen);
   }
   if (h.kind(src) == Kind::kDict) {
     auto entries = h.items(src);
@@ -105,7 +105,7 @@ Ref set_of(PickleHeap& h, std::span<const Ref> a, CopyBudget& budget) {
     std::vector<Ref> keys;
     keys.reserve(entries.size() / 2);
     for (size_t i = 0; i < entries.size(); i += 2) keys.push_back(entries[i]);
-    return h.set(keys);
+    return h.set(keys, frozen);
   }
   return kNoRef;
 }
@@ -185,7 +185,7 @@ Ref builtin_call(PickleHeap& h, Ref callable, std::span<const Ref> a, CopyBudget
     return h.bytes(out);
   }
   if (m != "builtins") return kNoRef;
-  if (n == "set" || n == "frozenset") return set_of(h, a, budget);
+  if (n == "set" || n == "frozenset") return set_of(h, a, budget, n == "frozenset");
   if (n == "complex") return complex_of(h, a);
   if (n == "bytearray") return make_bytes(h, a, true, budget);
   if (n == "bytes") return make_bytes(h, a, false, budget);

@@ -263,8 +263,8 @@ Ref PickleHeap::list(std::span<const Ref> items) {
   return r;
 }
 
-Ref PickleHeap::set(std::span<const Ref> items) {
-  Ref r = add(Node{Kind::kSet});
+Ref PickleHeap::set(std::span<const Ref> items, bool frozen) {
+  Ref r = add(Node{Kind::kSet, static_cast<uint8_t>(frozen ? kFrozen : 0)});
   if (!items.empty()) append(r, items);
   return r;
 }
@@ -415,6 +415,7 @@ ValuePtr PickleHeap::to_value(Ref root, CopyBudget& budget) const {
         if (!v)
           v = n.kind == Kind::kTuple  ? Value::tuple()
               : n.kind == Kind::kList ? Value::list()
+              : (n.flags & kFrozen)   ? Value::frozenset()
                                       : Value::set();
         frame = true;
         if (n.kind == Kind::kDict) {

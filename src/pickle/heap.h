@@ -51,6 +51,7 @@ class PickleHeap {
   // kString (UTF-8), kBytes (raw), big kInt (decimal digits); "" otherwise.
   std::string_view text(Ref r) const;
   bool bytearray(Ref r) const { return nodes_[r].flags & kByteArray; }
+  bool frozen(Ref r) const { return nodes_[r].flags & kFrozen; }  // kSet: a frozenset
   // kTuple/kList/kSet: the elements; kObject: the constructor arguments; kDict: k0, v0, k1, v1...
   std::span<const Ref> items(Ref r) const;
   size_t dict_size(Ref r) const { return items(r).size() / 2; }
@@ -87,7 +88,7 @@ class PickleHeap {
   Ref input_text(Kind kind, uint64_t offset, uint64_t size, bool bytearray = false);
   Ref tuple(std::span<const Ref> items);  // `items` may point into this heap
   Ref list(std::span<const Ref> items = {});
-  Ref set(std::span<const Ref> items = {});
+  Ref set(std::span<const Ref> items = {}, bool frozen = false);  // frozen: a frozenset
   // cls: e.g. the collections.OrderedDict global; args: a tuple of the class's arguments.
   Ref dict(Ref cls = kNoRef, Ref args = kNoRef);
   Ref tensor(size_t index);
@@ -118,7 +119,9 @@ class PickleHeap {
   bool has_cycle(std::span<const Ref> roots) const;
 
  private:
-  enum Flags : uint8_t { kBig = 1, kInInput = 2, kByteArray = 4, kForeign = 8, kNewObjFlag = 16 };
+  enum Flags : uint8_t {
+    kBig = 1, kInInput = 2, kByteArray = 4, kForeign = 8, kNewObjFlag = 16, kFrozen = 32
+  };
   // 24 bytes. Fields by kind:
   //   kBool, kInt, kTensor: b = value (two's complement); big kInt: c = chars_ offset, a = length
   //   kFloat: b = bits; kComplex: b, c = bits of re, im

@@ -427,8 +427,8 @@ void Pickler::save(const ValuePtr& vp, bool persistent_ok) {
       }
       break;
     case Kind::kSet:
-      // set.__reduce__ -> (set, (list(self),), None)
-      save_global("builtins", "set");
+      // set.__reduce__ -> (set, (list(self),), None); frozenset's likewise
+      save_global("builtins", v.is_frozenset() ? "frozenset" : "set");
       put(op::kEmptyList);
       memoize(nullptr);
       batch_list_exact(v.items());

@@ -252,6 +252,11 @@ class Vm {
     return heap_.string(pickle_text::py2_str_to_utf8(s));
   }
   Ref make_int_text(std::string_view text, bool long_suffix) {
+    // The same bound as LONG1/LONG4's bytes (2048 bytes hold ~4933 digits): writing a longer
+    // decimal int back as binary would cost quadratic time.
+    if (text.size() > pickle_text::kMaxBigIntBytes * 5 / 2)
+      fail(ErrorCode::kUnsupported,
+           "integer of " + std::to_string(text.size()) + " digits is too large");
     int64_t small = 0;
     std::string big;
     bool fits = true;
@@ -548,7 +553,7 @@ Ref Vm::loop() {
         break;
       case op::kFrozenSet: {
         size_t k = pop_mark();
-        Ref s = heap_.set(above(k));
+        Ref s = heap_.set(above(k), /*frozen=*/true);
         stack_.resize(k);
         push(s);
         break;

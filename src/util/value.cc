@@ -98,6 +98,12 @@ ValuePtr Value::big_integer(std::string digits) {
 ValuePtr Value::set(std::vector<ValuePtr> items) {
   return with_items(Kind::kSet, std::move(items));
 }
+ValuePtr Value::frozenset(std::vector<ValuePtr> items) {
+  auto v = with_items(Kind::kSet, std::move(items));
+  v->module_ = "builtins";
+  v->name_ = "frozenset";
+  return v;
+}
 ValuePtr Value::dict_of(std::string module, std::string name) {
   return with_names(Kind::kDict, std::move(module), std::move(name));
 }
@@ -222,6 +228,7 @@ std::string Value::repr(size_t max_len) const {
       }
       if (kind_ == Kind::kTuple && items_.size() == 1) s += ",";
       s += close;
+      if (is_frozenset()) s = "frozenset(" + s + ")";
       break;
     }
     case Kind::kDict:
@@ -235,6 +242,18 @@ std::string Value::repr(size_t max_len) const {
       s = module_ + "." + name_;
       break;
     case Kind::kObject: {
+      // torch.Size((3, 4)) prints as torch does: torch.Size([3, 4]).
+      if (module_ == "torch" && name_ == "Size" && items_.size() == 1 && items_[0] &&
+          items_[0]->is_sequence()) {
+        s = "torch.Size([";
+        for (size_t n = 0; n < items_[0]->items().size(); ++n) {
+          if (n) s += ", ";
+          s += items_[0]->items()[n] ? items_[0]->items()[n]->repr(max_len) : "?";
+          if (s.size() > max_len) break;
+        }
+        s += "])";
+        break;
+      }
       // module.name(args, attr=value...): the call as the pickle made it, and a dict state as
       // keyword-like attributes (argparse.Namespace(lr=0.1)).
       s = module_ + "." + name_ + "(";

@@ -1,4 +1,5 @@
 // ckpt convert IN... OUT [--to pt|safetensors|tensorizer] [--max-shard-size SIZE] [--align N] [--copy-shared] [--digests]
+// [--meta zeros|skip]
 // [--encrypt-key FILE | --encrypt-password-file FILE] [--decrypt-key FILE |
 // --decrypt-password-file FILE]
 // Reads any supported checkpoint and writes the target format (from OUT's extension unless --to
@@ -40,7 +41,7 @@ ConvertFormat target_of(const std::string& to, const std::string& out) {
 void add_convert(CLI::App& app) {
   struct Opts {
     std::vector<std::string> in;  // one checkpoint, an index, or shards
-    std::string out, to, encrypt_key, encrypt_password_file, max_shard_size;
+    std::string out, to, encrypt_key, encrypt_password_file, max_shard_size, meta;
     uint32_t align = 0;
     bool copy_shared = false;
     bool digests = false;
@@ -63,6 +64,10 @@ void add_convert(CLI::App& app) {
                 "safetensors: write tensors that share storage as separate copies");
   cmd->add_flag("--digests", o->digests,
                 "safetensors: store every tensor's SHA-256 in __metadata__ (checked by verify)");
+  cmd->add_option("--meta", o->meta,
+                  "safetensors: write meta tensors (no bytes) as zeros, or skip them; without "
+                  "it they are refused (pt and tensorizer keep them as meta tensors)")
+      ->check(CLI::IsMember({"zeros", "skip"}));
   auto* ek = cmd->add_option("--encrypt-key", o->encrypt_key,
                              "tensorizer: encrypt with the key in FILE (hex); a new random key is "
                              "written there if FILE does not exist");
@@ -88,6 +93,13 @@ void add_convert(CLI::App& app) {
     co.alignment = o->align;
     co.copy_shared = o->copy_shared;
     co.store_digests = o->digests;
+    if (!o->meta.empty()) {
+      co.meta = parse_meta_tensors(o->meta);
+      if (co.to != ConvertFormat::kSafetensors)
+        std::fprintf(stderr,
+                     "ckpt: warning: %s keeps meta tensors as meta tensors; --meta ignored\n",
+                     convert_format_name(co.to));
+    }
     for (const std::string* f : {&o->encrypt_key, &o->encrypt_password_file})
       if (!f->empty()) warn_if_readable_by_others(*f);
     co.encryption.key_file = o->encrypt_key;
@@ -134,6 +146,11 @@ void add_convert(CLI::App& app) {
                    "written as separate copies (first: %s, shares with %s)\n",
                    r.copied_shared.size(), r.copied_shared[0].first.c_str(),
                    r.copied_shared[0].second.c_str());
+    if (!r.meta_zeroed.empty() || !r.meta_skipped.empty()) {
+      const auto& names = r.meta_zeroed.empty() ? r.meta_skipped : r.meta_zeroed;
+      std::fprintf(stderr, "ckpt: note: %zu meta tensors (no bytes) %s (first: %s)\n", names.size(),
+                   r.meta_zeroed.empty() ? "left out" : "written as zeros", names[0].c_str());
+    }
     if (r.digests_stored)
       std::fprintf(stderr, "ckpt: stored %zu tensor SHA-256 digests in __metadata__ \"%s\"\n",
                    r.digests_stored, kSafetensorsDigestKey);

@@ -1,11 +1,13 @@
-// ckpt extract FILE DIR [--force]: one .npy per tensor plus index.json. dtypes numpy lacks are
-// written as their raw bit pattern (an unsigned or signed integer of the same width), said in the
-// index. The folder appears whole or not at all (ckpt::create_folder_sink): written into a
-// temporary sibling, index.json last, then renamed into place; a non-empty DIR is refused unless
+// ckpt extract FILE DIR [--force] [--meta zeros|skip]: one .npy per tensor plus index.json. dtypes
+// numpy lacks are written as their raw bit pattern (an unsigned or signed integer of the same
+// width), said in the index. The folder appears whole or not at all (ckpt::create_folder_sink):
+// written into a temporary sibling, index.json last, then renamed into place; a non-empty DIR is
+// refused unless
 // --force, which replaces it whole.
 
 #include <cctype>
 #include <cstdio>
+#include <cstring>
 #include <set>
 
 #include "common.h"
@@ -49,6 +51,41 @@ std::string npy_header(const std::string& descr, const std::vector<int64_t>& sha
   return h + dict;
 }
 
+template <typename T>
+T load_value(const std::byte* p) {
+  T v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+// A small tensor's elements as JSON numbers (per-channel scales and zero points).
+nlohmann::ordered_json json_values(const Tensor& t) {
+  nlohmann::ordered_json out = nlohmann::ordered_json::array();
+  auto bytes = t.contiguous_bytes();
+  const size_t es = dtype_size(t.info().dtype);
+  for (uint64_t i = 0; es && i < t.info().numel(); ++i) {
+    const std::byte* p = bytes.data() + i * es;
+    switch (t.info().dtype) {
+      case DType::kFloat64:
+        out.push_back(load_value<double>(p));
+        break;
+      case DType::kFloat32:
+        out.push_back(load_value<float>(p));
+        break;
+      case DType::kInt64:
+        out.push_back(load_value<int64_t>(p));
+        break;
+      case DType::kInt32:
+        out.push_back(load_value<int32_t>(p));
+        break;
+      default:
+        out.push_back(nullptr);
+        break;
+    }
+  }
+  return out;
+}
+
 std::string safe_name(const std::string& name) {
   std::string s;
   for (char ch : name) s += (std::isalnum(static_cast<unsigned char>(ch)) || ch == '.' || ch == '_' || ch == '-') ? ch : '_';
@@ -61,7 +98,7 @@ std::string safe_name(const std::string& name) {
 void add_extract(CLI::App& app) {
   struct Opts {
     std::vector<std::string> files;  // one checkpoint, an index, or shards
-    std::string file, dir;
+    std::string file, dir, meta;
     bool force = false;
     Common common;
     ProgressMode progress = ProgressMode::kAuto;
@@ -72,6 +109,10 @@ void add_extract(CLI::App& app) {
   // FILE takes every argument (several shard files); the last one is DIR.
   cmd->add_option("DIR", o->dir, "output folder (created with its parents; must be empty)");
   cmd->add_flag("--force", o->force, "replace DIR whole when it exists and is not empty");
+  cmd->add_option("--meta", o->meta,
+                  "meta tensors (no bytes): write zeros, or skip them; without it they are "
+                  "refused")
+      ->check(CLI::IsMember({"zeros", "skip"}));
   add_common(*cmd, o->common);
   add_progress_flags(*cmd, o->progress);
   cmd->callback([o] {
@@ -85,6 +126,29 @@ void add_extract(CLI::App& app) {
     }
     o->file = files_name(o->files);
     Checkpoint c = open_checkpoint(o->files, o->common);
+    // (name, tensor index): every listed tensor, or a TorchScript module's state dict
+    // (parameters and buffers by module path; constants are part of the code, not the state).
+    std::vector<std::pair<std::string, size_t>> items;
+    if (c.format() == Format::kTorchScript) {
+      items = TorchScriptArchive::from(c).state_dict();
+    } else {
+      for (size_t i = 0; i < c.tensors().size(); ++i)
+        if (listed(c.tensors()[i])) items.emplace_back(c.tensors()[i].name, i);
+    }
+    // A meta tensor has no bytes: .npy has no way to say so, and zeros would be invented.
+    auto is_meta = [&](size_t i) { return c.storages()[c.tensors()[i].storage].meta; };
+    size_t metas = 0;
+    for (const auto& [name, i] : items) {
+      if (!is_meta(i)) continue;
+      if (o->meta.empty())
+        throw Error(ErrorCode::kUnsupported,
+                    "is a meta tensor (a dtype and shape without bytes); .npy cannot say so: "
+                    "--meta=zeros writes zeros, --meta=skip leaves it out",
+                    o->file, name);
+      ++metas;
+    }
+    if (o->meta == "skip")
+      std::erase_if(items, [&](const auto& item) { return is_meta(item.second); });
     std::unique_ptr<FolderSink> out;
     try {
       out = create_folder_sink(o->dir, {.replace = o->force});
@@ -100,15 +164,6 @@ void add_extract(CLI::App& app) {
     index["tensors"] = nlohmann::ordered_json::array();
     std::set<std::string> used;
     uint64_t total = 0;
-    // (name, tensor index): every listed tensor, or a TorchScript module's state dict
-    // (parameters and buffers by module path; constants are part of the code, not the state).
-    std::vector<std::pair<std::string, size_t>> items;
-    if (c.format() == Format::kTorchScript) {
-      items = TorchScriptArchive::from(c).state_dict();
-    } else {
-      for (size_t i = 0; i < c.tensors().size(); ++i)
-        if (listed(c.tensors()[i])) items.emplace_back(c.tensors()[i].name, i);
-    }
     uint64_t planned = 0;
     for (const auto& item : items) planned += c.tensors()[item.second].nbytes();
     ProgressLine line(o->progress);
@@ -137,11 +192,18 @@ void add_extract(CLI::App& app) {
       r["shape"] = info.shape;
       r["numpy_dtype"] = descr;
       r["raw_bits"] = raw;
+      if (is_meta(i)) r["meta"] = true;  // written as zeros (--meta=zeros)
       if (info.quantization) {
-        r["qscheme"] = info.quantization->scheme;
-        if (!info.quantization->scales_tensor) {
-          r["scale"] = info.quantization->scale;
-          r["zero_point"] = info.quantization->zero_point;
+        const Quantization& q = *info.quantization;
+        r["qscheme"] = q.scheme;
+        if (q.scales_tensor && q.zero_points_tensor) {
+          // Per channel: the scales and zero points along `axis`, from their own tensors.
+          r["scales"] = json_values(c.tensor(*q.scales_tensor));
+          r["zero_points"] = json_values(c.tensor(*q.zero_points_tensor));
+          r["axis"] = q.axis;
+        } else {
+          r["scale"] = q.scale;
+          r["zero_point"] = q.zero_point;
         }
       }
       index["tensors"].push_back(std::move(r));
@@ -153,6 +215,9 @@ void add_extract(CLI::App& app) {
     line.finish(total);
     std::printf("wrote %zu tensors (%s) to %s\n", index["tensors"].size(),
                 human_bytes(total).c_str(), o->dir.c_str());
+    if (metas)
+      std::fprintf(stderr, "ckpt: note: %zu meta tensors (no bytes) %s\n", metas,
+                   o->meta == "skip" ? "left out" : "written as zeros");
   });
 }
 

@@ -52,8 +52,9 @@ void add_load(CLI::App& app) {
     uint64_t bytes = 0, checksum = 0;
     size_t tensors = 0;
     nlohmann::ordered_json digests = nlohmann::ordered_json::object();
+    // Per-channel scales and zero points are loaded with their tensor, not counted as tensors.
     auto digest = [&](const Tensor& t) {
-      if (!o->digest) return;
+      if (!o->digest || !listed(t.info())) return;
       std::vector<std::byte> b = t.contiguous_bytes();
       char hex[9];
       std::snprintf(hex, sizeof hex, "%08lx",
@@ -67,7 +68,8 @@ void add_load(CLI::App& app) {
                                : load_set(o->files, o->common, lo);
       const Checkpoint& c = l.checkpoint;
       auto& all = l.tensors;
-      tensors = all.size();
+      tensors = std::count_if(all.begin(), all.end(),
+                              [](const Tensor& t) { return listed(t.info()); });
       for (const auto& s : c.storages()) bytes += s.nbytes;
       for (auto& t : all) {
         checksum += t.info().nbytes() ? std::to_integer<uint8_t>(t.data()[0]) : 0;
@@ -83,7 +85,7 @@ void add_load(CLI::App& app) {
         for (uint64_t off = 0; off < t.storage()->info.nbytes; off += 4096)
           checksum += std::to_integer<uint8_t>(p[off]);
         digest(t);
-        ++tensors;
+        tensors += listed(t.info());
         touched += t.info().nbytes();
         line.update(std::min(touched, bytes), bytes);
       }
@@ -91,7 +93,7 @@ void add_load(CLI::App& app) {
     } else {
       uint64_t budget = static_cast<uint64_t>(o->budget_mb * 1024 * 1024);
       c.stream(budget, [&](const Tensor& t) {
-        ++tensors;
+        tensors += listed(t.info());
         bytes += t.info().nbytes();
         // Touch the bytes the way a consumer copying them elsewhere would.
         const std::byte* p = t.data();

@@ -44,6 +44,17 @@ void add_ls(CLI::App& app) {
         if (t.requires_grad) r["requires_grad"] = true;
         if (!t.type.empty()) r["type"] = t.type;
         if (c.storages()[t.storage].meta) r["meta"] = true;
+        if (t.quantization) {
+          // Per-channel scales and zero points are tensors of their own, listed here only as
+          // part of their tensor (`ckpt extract` writes their values into index.json).
+          r["qscheme"] = t.quantization->scheme;
+          if (t.quantization->scales_tensor) {
+            r["axis"] = t.quantization->axis;
+          } else {
+            r["scale"] = t.quantization->scale;
+            r["zero_point"] = t.quantization->zero_point;
+          }
+        }
         j["tensors"].push_back(std::move(r));
       }
       std::printf("%s\n", j.dump(1).c_str());

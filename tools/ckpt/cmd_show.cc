@@ -125,8 +125,29 @@ struct Formatter {
   }
 };
 
-void print_values(const Tensor& t) {
+// torch's repr of a meta tensor: no values, the size instead.
+void print_meta(const TensorInfo& info) {
+  std::string out = "tensor(..., device='meta', size=(";
+  for (size_t i = 0; i < info.shape.size(); ++i)
+    out += (i ? ", " : "") + std::to_string(info.shape[i]);
+  out += info.shape.size() == 1 ? ",)" : ")";
+  bool default_dtype =
+      info.dtype == DType::kFloat32 || info.dtype == DType::kInt64 || info.dtype == DType::kBool;
+  if (!default_dtype) out += ", dtype=torch." + std::string(dtype_name(info.dtype));
+  if (info.requires_grad) out += ", requires_grad=True";
+  out += ")";
+  std::printf("%s%s\n", info.is_parameter ? "Parameter containing:\n" : "", out.c_str());
+}
+
+void print_values(const Checkpoint& c, const std::string& name) {
+  if (auto i = c.find(name); i && c.storages()[c.tensors()[*i].storage].meta)
+    return print_meta(c.tensors()[*i]);
+  Tensor t = c.tensor(name);
   const TensorInfo& info = t.info();
+  if (!listed(info))
+    throw Error(ErrorCode::kNotFound,
+                "is the scales or zero points of a per-channel quantized tensor (shown with it)",
+                {}, name);
   auto bytes = t.contiguous_bytes();
   size_t es = dtype_size(info.dtype);
   uint64_t n = info.numel();
@@ -211,6 +232,29 @@ void print_values(const Tensor& t) {
                   static_cast<long long>(info.quantization->zero_point));
     out += " (integer representation)" + std::string(buf);
   }
+  if (info.quantization && info.quantization->scales_tensor &&
+      info.quantization->zero_points_tensor) {
+    // Per channel: the scales and zero points along the axis, from their own tensors.
+    auto list = [&](size_t index) {
+      Tensor q = c.tensor(index);
+      auto b = q.contiguous_bytes();
+      const size_t es = dtype_size(q.dtype());
+      std::string s = "[";
+      for (uint64_t i = 0; es && i < q.info().numel(); ++i) {
+        if (i) s += ", ";
+        if (i == 1000) {
+          s += "...";
+          break;
+        }
+        s += fmt_elem(q.dtype(), b.data() + i * es);
+      }
+      return s + "]";
+    };
+    out += " (integer representation), quantization_scheme=torch." + info.quantization->scheme +
+           ", scales=" + list(*info.quantization->scales_tensor) +
+           ", zero_points=" + list(*info.quantization->zero_points_tensor) +
+           ", axis=" + std::to_string(info.quantization->axis);
+  }
   if (info.requires_grad) out += ", requires_grad=True";
   out += ")";
   std::printf("%s\n", out.c_str());
@@ -226,14 +270,18 @@ void print_tree(const Checkpoint& c, const ConstValuePtr& v, const std::string& 
   }
   if (v->kind() == Value::Kind::kTensor) {
     const TensorInfo& t = c.tensors()[static_cast<size_t>(v->as_int())];
-    std::printf("%s%s(%s, %s)%s\n", head.c_str(), t.is_parameter ? "Parameter" : "tensor",
+    std::printf("%s%s(%s, %s%s)%s\n", head.c_str(), t.is_parameter ? "Parameter" : "tensor",
                 std::string(dtype_name(t.dtype)).c_str(), shape_str(t.shape).c_str(),
+                c.storages()[t.storage].meta ? ", device='meta'" : "",
                 t.requires_grad ? " requires_grad" : "");
     return;
   }
-  bool container = v->kind() == Value::Kind::kDict || v->kind() == Value::Kind::kList ||
-                   v->kind() == Value::Kind::kTuple || v->kind() == Value::Kind::kSet ||
-                   (v->kind() == Value::Kind::kObject && (v->state() || !v->items().empty()));
+  const bool size = v->kind() == Value::Kind::kObject && v->module() == "torch" &&
+                    v->name() == "Size" && !v->state();  // a leaf: torch.Size([3, 4])
+  bool container =
+      v->kind() == Value::Kind::kDict || v->kind() == Value::Kind::kList ||
+      v->kind() == Value::Kind::kTuple || v->kind() == Value::Kind::kSet ||
+      (v->kind() == Value::Kind::kObject && !size && (v->state() || !v->items().empty()));
   if (!container) {
     std::printf("%s%s\n", head.c_str(), v->repr(100).c_str());
     return;
@@ -242,11 +290,11 @@ void print_tree(const Checkpoint& c, const ConstValuePtr& v, const std::string& 
     std::printf("%s<%s, shown above>\n", head.c_str(), v->repr(40).c_str());
     return;
   }
-  std::string kind = v->kind() == Value::Kind::kDict
-                         ? (v->name().empty() ? "dict" : v->name())
-                         : v->kind() == Value::Kind::kList ? "list"
-                         : v->kind() == Value::Kind::kTuple ? "tuple"
-                         : v->kind() == Value::Kind::kSet ? "set" : v->module() + "." + v->name();
+  std::string kind = v->kind() == Value::Kind::kDict    ? (v->name().empty() ? "dict" : v->name())
+                     : v->kind() == Value::Kind::kList  ? "list"
+                     : v->kind() == Value::Kind::kTuple ? "tuple"
+                     : v->kind() == Value::Kind::kSet   ? (v->is_frozenset() ? "frozenset" : "set")
+                                                        : v->module() + "." + v->name();
   size_t n = v->kind() == Value::Kind::kDict ? v->entries().size() : v->items().size();
   std::printf("%s%s (%zu)\n", head.c_str(), kind.c_str(), n);
   if (v->kind() == Value::Kind::kDict) {
@@ -281,7 +329,7 @@ void add_show(CLI::App& app) {
     o->file = files_name(o->files);
     Checkpoint c = open_checkpoint(o->files, o->common);
     if (!o->name.empty()) {
-      print_values(c.tensor(o->name));
+      print_values(c, o->name);
       return;
     }
     std::set<const Value*> seen;

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string_view>
 #include <unordered_map>
 
 #include "ckpt/error.h"
@@ -19,7 +20,8 @@
 namespace ckpt::internal {
 namespace {
 
-constexpr char kMagic[] = "\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19";  // LONG1 10 bytes
+// 0x1950a86a20f9469cfc6c, beyond int64: the unpickler keeps its decimal digits.
+constexpr std::string_view kMagic = "119547037146038801333356";
 
 // A growing prefix of the file: the pickles' length is only known by running them.
 class Prefix {
@@ -59,19 +61,20 @@ std::shared_ptr<CheckpointModel> open_torch_legacy(SourcePtr source, const OpenO
     auto buf = prefix.get(want);
     try {
       size_t pos = 0, used = 0;
-      if (buf.size() < 2 + sizeof(kMagic) - 1) {
-        // Detection saw the first bytes of the magic number: the file ends inside it.
-        if (std::memcmp(buf.data() + 2, kMagic, buf.size() - 2) == 0)
-          throw Error(ErrorCode::kTruncated,
-                      "the file ends after " + std::to_string(buf.size()) +
-                          " bytes, inside the magic number",
-                      src, "magic number", 0);
-        throw Error(ErrorCode::kCorrupt, "not a legacy torch file (bad magic number)", src, {}, 0);
-      }
-      if (std::memcmp(buf.data() + 2, kMagic, sizeof(kMagic) - 1) != 0)
-        throw Error(ErrorCode::kCorrupt, "not a legacy torch file (bad magic number)", src, {}, 0);
+      // The magic number, in whichever int encoding the pickle protocol chose (detection in
+      // open.cc checked the encoding's first bytes; here its value).
       uo.record = "magic number";
-      unpickle(buf, plain, uo, &used);
+      auto magic = unpickle(buf, plain, uo, &used);
+      if (magic->kind() != Value::Kind::kInt || magic->str() != kMagic)
+        throw Error(ErrorCode::kCorrupt,
+                    "not a legacy torch file (bad magic number " + magic->repr(40) + ")", src,
+                    "magic number", 0);
+      // The pickle protocol torch.save was given: PROTO's byte, or without one 0 (text opcodes:
+      // the protocol version is an INT line) or 1 (binary: BININT2).
+      const auto* bytes = reinterpret_cast<const unsigned char*>(buf.data());
+      const int pickle_protocol = bytes[0] == 0x80                          ? bytes[1]
+                                  : used < buf.size() && bytes[used] == 'I' ? 0
+                                                                            : 1;
       pos += used;
       uo.record = "protocol version";
       uo.base_offset = pos;
@@ -155,6 +158,7 @@ std::shared_ptr<CheckpointModel> open_torch_legacy(SourcePtr source, const OpenO
       }
       data->set_records(std::move(records));
       data->properties["version"] = "1001";
+      data->properties["pickle_protocol"] = std::to_string(pickle_protocol);
       data->properties["records"] = std::to_string(counts.size());
       data->decoder = inline_decoder(nullptr, std::move(tp.inline_bytes));
       data->root = std::move(tp.root);

@@ -10,6 +10,7 @@
 #include "formats/torch/torch_unpickle.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstring>
 #include <string_view>
@@ -179,7 +180,82 @@ class Builder {
     return out;
   }
 
+  // Protocol 0 has no binary persistent ids: the pickler writes PERSID with str() of torch's
+  // tuple, "('storage', <class 'torch.FloatStorage'>, '94', 'cpu', 3, None)" (torch.load itself
+  // cannot read that back). Parsed as text into the tuple it stands for: quoted strings, one
+  // <class 'module.Name'>, decimal ints and None, nothing else.
+  Ref pid_from_text(PickleHeap& h, std::string_view t) const {
+    auto bad = [&]() -> Ref {
+      fail(ErrorCode::kCorrupt,
+           "text persistent id is not a ('storage', ...) tuple: " + std::string(t.substr(0, 80)));
+    };
+    std::vector<Ref> items;
+    size_t i = 0;
+    auto skip_space = [&] {
+      while (i < t.size() && t[i] == ' ') ++i;
+    };
+    auto quoted = [&](std::string& out) {
+      if (i >= t.size() || (t[i] != '\'' && t[i] != '"')) return false;
+      char q = t[i++];
+      while (i < t.size() && t[i] != q) {
+        if (t[i] == '\\') return false;  // torch's keys and locations need no escapes
+        out += t[i++];
+      }
+      if (i >= t.size()) return false;
+      ++i;
+      return true;
+    };
+    if (t.empty() || t[0] != '(') return bad();
+    ++i;
+    for (;;) {
+      skip_space();
+      if (i >= t.size()) return bad();
+      if (t[i] == ')') {
+        ++i;
+        break;
+      }
+      if (items.size() >= 8) return bad();
+      std::string text;
+      if (t[i] == '\'' || t[i] == '"') {
+        if (!quoted(text)) return bad();
+        items.push_back(h.string(text));
+      } else if (t.substr(i, 7) == "<class ") {
+        i += 7;
+        if (!quoted(text) || i >= t.size() || t[i] != '>') return bad();
+        ++i;
+        size_t dot = text.rfind('.');
+        if (dot == std::string::npos) return bad();
+        std::string module = text.substr(0, dot), name = text.substr(dot + 1);
+        if (!allowed(module, name, opt_.torchscript))
+          throw Error(ErrorCode::kUnsupported,
+                      "global '" + text + "' is not allowed (in a text persistent id)", opt_.source,
+                      opt_.record);
+        items.push_back(h.global(module, name));
+      } else if (t.substr(i, 4) == "None") {
+        i += 4;
+        items.push_back(h.none());
+      } else if (t[i] == '-' || (t[i] >= '0' && t[i] <= '9')) {
+        size_t start = i++;
+        while (i < t.size() && t[i] >= '0' && t[i] <= '9') ++i;
+        int64_t v = 0;
+        auto [ptr, ec] = std::from_chars(t.data() + start, t.data() + i, v);
+        if (ec != std::errc() || ptr != t.data() + i) return bad();
+        items.push_back(h.integer(v));
+      } else {
+        return bad();
+      }
+      skip_space();
+      if (i < t.size() && t[i] == ',')
+        ++i;
+      else if (i >= t.size() || t[i] != ')')
+        return bad();
+    }
+    if (i != t.size()) return bad();
+    return h.tuple(items);
+  }
+
   Ref persistent_load(PickleHeap& h, Ref pid) {
+    if (h.kind(pid) == Kind::kString) pid = pid_from_text(h, std::string(h.text(pid)));
     auto p = h.items(pid);
     if (h.kind(pid) != Kind::kTuple || p.size() < 5 || h.kind(p[0]) != Kind::kString ||
         h.text(p[0]) != "storage") {
@@ -413,9 +489,15 @@ class Builder {
       need(1);
       if (h.kind(a[0]) != Kind::kTuple && h.kind(a[0]) != Kind::kList)
         fail(ErrorCode::kCorrupt, "torch.Size of a " + std::string(kind_name(h.kind(a[0]))));
-      if (h.kind(a[0]) == Kind::kTuple) return a[0];
-      std::vector<Ref> dims(h.items(a[0]).begin(), h.items(a[0]).end());
-      return h.tuple(dims);
+      // Kept as the torch.Size object it is (a tuple subclass: rewriting must not make it a
+      // plain tuple); its argument becomes a tuple, as torch.Size's own __reduce__ writes it.
+      if (a.size() != 1) fail(ErrorCode::kCorrupt, "torch.Size takes one argument");
+      Ref dims = a[0];
+      if (h.kind(dims) == Kind::kList) {
+        std::vector<Ref> items(h.items(dims).begin(), h.items(dims).end());
+        dims = h.tuple(items);
+      }
+      return h.object(fn, h.tuple(std::span<const Ref>(&dims, 1)));
     }
     if (m == "torch.serialization" && n == "_get_layout") return h.global("torch", "strided");
     if ((m == "numpy.core.multiarray" || m == "numpy._core.multiarray") && n == "scalar")

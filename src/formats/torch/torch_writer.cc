@@ -155,12 +155,28 @@ class TorchPickleBuilder {
     if (info.strides.size() != info.shape.size())
       throw Error(ErrorCode::kInvalidArgument, "strides and shape differ in length", {}, t.name());
     auto hooks = [&] { return Value::ordered_dict(); };
-    ValuePtr storage = storage_marker(t);
     ValuePtr r;
-    if (info.quantization) {
+    if (t.storage() && t.storage()->info.meta) {
+      // A meta tensor has no bytes: torch.save writes its dtype, size and stride only.
+      if (info.quantization)
+        throw Error(ErrorCode::kInvalidArgument, "a quantized meta tensor cannot be written", {},
+                    t.name());
+      bool rg = info.requires_grad && !info.is_parameter;
+      r = Value::object("torch._utils", "_rebuild_meta_tensor_no_storage",
+                        {global("torch", dtype_info(info.dtype).name), int_tuple(info.shape),
+                         int_tuple(info.strides), Value::boolean(rg)});
+    } else if (info.quantization) {
+      ValuePtr storage = storage_marker(t);
       const Quantization& q = *info.quantization;
       ValuePtr qparams;
       if (q.scales_tensor && q.zero_points_tensor) {
+        // Plain tensors: a quantized one there (or the tensor itself) is no quantizer.
+        for (size_t k : {*q.scales_tensor, *q.zero_points_tensor})
+          if (k == index || (k < tensors_.size() && tensors_[k].info().quantization))
+            throw Error(ErrorCode::kInvalidArgument,
+                        "the scales and zero points of a per-channel quantized tensor must be "
+                        "plain tensors",
+                        {}, t.name());
         qparams = Value::tuple({global("torch", q.scheme), tensor_reduce(*q.scales_tensor),
                                 tensor_reduce(*q.zero_points_tensor), Value::integer(q.axis)});
       } else {
@@ -172,6 +188,7 @@ class TorchPickleBuilder {
                          int_tuple(info.strides), qparams, Value::boolean(info.requires_grad),
                          hooks()});
     } else {
+      ValuePtr storage = storage_marker(t);
       bool legacy = dtype_info(info.dtype).storage_class != nullptr;
       bool rg = info.requires_grad && !info.is_parameter;
       std::vector<ValuePtr> args = {storage, Value::integer(info.storage_offset),

@@ -131,6 +131,7 @@ class Namer {
       case Value::Kind::kTensor: {
         size_t i = static_cast<size_t>(v->as_int());
         if (i >= tensors_.size()) return;
+        if (tensors_[i].type == "qparams") return;  // part of its quantized tensor
         if (!named_[i]) {
           named_[i] = 1;
           tensors_[i].name = path;
@@ -348,10 +349,13 @@ std::shared_ptr<TorchScriptModel> finish_torchscript(std::shared_ptr<ZipReader> 
     scan_classes(m->files[k].qualifier, m->code_text.back(), classes);
   }
 
-  // Names: module tensors by path, then the constants.
+  // Names: module tensors by path, then the constants. A per-channel quantized tensor's scales
+  // and zero points ("qparams", set by the unpickler) stay part of their tensor: never listed,
+  // never in the state dict, whatever the walk reaches.
+  auto qparams = [&](size_t i) { return data.tensors[i].type == "qparams"; };
   for (size_t i = 0; i < data.tensors.size(); ++i) {
     data.tensors[i].name.clear();
-    data.tensors[i].type.clear();
+    if (!qparams(i)) data.tensors[i].type.clear();
   }
   Namer namer(data.tensors, module_tensors, classes, m->state_dict);
   std::string path;
@@ -364,7 +368,8 @@ std::shared_ptr<TorchScriptModel> finish_torchscript(std::shared_ptr<ZipReader> 
     }
   }
   namer.finish();
-  for (size_t i = module_tensors; i < data.tensors.size(); ++i) data.tensors[i].type = "constant";
+  for (size_t i = module_tensors; i < data.tensors.size(); ++i)
+    if (!qparams(i)) data.tensors[i].type = "constant";
 
   data.properties["code_files"] = std::to_string(m->files.size());
   data.properties["debug_files"] = std::to_string(debug_of.size());
