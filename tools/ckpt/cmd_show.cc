@@ -1,11 +1,14 @@
 // ckpt show FILE [NAME]: the object tree, or one tensor's values printed the way torch prints them
 // (4 decimals, summarised with "..." past 1000 elements).
 
+#include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <functional>
 #include <filesystem>
+#include <optional>
 #include <set>
 
 #include "common.h"
@@ -139,11 +142,166 @@ void print_meta(const TensorInfo& info) {
   std::printf("%s%s\n", info.is_parameter ? "Parameter containing:\n" : "", out.c_str());
 }
 
-void print_values(const Checkpoint& c, const std::string& name) {
-  if (auto i = c.find(name); i && c.storages()[c.tensors()[*i].storage].meta)
-    return print_meta(c.tensors()[*i]);
-  Tensor t = c.tensor(name);
+// `NAME[i, a:b, :]`: the part in brackets, split off `name`; empty when there is none.
+std::string split_index(std::string& name) {
+  if (name.empty() || name.back() != ']') return {};
+  size_t open = name.rfind('[');
+  if (open == std::string::npos || open == 0) return {};
+  std::string idx = name.substr(open + 1, name.size() - open - 2);
+  name.resize(open);
+  return idx;
+}
+
+// Applies a Python-style index (ints and start:stop ranges, one per leading dimension, no step)
+// to a tensor's view: no bytes move. Throws Error{kInvalidArgument} for a bad or out-of-range
+// index.
+TensorInfo index_view(TensorInfo info, const std::string& idx, const std::string& source) {
+  auto bad = [&](const std::string& why) {
+    return Error(ErrorCode::kInvalidArgument, "index [" + idx + "]: " + why, source, info.name);
+  };
+  auto num = [&](std::string t, int64_t dflt) -> int64_t {
+    while (!t.empty() && t.front() == ' ') t.erase(0, 1);
+    while (!t.empty() && t.back() == ' ') t.pop_back();
+    if (t.empty()) return dflt;
+    size_t used = 0;
+    int64_t v = 0;
+    try {
+      v = std::stoll(t, &used);
+    } catch (...) {
+      used = 0;
+    }
+    if (used != t.size()) throw bad("'" + t + "' is not an integer");
+    return v;
+  };
+  std::vector<std::string> parts;
+  for (size_t start = 0;;) {
+    size_t comma = idx.find(',', start);
+    parts.push_back(idx.substr(start, comma - start));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  if (parts.size() > info.shape.size())
+    throw bad("too many indices for a tensor of " + std::to_string(info.shape.size()) +
+              " dimensions");
+  std::vector<int64_t> shape, strides;
+  for (size_t d = 0; d < info.shape.size(); ++d) {
+    const int64_t n = info.shape[d];
+    if (d >= parts.size()) {
+      shape.push_back(n);
+      strides.push_back(info.strides[d]);
+      continue;
+    }
+    const std::string& p = parts[d];
+    size_t colon = p.find(':');
+    if (colon == std::string::npos) {
+      int64_t i = num(p, 0);
+      if (i < 0) i += n;
+      if (i < 0 || i >= n)
+        throw bad("index " + p + " is out of range for dimension " + std::to_string(d) +
+                  " of size " + std::to_string(n));
+      info.storage_offset += i * info.strides[d];
+      continue;
+    }
+    if (p.find(':', colon + 1) != std::string::npos) throw bad("steps are not supported");
+    int64_t a = num(p.substr(0, colon), 0), b = num(p.substr(colon + 1), n);
+    if (a < 0) a += n;
+    if (b < 0) b += n;
+    a = std::clamp<int64_t>(a, 0, n);
+    b = std::clamp<int64_t>(b, a, n);
+    info.storage_offset += a * info.strides[d];
+    shape.push_back(b - a);
+    strides.push_back(info.strides[d]);
+  }
+  info.shape = std::move(shape);
+  info.strides = std::move(strides);
+  return info;
+}
+
+// A dotted path through the object tree ("optimizer.state.0.exp_avg", "epoch"): dict keys as
+// `ls` names them (a key may itself hold dots: the longest key that fits is taken), list and
+// tuple indices, an object's attributes (its dict state). Null when the path leads nowhere.
+ConstValuePtr find_path(ConstValuePtr v, std::string_view path) {
+  while (v && !path.empty()) {
+    ConstValuePtr next;
+    size_t used = 0;
+    const Value* dict = v->kind() == Value::Kind::kDict ? v.get() : nullptr;
+    if (!dict && v->kind() == Value::Kind::kObject && v->state() &&
+        v->state()->kind() == Value::Kind::kDict)
+      dict = v->state().get();
+    if (dict) {
+      for (const auto& [k, val] : dict->entries()) {
+        if (!k) continue;
+        const std::string name = path_component(*k);
+        const bool fits = path.size() == name.size()
+                              ? path == name
+                              : path.size() > name.size() && path[name.size()] == '.' &&
+                                    path.substr(0, name.size()) == name;
+        if (fits && name.size() > used) next = val, used = name.size();
+      }
+    } else if (v->kind() == Value::Kind::kList || v->kind() == Value::Kind::kTuple) {
+      size_t dot = path.find('.');
+      std::string_view head = path.substr(0, dot);
+      size_t i = 0;
+      auto [end, ec] = std::from_chars(head.data(), head.data() + head.size(), i);
+      if (ec == std::errc() && end == head.data() + head.size() && !head.empty() &&
+          i < v->items().size()) {
+        next = v->items()[i];
+        used = head.size();
+      }
+    }
+    if (!used) return nullptr;
+    v = next;
+    path.remove_prefix(std::min(path.size(), used + 1));
+  }
+  return v;
+}
+
+void print_values(const Checkpoint& c, const Tensor& t);
+void print_tree(const Checkpoint& c, const ConstValuePtr& v, const std::string& label, int indent,
+                std::set<const Value*>& seen);
+
+// NAME: a tensor (by the name `ls` lists) or any value of the object tree by its dotted path,
+// either followed by an index `[i, a:b]` for a tensor.
+void show_name(const Checkpoint& c, std::string name) {
+  const std::string full = name;
+  std::string idx = split_index(name);
+  if (idx.empty() && full.back() == ']' && !c.find(full)) name = full;  // "[" in a key
+  std::optional<size_t> ti = c.find(name);
+  ConstValuePtr v;
+  if (!ti) {
+    v = find_path(c.root(), name);
+    if (v && v->kind() == Value::Kind::kTensor) ti = static_cast<size_t>(v->as_int());
+  }
+  if (!ti && !v) {
+    if (auto whole = find_path(c.root(), full); whole) {
+      std::set<const Value*> seen;
+      print_tree(c, whole, "", 0, seen);
+      return;
+    }
+    throw Error(ErrorCode::kNotFound, "no tensor or value has this name or path", c.source().name(),
+                full);
+  }
+  if (!ti) {
+    if (!idx.empty())
+      throw Error(ErrorCode::kInvalidArgument, "only a tensor can be indexed", c.source().name(), full);
+    std::set<const Value*> seen;
+    print_tree(c, v, "", 0, seen);
+    return;
+  }
+  const TensorInfo& info = c.tensors()[*ti];
+  if (c.storages()[info.storage].meta) {
+    if (!idx.empty()) return print_meta(index_view(info, idx, c.source().name()));
+    return print_meta(info);
+  }
+  Tensor t = c.tensor(*ti);
+  if (!idx.empty()) t = Tensor(index_view(t.info(), idx, c.source().name()), t.storage());
+  print_values(c, t);
+}
+
+void print_values(const Checkpoint& c, const Tensor& t) {
+  (void)c;
   const TensorInfo& info = t.info();
+  const std::string& name = info.name;
   if (!listed(info))
     throw Error(ErrorCode::kNotFound,
                 "is the scales or zero points of a per-channel quantized tensor (shown with it)",
@@ -329,7 +487,7 @@ void add_show(CLI::App& app) {
     o->file = files_name(o->files);
     Checkpoint c = open_checkpoint(o->files, o->common);
     if (!o->name.empty()) {
-      print_values(c, o->name);
+      show_name(c, o->name);
       return;
     }
     std::set<const Value*> seen;

@@ -1,0 +1,80 @@
+"""`ckpt show FILE NAME` for any value (issue 13, point 7): a tensor by the name `ls` lists, any
+value of the object tree by its dotted path (dict keys, list indices, object attributes), and a
+tensor indexed as in Python (`w[0:2]`, `w[1, 1:3]`, `w[:, -1]`) — printed as torch prints them."""
+
+import subprocess
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+
+@pytest.fixture(scope="module")
+def train(tmp_path_factory):
+    d = tmp_path_factory.mktemp("show-values")
+    torch.manual_seed(13)
+    m = torch.nn.Sequential(torch.nn.Linear(4, 3))
+    opt = torch.optim.Adam(m.parameters())
+    m(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    obj = {"model": m.state_dict(), "optimizer": opt.state_dict(), "epoch": 7,
+           "cfg": {"lr": 0.1, "name": "x"}, "w": torch.arange(24.).reshape(2, 3, 4),
+           "hist": [1.5, 2.5], "i": torch.arange(10, dtype=torch.int64)}
+    p = d / "train.pt"
+    torch.save(obj, p)
+    return str(p), torch.load(p)
+
+
+def _show(ckpt, path, name):
+    return ckpt.ok("show", path, name).stdout.rstrip("\n")
+
+
+@pytest.mark.parametrize("expr, ref", [
+    ("w[0]", lambda o: o["w"][0]),
+    ("w[1, 1:3]", lambda o: o["w"][1, 1:3]),
+    ("w[:, -1]", lambda o: o["w"][:, -1]),
+    ("w[0:1, :, 2]", lambda o: o["w"][0:1, :, 2]),
+    ("w[-1, -2, -3]", lambda o: o["w"][-1, -2, -3]),
+    ("i[2:7]", lambda o: o["i"][2:7]),
+    ("i[5]", lambda o: o["i"][5]),
+    ("i[:]", lambda o: o["i"][:]),
+    ("model.0.weight[1]", lambda o: o["model"]["0.weight"][1]),
+    ("optimizer.state.0.exp_avg[:, 0]", lambda o: o["optimizer"]["state"][0]["exp_avg"][:, 0]),
+])
+def test_indexed_tensor_prints_like_torch(ckpt, train, expr, ref):
+    path, obj = train
+    assert _show(ckpt, path, expr) == repr(ref(obj))
+
+
+@pytest.mark.parametrize("name", ["epoch", "cfg.lr", "cfg.name", "hist.1"])
+def test_scalar_values(ckpt, train, name):
+    path, obj = train
+    v = obj
+    for part in name.split("."):
+        v = v[int(part)] if isinstance(v, list) else v[part]
+    assert _show(ckpt, path, name) == repr(v)
+
+
+def test_containers_and_state_paths(ckpt, train):
+    path, obj = train
+    out = _show(ckpt, path, "cfg")
+    assert out.splitlines()[0] == "dict (2)" and "lr: 0.1" in out and "name: 'x'" in out
+    exp = obj["optimizer"]["state"][0]["exp_avg"]
+    assert _show(ckpt, path, "optimizer.state.0.exp_avg") == repr(exp)
+    # The state dict's own names (keys with dots) still work.
+    assert _show(ckpt, path, "model.0.bias") == repr(obj["model"]["0.bias"])
+
+
+@pytest.mark.parametrize("name, code, says", [
+    ("nope", 2, "no tensor or value has this name or path"),
+    ("epoch[0]", 8, "only a tensor can be indexed"),
+    ("w[5]", 8, "out of range for dimension 0 of size 2"),
+    ("w[0,0,0,0]", 8, "too many indices"),
+    ("w[0:4:2]", 8, "steps are not supported"),
+    ("w[x]", 8, "'x' is not an integer"),
+])
+def test_bad_names_and_indices(ckpt, train, name, code, says):
+    path, _ = train
+    r = ckpt.run("show", path, name)
+    assert r.returncode == code, r.stderr
+    assert says in r.stderr and r.stderr.count("\n") == 1 and path in r.stderr, r.stderr
