@@ -78,3 +78,50 @@ def test_bad_names_and_indices(ckpt, train, name, code, says):
     r = ckpt.run("show", path, name)
     assert r.returncode == code, r.stderr
     assert says in r.stderr and r.stderr.count("\n") == 1 and path in r.stderr, r.stderr
+
+
+def test_info_prints_top_level_values(ckpt, tmp_path):
+    """info lists a training checkpoint's top-level scalars (epoch, step, metrics, short strings,
+    short tuples) with their values; tensors, containers and long strings are only counted."""
+    p = tmp_path / "t.pt"
+    torch.save({"model": {"w": torch.zeros(2)}, "epoch": 7, "step": 1200, "best_acc": 0.913,
+                "name": "run-3", "betas": (0.9, 0.999), "done": True, "nothing": None,
+                "big": 2**70, "long": "x" * 100, "nest": [[1]]}, p)
+    j = ckpt.json("info", p, "--json")
+    assert j["top_level_values"] == {"epoch": 7, "step": 1200, "best_acc": 0.913, "name": "run-3",
+                                     "betas": [0.9, 0.999], "done": True, "nothing": None,
+                                     "big": str(2**70)}
+    out = ckpt.ok("info", p).stdout
+    assert "top-level values:" in out
+    for line in ("epoch:", "'run-3'", "(0.9, 0.999)", "True", "1180591620717411303424"):
+        assert line in out, out
+
+
+def test_verify_json(ckpt, train, tmp_path):
+    path, _ = train
+    import json as _json
+    r = ckpt.ok("verify", path, "--json")
+    j = _json.loads(r.stdout)
+    assert j["result"] == "ok" and j["checked"] == j["total"] > 0 and j["what"] == "records"
+    m = tmp_path / "m.json"
+    ckpt.ok("digest", path, "-o", m)
+    j = _json.loads(ckpt.ok("verify", path, "--digests", m, "--json").stdout)
+    assert j["result"] == "ok" and j["what"] == "tensors" and j["mismatches"] == []
+    # Nothing to check: not_verified, exit 10, still one JSON object.
+    st = tmp_path / "x.safetensors"
+    ckpt.ok("convert", path, st)
+    r = ckpt.run("verify", st, "--json")
+    assert r.returncode == 10 and _json.loads(r.stdout)["result"] == "not_verified"
+    # A flipped byte in a data record: corrupt, exit 5, the record named in the object.
+    import struct
+    import zipfile
+    bad = tmp_path / "bad.pt"
+    data = bytearray(open(path, "rb").read())
+    info = [i for i in zipfile.ZipFile(path).infolist() if i.filename.endswith("data/0")][0]
+    n, e = struct.unpack("<HH", data[info.header_offset + 26:info.header_offset + 30])
+    data[info.header_offset + 30 + n + e] ^= 0xFF
+    bad.write_bytes(bytes(data))
+    r = ckpt.run("verify", bad, "--json")
+    j = _json.loads(r.stdout)
+    assert r.returncode == 5 and j["result"] == "corrupt" and j["record"].endswith("data/0"), r.stdout
+    assert isinstance(j["offset"], int) and "CRC32 mismatch" in j["error"]

@@ -1,7 +1,9 @@
 // ckpt info FILE [--json]: format, version, records, alignment, tensor totals, non-tensor summary.
 
+#include <cmath>
 #include <cstdio>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "common.h"
@@ -39,6 +41,39 @@ void count_values(const ConstValuePtr& v, std::map<std::string, size_t>& kinds,
   for (auto& it : v->appended()) count_values(it, kinds, seen, depth + 1);
   for (auto& [k, val] : v->entries()) count_values(val, kinds, seen, depth + 1);
   if (v->state()) count_values(v->state(), kinds, seen, depth + 1);
+}
+
+// A top-level value worth printing beside the counts (epoch, step, best_acc, a short name): a
+// scalar, a short string, or a short list or tuple of scalars. nullopt for anything else.
+std::optional<nlohmann::ordered_json> top_level_scalar(const ConstValuePtr& v) {
+  if (!v) return nlohmann::ordered_json(nullptr);
+  switch (v->kind()) {
+    case Value::Kind::kNone: return nlohmann::ordered_json(nullptr);
+    case Value::Kind::kBool: return nlohmann::ordered_json(v->as_bool());
+    case Value::Kind::kInt:
+      if (v->is_big_int()) return nlohmann::ordered_json(v->str());
+      return nlohmann::ordered_json(v->as_int());
+    case Value::Kind::kFloat:
+      if (!std::isfinite(v->as_float())) return nlohmann::ordered_json(v->repr(40));
+      return nlohmann::ordered_json(v->as_float());
+    case Value::Kind::kString:
+      if (v->str().size() > 80) return std::nullopt;
+      return nlohmann::ordered_json(v->str());
+    case Value::Kind::kList:
+    case Value::Kind::kTuple: {
+      if (v->items().size() > 8) return std::nullopt;
+      auto arr = nlohmann::ordered_json::array();
+      for (const auto& it : v->items()) {
+        if (it && (it->kind() == Value::Kind::kList || it->kind() == Value::Kind::kTuple))
+          return std::nullopt;
+        auto x = top_level_scalar(it);
+        if (!x) return std::nullopt;
+        arr.push_back(*x);
+      }
+      return arr;
+    }
+    default: return std::nullopt;
+  }
 }
 
 }  // namespace
@@ -90,6 +125,20 @@ void add_info(CLI::App& app) {
     // Classes and functions ckpt does not know, kept as opaque objects (never called).
     j["foreign_classes"] = nlohmann::ordered_json::object();
     for (auto& [k, v] : foreign) j["foreign_classes"][k] = v;
+    // The top level's scalars (a training checkpoint's epoch, step, best metric...), as values.
+    nlohmann::ordered_json top = nlohmann::ordered_json::object();
+    std::vector<std::pair<std::string, std::string>> top_text;
+    if (c.root() && c.root()->kind() == Value::Kind::kDict) {
+      for (const auto& [k, val] : c.root()->entries()) {
+        if (!k || (val && val->kind() == Value::Kind::kTensor)) continue;
+        if (auto x = top_level_scalar(val)) {
+          const std::string name = path_component(*k);
+          top[name] = *x;
+          top_text.emplace_back(name, val ? val->repr(100) : "None");
+        }
+      }
+    }
+    j["top_level_values"] = top;
     j["open_seconds"] = open_s;
     if (o->json) {
       std::printf("%s\n", j.dump(1).c_str());
@@ -104,6 +153,10 @@ void add_info(CLI::App& app) {
                 human_bytes(storage_bytes).c_str());
     for (auto& [k, v] : by_dtype)
       std::printf("  %-16s %zu tensors, %s\n", k.c_str(), v.first, human_bytes(v.second).c_str());
+    if (!top_text.empty()) {
+      std::printf("top-level values:\n");
+      for (auto& [k, v] : top_text) std::printf("  %-30s %s\n", (k + ":").c_str(), v.c_str());
+    }
     if (!kinds.empty()) {
       std::printf("non-tensor values:\n");
       for (auto& [k, v] : kinds) std::printf("  %-30s %zu\n", k.c_str(), v);

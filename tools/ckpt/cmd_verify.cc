@@ -13,10 +13,31 @@ namespace {
 
 // Prints one line per mismatch (at most kShown) on stderr and ends with exit 5 when there is
 // any; else prints the OK line.
+// --json: one object on stdout whatever the outcome ("result": ok | corrupt | not_verified),
+// beside the usual stderr lines and exit status.
+void print_json(const std::string& file, const Checkpoint& c, const char* result, size_t checked,
+                size_t total, const std::string& what, double t0,
+                const nlohmann::ordered_json& extra = {}) {
+  nlohmann::ordered_json j{{"file", file},       {"format", format_name(c.format())},
+                           {"result", result},   {"checked", checked},
+                           {"total", total},     {"what", what},
+                           {"seconds", now_seconds() - t0}};
+  if (extra.is_object())
+    for (auto& [k, v] : extra.items()) j[k] = v;
+  std::printf("%s\n", j.dump().c_str());
+}
+
 void report_digests(const std::string& file, const Checkpoint& c,
                     const std::vector<DigestMismatch>& bad, size_t expected, size_t computed,
-                    const std::string& against, bool stored, double t0) {
+                    const std::string& against, bool stored, double t0, bool json) {
+  if (json) {
+    nlohmann::ordered_json extra{{"against", against}};
+    extra["mismatches"] = nlohmann::ordered_json::array();
+    for (const auto& b : bad) extra["mismatches"].push_back({{"tensor", b.tensor}, {"problem", b.problem}});
+    print_json(file, c, bad.empty() ? "ok" : "corrupt", computed, expected, "tensors", t0, extra);
+  }
   if (bad.empty()) {
+    if (json) return;
     std::printf("OK: %zu of %zu tensors match %s (%s, %.3f s)\n", computed, expected,
                 against.c_str(), format_name(c.format()), now_seconds() - t0);
     return;
@@ -42,6 +63,7 @@ void add_verify(CLI::App& app) {
   struct Opts {
     std::vector<std::string> files;  // one checkpoint, an index, or shards
     std::string file, digests;
+    bool json = false;
     Common common;
     ProgressMode progress = ProgressMode::kAuto;
   };
@@ -51,6 +73,8 @@ void add_verify(CLI::App& app) {
   cmd->add_option("FILE", o->files, "checkpoint, shard index, or shard files")->required();
   cmd->add_option("--digests", o->digests,
                   "check every tensor against this manifest (written by `ckpt digest`)");
+  cmd->add_flag("--json", o->json,
+                "one JSON object on stdout: result (ok, corrupt, not_verified), counts, seconds");
   add_common(*cmd, o->common);
   add_progress_flags(*cmd, o->progress);
   cmd->callback([o] {
@@ -65,23 +89,39 @@ void add_verify(CLI::App& app) {
       std::vector<TensorDigest> have = tensor_digests(c, dopt);
       line.end_line();
       report_digests(o->file, c, compare_digests(m.tensors, have), m.tensors.size(), have.size(),
-                     o->digests, false, t0);
+                     o->digests, false, t0, o->json);
       return;
     }
     if (auto stored = stored_digests(c)) {
       std::vector<TensorDigest> have = tensor_digests(c, dopt);
       line.end_line();
       report_digests(o->file, c, compare_digests(*stored, have), stored->size(), have.size(),
-                     "their stored SHA-256", true, t0);
+                     "their stored SHA-256", true, t0, o->json);
       return;
     }
-    size_t n = c.verify(line.fn());
+    size_t n = 0;
+    try {
+      n = c.verify(line.fn());
+    } catch (const Error& e) {
+      line.end_line();
+      if (o->json && e.code() == ErrorCode::kCorrupt) {
+        nlohmann::ordered_json extra = nlohmann::ordered_json::object();
+        extra["error"] = error_line(e);
+        extra["record"] = e.record();
+        extra["offset"] = e.offset() ? nlohmann::ordered_json(*e.offset()) : nlohmann::ordered_json(nullptr);
+        print_json(o->file, c, "corrupt", 0,
+                   c.records().empty() ? c.storages().size() : c.records().size(),
+                   c.records().empty() ? "storages" : "records", t0, extra);
+      }
+      throw;
+    }
     line.end_line();
     double dt = now_seconds() - t0;
     size_t total = c.records().empty() ? c.storages().size() : c.records().size();
     const char* what = c.records().empty() ? "storages" : "records";
     if (n == 0) {
       // Nothing was checked: saying OK would pass a corrupted file through a CI gate.
+      if (o->json) print_json(o->file, c, "not_verified", 0, total, what, t0);
       const bool has_checksums =
           c.format() == Format::kTorchZip || c.format() == Format::kTorchScript ||
           c.format() == Format::kTensorizer;
@@ -99,6 +139,7 @@ void add_verify(CLI::App& app) {
                      "`ckpt verify FILE --digests MANIFEST` checks them\n");
       throw ExitStatus{kNotVerifiedExit};
     }
+    if (o->json) return print_json(o->file, c, "ok", n, total, what, t0);
     std::printf("OK: %zu of %zu %s checked (%s, %.3f s)\n", n, total, what,
                 format_name(c.format()), dt);
   });
