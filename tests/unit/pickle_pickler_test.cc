@@ -245,3 +245,90 @@ TEST(Pickler, RoundTripsThroughTheUnpickler) {
 
 }  // namespace
 }  // namespace ckpt::test
+
+// Opaque (foreign) objects (issue 13, point 4): what the unpickler records of a class it does not
+// know — the global, the call kind, the arguments, appended and set items, the BUILD state — is
+// enough for the pickler to write the same opcodes back, so torch.load of a rewrite sees the same
+// object. Nothing is called: the global is never looked up.
+namespace ckpt::test {
+namespace {
+namespace opaque {
+
+using namespace std::string_literals;
+
+internal::UnpicklerHooks admitting() {
+  internal::UnpicklerHooks hooks;
+  hooks.allow_global = [](const std::string& m, const std::string& n) {
+    return m == "collections" && n == "OrderedDict";
+  };
+  hooks.admit_foreign = [](const std::string&, const std::string&) { return true; };
+  return hooks;
+}
+
+ValuePtr unpickled(const std::string& bytes, const internal::UnpicklerHooks& hooks = admitting()) {
+  return internal::unpickle(internal::as_bytes(bytes), hooks, {});
+}
+
+// Protocol 2 exactly as CPython 3.11 writes it (checked with pickle.dumps; memo puts included):
+// the pickler's output of what was read
+// equals the input byte for byte.
+void expect_round_trip(const std::string& pkl) {
+  ValuePtr v = unpickled(pkl);
+  EXPECT_EQ(to_hex(pickled(v)), to_hex(pkl));
+}
+
+TEST(PicklerOpaque, ReduceWithArgsAndDictStateComesBackTheSame) {
+  // argparse.Namespace(lr=0.5) as CPython 3.11 pickles it: NEWOBJ of the class with () then
+  // BUILD {'lr': 0.5}.
+  const std::string pkl = "\x80\x02""cargparse\nNamespace\nq\x00)\x81q\x01}q\x02X\x02\x00\x00\x00lrq\x03G?\xe0\x00\x00\x00\x00\x00\x00sb."s;
+  ValuePtr v = unpickled(pkl);
+  ASSERT_EQ(v->kind(), Value::Kind::kObject);
+  EXPECT_EQ(v->module(), "argparse");
+  EXPECT_EQ(v->name(), "Namespace");
+  EXPECT_EQ(v->call(), Value::Call::kNewObj);
+  ASSERT_TRUE(v->state());
+  EXPECT_EQ(v->state()->kind(), Value::Kind::kDict);
+  expect_round_trip(pkl);
+}
+
+TEST(PicklerOpaque, ReduceCallKeepsItsKindAndArguments) {
+  // mymod.Point(1, 2) by REDUCE (a class with __reduce__ returning (cls, (1, 2))).
+  const std::string pkl = "\x80\x02""cmymod\nPoint\nq\x00K\x01K\x02\x86q\x01Rq\x02."s;
+  ValuePtr v = unpickled(pkl);
+  ASSERT_EQ(v->kind(), Value::Kind::kObject);
+  EXPECT_EQ(v->call(), Value::Call::kReduce);
+  ASSERT_EQ(v->items().size(), 2u);
+  EXPECT_EQ(v->items()[0]->as_int(), 1);
+  EXPECT_EQ(v->items()[1]->as_int(), 2);
+  expect_round_trip(pkl);
+}
+
+TEST(PicklerOpaque, AppendedAndSetItemsOntoAnObjectAreKept) {
+  // A list subclass with two items (NEWOBJ, then APPENDS), and a dict subclass with one item
+  // (NEWOBJ, then SETITEMS).
+  const std::string list_pkl =
+      "\x80\x02""cmymod\nMyList\nq\x00)\x81q\x01(K\x01K\x02""e."s;  // ("\x02e" would be one escape)
+  ValuePtr l = unpickled(list_pkl);
+  ASSERT_EQ(l->kind(), Value::Kind::kObject);
+  ASSERT_EQ(l->appended().size(), 2u);
+  EXPECT_EQ(l->appended()[1]->as_int(), 2);
+  expect_round_trip(list_pkl);
+  const std::string dict_pkl =
+      "\x80\x02""cmymod\nMyDict\nq\x00)\x81q\x01X\x01\x00\x00\x00""aq\x02K\x07s."s;
+  ValuePtr d = unpickled(dict_pkl);
+  ASSERT_EQ(d->kind(), Value::Kind::kObject);
+  ASSERT_EQ(d->entries().size(), 1u);
+  expect_round_trip(dict_pkl);
+}
+
+TEST(PicklerOpaque, WithoutAdmissionTheGlobalIsRefusedByName) {
+  internal::UnpicklerHooks strict;
+  strict.allow_global = [](const std::string&, const std::string&) { return false; };
+  Error e = capture_error([&] { unpickled("\x80\x02""cos\nsystem\nq\x00."s, strict); });
+  EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
+  EXPECT_NE(std::string(e.what()).find("os.system"), std::string::npos) << e.what();
+}
+
+}  // namespace opaque
+}  // namespace
+}  // namespace ckpt::test
