@@ -125,3 +125,22 @@ def test_verify_json(ckpt, train, tmp_path):
     j = _json.loads(r.stdout)
     assert r.returncode == 5 and j["result"] == "corrupt" and j["record"].endswith("data/0"), r.stdout
     assert isinstance(j["offset"], int) and "CRC32 mismatch" in j["error"]
+
+
+def test_show_prints_what_was_put_on_unknown_objects(ckpt, tmp_path):
+    """A list or dict subclass of the user's own is an opaque object: show lists its appended
+    items (`+[i]`) and the items set on it (`[key] = value`), and a path reaches its attributes."""
+    mod = tmp_path / "usermod_show.py"
+    mod.write_text("class MyList(list):\n    pass\n\nclass MyDict(dict):\n    pass\n\n"
+                   "class Cfg:\n    pass\n")
+    p = tmp_path / "u.pt"
+    subprocess.run(["/usr/bin/python3", "-c",
+                    "import torch, usermod_show as m\n"
+                    "d = m.MyDict(); d['a'] = 7\n"
+                    "c = m.Cfg(); c.lr = 0.25\n"
+                    f"torch.save({{'l': m.MyList([1, 2]), 'd': d, 'cfg': c}}, {str(p)!r})\n"],
+                   check=True, cwd=tmp_path, timeout=120)
+    out = ckpt.ok("show", p).stdout
+    assert "l: usermod_show.MyList (2)" in out and "+[0] 1" in out and "+[1] 2" in out, out
+    assert "d: usermod_show.MyDict (1)" in out and "['a'] = 7" in out, out
+    assert _show(ckpt, str(p), "cfg.lr") == "0.25"

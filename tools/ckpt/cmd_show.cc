@@ -439,7 +439,8 @@ void print_tree(const Checkpoint& c, const ConstValuePtr& v, const std::string& 
   bool container =
       v->kind() == Value::Kind::kDict || v->kind() == Value::Kind::kList ||
       v->kind() == Value::Kind::kTuple || v->kind() == Value::Kind::kSet ||
-      (v->kind() == Value::Kind::kObject && !size && (v->state() || !v->items().empty()));
+      (v->kind() == Value::Kind::kObject && !size &&
+       (v->state() || !v->items().empty() || !v->appended().empty() || !v->entries().empty()));
   if (!container) {
     std::printf("%s%s\n", head.c_str(), v->repr(100).c_str());
     return;
@@ -454,6 +455,7 @@ void print_tree(const Checkpoint& c, const ConstValuePtr& v, const std::string& 
                      : v->kind() == Value::Kind::kSet   ? (v->is_frozenset() ? "frozenset" : "set")
                                                         : v->module() + "." + v->name();
   size_t n = v->kind() == Value::Kind::kDict ? v->entries().size() : v->items().size();
+  if (v->kind() == Value::Kind::kObject) n += v->appended().size() + v->entries().size();
   std::printf("%s%s (%zu)\n", head.c_str(), kind.c_str(), n);
   if (v->kind() == Value::Kind::kDict) {
     for (auto& [k, val] : v->entries())
@@ -461,6 +463,14 @@ void print_tree(const Checkpoint& c, const ConstValuePtr& v, const std::string& 
   } else {
     for (size_t i = 0; i < v->items().size(); ++i)
       print_tree(c, v->items()[i], "[" + std::to_string(i) + "] ", indent + 1, seen);
+  }
+  if (v->kind() == Value::Kind::kObject) {
+    // What the pickle put on an object of a class ckpt does not know (a list or dict subclass,
+    // a deque): appended items, then items set by key.
+    for (size_t i = 0; i < v->appended().size(); ++i)
+      print_tree(c, v->appended()[i], "+[" + std::to_string(i) + "] ", indent + 1, seen);
+    for (auto& [k, val] : v->entries())
+      print_tree(c, val, "[" + (k ? k->repr(60) : std::string("?")) + "] = ", indent + 1, seen);
   }
   if (v->state()) print_tree(c, v->state(), "state: ", indent + 1, seen);
 }
