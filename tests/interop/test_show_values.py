@@ -144,3 +144,21 @@ def test_show_prints_what_was_put_on_unknown_objects(ckpt, tmp_path):
     assert "l: usermod_show.MyList (2)" in out and "+[0] 1" in out and "+[1] 2" in out, out
     assert "d: usermod_show.MyDict (1)" in out and "['a'] = 7" in out, out
     assert _show(ckpt, str(p), "cfg.lr") == "0.25"
+
+
+def test_show_json(ckpt, train):
+    """show --json: the tree with tensors as references, any value, and a tensor (or an indexed
+    view of it) with its values, equal to torch's `.tolist()`."""
+    import json as _json
+    path, obj = train
+    tree = _json.loads(ckpt.ok("show", path, "--json").stdout)
+    assert tree["epoch"] == 7 and tree["cfg"] == {"lr": 0.1, "name": "x"} and tree["hist"] == [1.5, 2.5]
+    assert tree["w"] == {"tensor": "w", "dtype": "float32", "shape": [2, 3, 4]}
+    assert tree["model"]["class"] == "OrderedDict" and "0.weight" in tree["model"]["items"]
+    assert _json.loads(ckpt.ok("show", path, "cfg", "--json").stdout) == {"lr": 0.1, "name": "x"}
+    assert _json.loads(ckpt.ok("show", path, "epoch", "--json").stdout) == 7
+    for expr, ref in [("w", obj["w"]), ("w[1, 1:3]", obj["w"][1, 1:3]), ("i[2:7]", obj["i"][2:7]),
+                      ("model.0.weight", obj["model"]["0.weight"])]:
+        j = _json.loads(ckpt.ok("show", path, expr, "--json").stdout)
+        assert j["dtype"] == str(ref.dtype).replace("torch.", "") and j["shape"] == list(ref.shape)
+        assert j["values"] == ref.tolist(), expr

@@ -256,13 +256,132 @@ ConstValuePtr find_path(ConstValuePtr v, std::string_view path) {
   return v;
 }
 
+// --json: one element as a JSON value — exact integers, doubles (non-finite ones as "nan",
+// "inf", "-inf"), booleans, [re, im] for complex, and a hex string for raw-bit kinds.
+nlohmann::ordered_json element_json(DType d, const std::byte* p) {
+  const auto& info = dtype_info(d);
+  auto num = [](double v) {
+    if (std::isnan(v)) return nlohmann::ordered_json("nan");
+    if (std::isinf(v)) return nlohmann::ordered_json(v > 0 ? "inf" : "-inf");
+    return nlohmann::ordered_json(v);
+  };
+  switch (d) {
+    case DType::kBool: return std::to_integer<uint8_t>(p[0]) != 0;
+    case DType::kInt64: { int64_t v; std::memcpy(&v, p, 8); return v; }
+    case DType::kUInt64: { uint64_t v; std::memcpy(&v, p, 8); return v; }
+    default: break;
+  }
+  auto v = element(d, p);
+  if (!v) {
+    char buf[8];
+    std::snprintf(buf, sizeof buf, "0x%02x", std::to_integer<unsigned>(p[0]));
+    return buf;
+  }
+  if (info.is_complex) return nlohmann::ordered_json::array({num(*v), num(*element(d, p, true))});
+  if (info.is_floating) return num(*v);
+  return static_cast<int64_t>(*v);
+}
+
+// A tensor as JSON: name, dtype, shape and its values as nested arrays (row-major).
+nlohmann::ordered_json tensor_json(const Tensor& t) {
+  const TensorInfo& info = t.info();
+  nlohmann::ordered_json j{{"name", info.name}, {"dtype", dtype_name(info.dtype)},
+                           {"shape", info.shape}};
+  const size_t es = dtype_size(info.dtype);
+  if (es == 0) {
+    j["values"] = nullptr;  // sub-byte kinds: no element to show
+    return j;
+  }
+  auto bytes = t.contiguous_bytes();
+  size_t at = 0;
+  std::function<nlohmann::ordered_json(size_t)> nest = [&](size_t dim) {
+    if (dim == info.shape.size()) {
+      auto e = element_json(info.dtype, bytes.data() + at * es);
+      ++at;
+      return e;
+    }
+    auto arr = nlohmann::ordered_json::array();
+    for (int64_t i = 0; i < info.shape[dim]; ++i) arr.push_back(nest(dim + 1));
+    return arr;
+  };
+  j["values"] = nest(0);
+  return j;
+}
+
+// Any value of the object tree as JSON: scalars as JSON values (big ints and non-finite floats as
+// strings), containers as arrays / objects (keys as `ls` names them), tensors as a reference
+// {"tensor", "dtype", "shape"}, objects as {"class", "args", "state", "appended", "items"}.
+nlohmann::ordered_json value_json(const Checkpoint& c, const ConstValuePtr& v,
+                                  std::set<const Value*>& seen, int depth) {
+  using J = nlohmann::ordered_json;
+  if (!v) return nullptr;
+  auto num = [](double x) {
+    if (std::isnan(x)) return J("nan");
+    if (std::isinf(x)) return J(x > 0 ? "inf" : "-inf");
+    return J(x);
+  };
+  switch (v->kind()) {
+    case Value::Kind::kNone: return nullptr;
+    case Value::Kind::kBool: return v->as_bool();
+    case Value::Kind::kInt: return v->is_big_int() ? J(v->str()) : J(v->as_int());
+    case Value::Kind::kFloat: return num(v->as_float());
+    case Value::Kind::kComplex: return J{{"real", num(v->as_complex().real())}, {"imag", num(v->as_complex().imag())}};
+    case Value::Kind::kString: return v->str();
+    case Value::Kind::kTensor: {
+      const TensorInfo& t = c.tensors()[static_cast<size_t>(v->as_int())];
+      return J{{"tensor", t.name}, {"dtype", dtype_name(t.dtype)}, {"shape", t.shape}};
+    }
+    default: break;
+  }
+  if (v->kind() == Value::Kind::kBytes) return J{{"bytes", v->repr(1 << 20)}};
+  if (!seen.insert(v.get()).second || depth > 1000) return J{{"shown_above", v->repr(40)}};
+  if (v->kind() == Value::Kind::kDict && v->name().empty() && !v->state()) {
+    J o = J::object();
+    for (const auto& [k, val] : v->entries())
+      o[k ? path_component(*k) : "?"] = value_json(c, val, seen, depth + 1);
+    return o;
+  }
+  if (v->kind() == Value::Kind::kList || v->kind() == Value::Kind::kTuple ||
+      v->kind() == Value::Kind::kSet) {
+    J a = J::array();
+    for (const auto& it : v->items()) a.push_back(value_json(c, it, seen, depth + 1));
+    return a;
+  }
+  J o = J::object();
+  o["class"] = v->kind() == Value::Kind::kDict ? (v->name().empty() ? "dict" : v->name())
+                                               : v->module() + "." + v->name();
+  if (v->kind() == Value::Kind::kDict) {
+    J items = J::object();
+    for (const auto& [k, val] : v->entries())
+      items[k ? path_component(*k) : "?"] = value_json(c, val, seen, depth + 1);
+    o["items"] = std::move(items);
+  } else {
+    J args = J::array();
+    for (const auto& it : v->items()) args.push_back(value_json(c, it, seen, depth + 1));
+    o["args"] = std::move(args);
+    if (!v->appended().empty()) {
+      J ap = J::array();
+      for (const auto& it : v->appended()) ap.push_back(value_json(c, it, seen, depth + 1));
+      o["appended"] = std::move(ap);
+    }
+    if (!v->entries().empty()) {
+      J items = J::object();
+      for (const auto& [k, val] : v->entries())
+        items[k ? k->repr(100) : "?"] = value_json(c, val, seen, depth + 1);
+      o["items"] = std::move(items);
+    }
+  }
+  if (v->state()) o["state"] = value_json(c, v->state(), seen, depth + 1);
+  return o;
+}
+
 void print_values(const Checkpoint& c, const Tensor& t);
 void print_tree(const Checkpoint& c, const ConstValuePtr& v, const std::string& label, int indent,
                 std::set<const Value*>& seen);
 
 // NAME: a tensor (by the name `ls` lists) or any value of the object tree by its dotted path,
 // either followed by an index `[i, a:b]` for a tensor.
-void show_name(const Checkpoint& c, std::string name) {
+void show_name(const Checkpoint& c, std::string name, bool json) {
   const std::string full = name;
   std::string idx = split_index(name);
   if (idx.empty() && full.back() == ']' && !c.find(full)) name = full;  // "[" in a key
@@ -272,10 +391,17 @@ void show_name(const Checkpoint& c, std::string name) {
     v = find_path(c.root(), name);
     if (v && v->kind() == Value::Kind::kTensor) ti = static_cast<size_t>(v->as_int());
   }
+  auto print_value = [&](const ConstValuePtr& val) {
+    std::set<const Value*> seen;
+    if (json) {
+      std::printf("%s\n", value_json(c, val, seen, 0).dump(1).c_str());
+      return;
+    }
+    print_tree(c, val, "", 0, seen);
+  };
   if (!ti && !v) {
     if (auto whole = find_path(c.root(), full); whole) {
-      std::set<const Value*> seen;
-      print_tree(c, whole, "", 0, seen);
+      print_value(whole);
       return;
     }
     throw Error(ErrorCode::kNotFound, "no tensor or value has this name or path", c.source().name(),
@@ -284,17 +410,27 @@ void show_name(const Checkpoint& c, std::string name) {
   if (!ti) {
     if (!idx.empty())
       throw Error(ErrorCode::kInvalidArgument, "only a tensor can be indexed", c.source().name(), full);
-    std::set<const Value*> seen;
-    print_tree(c, v, "", 0, seen);
+    print_value(v);
     return;
   }
   const TensorInfo& info = c.tensors()[*ti];
+  if (json && c.storages()[info.storage].meta) {
+    TensorInfo view = idx.empty() ? info : index_view(info, idx, c.source().name());
+    nlohmann::ordered_json j{{"name", view.name}, {"dtype", dtype_name(view.dtype)},
+                             {"shape", view.shape}, {"meta", true}, {"values", nullptr}};
+    std::printf("%s\n", j.dump(1).c_str());
+    return;
+  }
   if (c.storages()[info.storage].meta) {
     if (!idx.empty()) return print_meta(index_view(info, idx, c.source().name()));
     return print_meta(info);
   }
   Tensor t = c.tensor(*ti);
   if (!idx.empty()) t = Tensor(index_view(t.info(), idx, c.source().name()), t.storage());
+  if (json) {
+    std::printf("%s\n", tensor_json(t).dump().c_str());
+    return;
+  }
   print_values(c, t);
 }
 
@@ -481,12 +617,15 @@ void add_show(CLI::App& app) {
   struct Opts {
     std::vector<std::string> files;  // one checkpoint, an index, or shards
     std::string file, name;
+    bool json = false;
     Common common;
   };
   auto o = std::make_shared<Opts>();
   auto* cmd = app.add_subcommand("show", "print the object tree, or one tensor's values");
   cmd->add_option("FILE", o->files, "checkpoint, shard index, or shard files")->required();
-  cmd->add_option("NAME", o->name, "tensor to print");
+  cmd->add_option("NAME", o->name, "tensor, path of any value, or tensor[index] to print");
+  cmd->add_flag("--json", o->json,
+                "JSON: the tree (tensors as references), a value, or a tensor with its values");
   add_common(*cmd, o->common);
   cmd->callback([o] {
     // FILE... NAME: a last argument that is no file is the tensor's name.
@@ -497,10 +636,14 @@ void add_show(CLI::App& app) {
     o->file = files_name(o->files);
     Checkpoint c = open_checkpoint(o->files, o->common);
     if (!o->name.empty()) {
-      show_name(c, o->name);
+      show_name(c, o->name, o->json);
       return;
     }
     std::set<const Value*> seen;
+    if (o->json) {
+      std::printf("%s\n", value_json(c, c.root(), seen, 0).dump(1).c_str());
+      return;
+    }
     print_tree(c, c.root(), "", 0, seen);
   });
 }
