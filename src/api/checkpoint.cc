@@ -38,6 +38,33 @@ struct SetProgress {
 
 // Bytes of the storages the selected tensors use, per shard.
 std::vector<uint64_t> selected_bytes(const CheckpointModel& m, const ShardSet& set,
+                                     const std::vector<uint8_t>& selected);
+
+// The walk load_all and stream share over a set: for each shard with a selected tensor, `fn(k,
+// options)` with the shard's LoadOptions, whose progress counts into the whole set's.
+void for_each_selected_shard(const CheckpointModel& m, const ShardSet& set,
+                             const std::vector<uint8_t>& sel, const LoadOptions& options,
+                             const std::function<void(size_t, const LoadOptions&)>& fn) {
+  const std::vector<uint64_t> bytes = selected_bytes(m, set, sel);
+  SetProgress progress{options.progress, 0, 0};
+  for (uint64_t b : bytes) progress.total += b;
+  for (size_t k = 0; k < set.shards.size(); ++k) {
+    uint64_t later = 0;
+    for (size_t j = k + 1; j < bytes.size(); ++j) later += bytes[j];
+    const size_t base = set.tensor_base[k];
+    bool any = false;
+    for (size_t i = 0; i < set.shards[k].tensors().size() && !any; ++i) any = sel[base + i] != 0;
+    if (any) {
+      LoadOptions o = options;
+      o.progress = progress.shard(later);
+      fn(k, o);
+    }
+    progress.base += bytes[k];
+  }
+}
+
+// Bytes of the storages the selected tensors use, per shard.
+std::vector<uint64_t> selected_bytes(const CheckpointModel& m, const ShardSet& set,
                                      const std::vector<uint8_t>& selected) {
   std::vector<uint64_t> bytes(set.shards.size(), 0);
   std::vector<uint8_t> counted(m.storages.size(), 0);
@@ -179,29 +206,17 @@ std::vector<Tensor> Checkpoint::load_all(const LoadOptions& options,
   if (const ShardSet* set = impl_->set.get()) {
     const CheckpointModel& m = *impl_->model;
     const std::vector<uint8_t> sel = select(m, filter);
-    const std::vector<uint64_t> bytes = selected_bytes(m, *set, sel);
-    SetProgress progress{options.progress, 0, 0};
-    for (uint64_t b : bytes) progress.total += b;
     std::vector<Tensor> out;
-    for (size_t k = 0; k < set->shards.size(); ++k) {
-      uint64_t later = 0;
-      for (size_t j = k + 1; j < bytes.size(); ++j) later += bytes[j];
+    for_each_selected_shard(m, *set, sel, options, [&](size_t k, const LoadOptions& o) {
       const Checkpoint& shard = set->shards[k];
-      const size_t base = set->tensor_base[k];
-      bool any = false;
-      for (size_t i = 0; i < shard.tensors().size() && !any; ++i) any = sel[base + i] != 0;
-      if (!any) continue;
-      LoadOptions o = options;
-      o.progress = progress.shard(later);
       std::vector<Tensor> part = shard.load_all(o, shard_filter(shard, *set, k, sel));
       // The plan keeps table order: the selected tensors of this shard, in order.
-      size_t i = base;
+      size_t i = set->tensor_base[k];
       for (Tensor& t : part) {
         while (!sel[i]) ++i;
         out.emplace_back(m.tensors[i++], t.storage());
       }
-      progress.base += bytes[k];
-    }
+    });
     return out;
   }
   internal::LoadPlan plan = internal::make_plan(*impl_->model, impl_->copy, options, filter, false);
@@ -213,16 +228,9 @@ void Checkpoint::stream(uint64_t budget, const std::function<void(const Tensor&)
   if (const ShardSet* set = impl_->set.get()) {
     const CheckpointModel& m = *impl_->model;
     const std::vector<uint8_t> sel = select(m, filter);
-    const std::vector<uint64_t> bytes = selected_bytes(m, *set, sel);
-    SetProgress progress{options.progress, 0, 0};
-    for (uint64_t b : bytes) progress.total += b;
-    for (size_t k = 0; k < set->shards.size(); ++k) {
-      uint64_t later = 0;
-      for (size_t j = k + 1; j < bytes.size(); ++j) later += bytes[j];
+    for_each_selected_shard(m, *set, sel, options, [&](size_t k, const LoadOptions& o) {
       const Checkpoint& shard = set->shards[k];
       const size_t base = set->tensor_base[k];
-      LoadOptions o = options;
-      o.progress = progress.shard(later);
       // Each tensor under its merged description (the same name; the set's storage index).
       shard.stream(
           budget,
@@ -231,8 +239,7 @@ void Checkpoint::stream(uint64_t budget, const std::function<void(const Tensor&)
             fn(Tensor(m.tensors[base + local], t.storage()));
           },
           o, shard_filter(shard, *set, k, sel));
-      progress.base += bytes[k];
-    }
+    });
     return;
   }
   internal::LoadPlan plan = internal::make_plan(*impl_->model, impl_->copy, options, filter, false);
