@@ -155,7 +155,8 @@ std::string safetensors_digest_metadata(const std::vector<TensorDigest>& digests
 // The digests a safetensors checkpoint stores under kSafetensorsDigestKey, as TensorDigests with
 // the dtype and shape of the file's own tensors (names the file lacks get the dtype and shape of
 // nothing: compare_digests reports them). nullopt when the file stores none (or is not
-// safetensors). Throws Error{kCorrupt} when the key's value is not such an object.
+// safetensors). Throws Error{kCorrupt} when the key's value is not such an object. For a sharded
+// set: the union of its shards' digests when every shard stores them, else nullopt.
 std::optional<std::vector<TensorDigest>> stored_digests(const Checkpoint& checkpoint);
 
 }  // namespace ckpt

@@ -486,6 +486,17 @@ std::string safetensors_digest_metadata(const std::vector<TensorDigest>& digests
 }
 
 std::optional<std::vector<TensorDigest>> stored_digests(const Checkpoint& c) {
+  if (!c.shards().empty()) {
+    // A set: every shard's own digests (as `convert --max-shard-size --digests` stores them), if
+    // every shard has them; a set where some shards have none is not covered.
+    std::vector<TensorDigest> all;
+    for (const Checkpoint& shard : c.shards()) {
+      auto part = stored_digests(shard);
+      if (!part) return std::nullopt;
+      for (auto& d : *part) all.push_back(std::move(d));
+    }
+    return all;
+  }
   if (c.format() != Format::kSafetensors) return std::nullopt;
   auto it = c.properties().find(std::string("metadata.") + kSafetensorsDigestKey);
   if (it == c.properties().end()) return std::nullopt;

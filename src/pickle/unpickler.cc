@@ -302,7 +302,42 @@ class Vm {
   }
 
   // `args` must be a tuple node. `new_obj`: cls.__new__(cls, *args) rather than cls(*args).
+  // CPython's pickler writes cls.__new__(cls, *args, **kwargs) below protocol 4 as a call of
+  // functools.partial(getattr(cls, '__new__')) whose BUILD state is (that getattr, (cls, *args),
+  // kwargs, None). Recognised by shape (nothing is called) and recorded as
+  // copyreg.__newobj_ex__(cls, args, kwargs), which unpickles to the same object; kNoRef if the
+  // call is anything else.
+  Ref newobj_ex_from_partial(Ref callable, Ref args) {
+    auto is_global = [&](Ref r, std::string_view m, std::string_view n) {
+      return heap_.kind(r) == Kind::kGlobal && heap_.module(r) == m && heap_.name(r) == n;
+    };
+    if (heap_.kind(callable) != Kind::kObject || heap_.kind(args) != Kind::kTuple ||
+        !heap_.items(args).empty())
+      return kNoRef;
+    const Ref cls_of_partial = heap_.cls(callable);
+    if (cls_of_partial == kNoRef || !is_global(cls_of_partial, "functools", "partial"))
+      return kNoRef;
+    const Ref st = heap_.state(callable);
+    if (st == kNoRef || heap_.kind(st) != Kind::kTuple || heap_.items(st).size() != 4)
+      return kNoRef;
+    const Ref f = heap_.items(st)[0], fargs = heap_.items(st)[1], kw = heap_.items(st)[2];
+    if (heap_.kind(f) != Kind::kObject || heap_.cls(f) == kNoRef ||
+        !is_global(heap_.cls(f), "builtins", "getattr") || heap_.items(f).size() != 2)
+      return kNoRef;
+    const Ref cls = heap_.items(f)[0], attr = heap_.items(f)[1];
+    if (heap_.kind(cls) != Kind::kGlobal || heap_.kind(attr) != Kind::kString ||
+        heap_.text(attr) != "__new__" || heap_.kind(fargs) != Kind::kTuple ||
+        heap_.items(fargs).empty() || heap_.items(fargs)[0] != cls ||
+        heap_.kind(kw) != Kind::kDict)
+      return kNoRef;
+    std::vector<Ref> rest(heap_.items(fargs).begin() + 1, heap_.items(fargs).end());
+    const Ref parts[3] = {cls, heap_.tuple(rest), kw};
+    Ref fn = heap_.global("copyreg", "__newobj_ex__", true);
+    return heap_.object(fn, heap_.tuple(std::span<const Ref>(parts, 3)));
+  }
+
   Ref call(Ref callable, Ref args, bool new_obj = false) {
+    if (Ref r = newobj_ex_from_partial(callable, args); r != kNoRef) return r;
     if (heap_.kind(callable) != Kind::kGlobal)
       fail(ErrorCode::kCorrupt,
            std::string("calls a ") + kind_name(heap_.kind(callable)) + ", not a global");
@@ -677,8 +712,22 @@ Ref Vm::loop() {
         Ref kwargs = pop(), args = pop(), cls = pop();
         if (heap_.kind(kwargs) != Kind::kDict)
           fail(ErrorCode::kCorrupt, "keyword arguments are not a dict");
-        if (!heap_.items(kwargs).empty())
-          fail(ErrorCode::kUnsupported, "keyword arguments are not supported");
+        if (!heap_.items(kwargs).empty()) {
+          // cls.__new__(cls, *args, **kwargs): recorded (never called) as the protocol-2 form
+          // CPython's pickler writes for it, copyreg.__newobj_ex__(cls, args, kwargs), so that a
+          // writer reproduces an object that unpickles the same.
+          if (heap_.kind(cls) != Kind::kGlobal)
+            fail(ErrorCode::kCorrupt, std::string("NEWOBJ_EX of a ") +
+                                          kind_name(heap_.kind(cls)) + ", not a class");
+          if (heap_.kind(args) != Kind::kTuple)
+            fail(ErrorCode::kCorrupt, "NEWOBJ_EX arguments are not a tuple");
+          if (!hooks_.admit_foreign || !hooks_.admit_foreign("copyreg", "__newobj_ex__"))
+            fail(ErrorCode::kUnsupported, "keyword arguments are not supported");
+          const Ref parts[3] = {cls, args, kwargs};
+          Ref fn = heap_.global("copyreg", "__newobj_ex__", true);
+          push(heap_.object(fn, heap_.tuple(std::span<const Ref>(parts, 3))));
+          break;
+        }
         push(call(cls, args, true));
         break;
       }

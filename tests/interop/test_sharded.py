@@ -167,6 +167,12 @@ def test_ls(ckpt, sharded, given):
         assert rows[k]["nbytes"] == nbytes(t)
     text = ckpt.ok("ls", *args).stdout
     assert f"{len(sd)} tensors" in text
+    # the plain listing names each tensor's shard in its last column
+    lines = text.splitlines()
+    assert lines[0].split()[-1] == "shard"
+    by_name = {ln.split()[0]: ln.split()[-1] for ln in lines[1:] if ln and not ln.startswith("-")}
+    for k in sd:
+        assert by_name[k] == os.path.basename(rows[k]["shard"])
 
 
 def test_info(ckpt, sharded):
@@ -241,6 +247,34 @@ def test_verify_safetensors_not_verified(ckpt, tmp_path):
     index, shards, sd = st_set(str(tmp_path))
     r = ckpt.run("verify", index)
     assert r.returncode == 10  # safetensors store no checksums: never "OK"
+
+
+def test_verify_shards_with_stored_digests(ckpt, tmp_path):
+    # convert --max-shard-size --digests stores each shard's digests in its own __metadata__;
+    # verify of the index checks every shard's, and names the tensor a changed byte hits.
+    src = tmp_path / "full.pt"
+    sd = state_dict()
+    torch.save(sd, src)
+    out = tmp_path / "out"
+    out.mkdir()
+    ckpt.ok("convert", src, out / "model.safetensors", "--max-shard-size", "6KB", "--digests")
+    index = out / "model.safetensors.index.json"
+    shards = sorted(p for p in out.iterdir() if p.name != index.name)
+    assert len(shards) > 1
+    for p in shards:
+        assert "ckpt.sha256" in read_safetensors(str(p))[1]["__metadata__"]
+    r = ckpt.ok("verify", index)
+    assert f"OK: {len(sd)} of {len(sd)} tensors match their stored SHA-256" in r.stdout
+    # one byte of the last tensor of the second shard
+    j = ckpt.json("ls", index, "--json")
+    row = [t for t in j["tensors"] if os.path.basename(t["shard"]) == shards[1].name][-1]
+    with open(shards[1], "r+b") as f:
+        f.seek(row["offset"] + row["nbytes"] - 1)
+        b = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([b[0] ^ 0xFF]))
+    bad = ckpt.run("verify", index)
+    assert bad.returncode == 5 and row["name"] in bad.stdout + bad.stderr
 
 
 # ---------------------------------------------------------------------------------------------

@@ -262,6 +262,38 @@ TEST(UnpicklerHostile, NewObjExWithKeywordsIsUnsupported) {
       ErrorCode::kUnsupported);
 }
 
+// With foreign classes admitted, cls.__new__(cls, *args, **kwargs) is recorded, never called,
+// as copyreg.__newobj_ex__(cls, args, kwargs): NEWOBJ_EX (protocol 4) and CPython's protocol-2
+// form, a call of functools.partial(getattr(cls, '__new__')) with BUILD state
+// (getattr, (cls, *args), kwargs, None), give the same node.
+TEST(Unpickler, NewObjExWithKeywordsIsRecordedAsCopyregNewObjEx) {
+  UnpicklerHooks hooks = allowing();
+  hooks.admit_foreign = [](const std::string&, const std::string&) { return true; };
+  auto check = [](const ValuePtr& v) {
+    ASSERT_EQ(v->kind(), Value::Kind::kObject);
+    EXPECT_EQ(v->module(), "copyreg");
+    EXPECT_EQ(v->name(), "__newobj_ex__");
+    EXPECT_TRUE(v->foreign());
+    ASSERT_EQ(v->items().size(), 3u);
+    EXPECT_EQ(v->items()[0]->module() + "." + v->items()[0]->name(), "__main__.P");
+    ASSERT_EQ(v->items()[1]->items().size(), 1u);
+    EXPECT_EQ(v->items()[1]->items()[0]->as_int(), 7);
+    ASSERT_NE(v->items()[2]->get("k"), nullptr);
+    EXPECT_EQ(v->items()[2]->get("k")->as_int(), 2);
+  };
+  // NEWOBJ_EX: P, (7,), {'k': 2}
+  check(load("\x80\x04\x8c\x08__main__\x8c\x01P\x93K\x07\x85}\x8c\x01kK\x02s\x92."s, hooks));
+  // protocol 2: functools.partial(getattr(P, '__new__')) + BUILD (g, (P, 7), {'k': 2}, None), ()
+  const std::string p2 =
+      "\x80\x02"
+      "cfunctools\npartial\nc__builtin__\ngetattr\nc__main__\nP\nq\x00"
+      "X\x07\x00\x00\x00__new__\x86R\x85R"   // partial(getattr(P, '__new__'))
+      "(c__builtin__\ngetattr\nh\x00X\x07\x00\x00\x00__new__\x86R"  // state[0]
+      "h\x00K\x07\x86"                          // (P, 7)
+      "}X\x01\x00\x00\x00kK\x02sNtb)R."s;       // {'k': 2}, None; BUILD; ()
+  check(load(p2, hooks));
+}
+
 TEST(UnpicklerHostile, CallOfANonGlobalIsCorrupt) {
   EXPECT_CKPT_ERROR(load("\x80\x02K\x01)R."s), ErrorCode::kCorrupt);
 }

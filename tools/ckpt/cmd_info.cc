@@ -20,7 +20,17 @@ void count_values(const ConstValuePtr& v, std::map<std::string, size_t>& kinds,
     ckpt::cli::count_values(c, kinds, foreign, seen, d);
   };
   switch (v->kind()) {
-    case Value::Kind::kTensor: return;
+    case Value::Kind::kTensor:
+      // A tensor subclass or a tensor with attributes: its class and its attributes' values.
+      if (auto& o = v->origin(); o && o->kind() == Value::Kind::kObject &&
+                                 o->items().size() == 2 &&
+                                 (o->name() == "_rebuild_from_type_v2" ||
+                                  o->name() == "_rebuild_parameter_with_state")) {
+        if (auto& cls = o->items()[0]; cls && cls->foreign())
+          foreign[cls->module() + "." + cls->name()]++;
+        count_values(o->items()[1], kinds, seen, depth + 1);
+      }
+      return;
     case Value::Kind::kDict:
       kinds[v->name().empty() ? "dict" : v->name()]++;
       for (auto& [k, val] : v->entries()) count_values(val, kinds, seen, depth + 1);

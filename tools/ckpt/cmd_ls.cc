@@ -60,31 +60,47 @@ void add_ls(CLI::App& app) {
       std::printf("%s\n", j.dump(1).c_str());
       return;
     }
+    // A sharded set gets a last column: the shard file (its name in the index's folder) that
+    // holds the tensor, whose offset the offset column gives.
+    const bool sharded = !c.shards().empty();
+    auto base_name = [](const std::string& p) {
+      auto slash = p.rfind('/');
+      return slash == std::string::npos ? p : p.substr(slash + 1);
+    };
     size_t wname = 4, wdtype = 5, wshape = 5;
-    std::vector<std::array<std::string, 5>> rows;
+    std::vector<std::array<std::string, 6>> rows;
     for (const TensorInfo& t : c.tensors()) {
       if (!listed(t)) continue;
       std::string shape = shape_str(t.shape);
       if (!t.is_contiguous()) shape += " strides " + shape_str(t.strides);
       auto off = file_offset(c, t);
+      std::string shard;
+      if (sharded)
+        shard = base_name(
+            c.shards()[c.shard_of(static_cast<size_t>(&t - c.tensors().data()))].source().name());
       rows.push_back({t.name, std::string(dtype_name(t.dtype)), shape, std::to_string(t.nbytes()),
-                      off ? std::to_string(*off) : (c.storages()[t.storage].meta ? "meta" : "-")});
+                      off ? std::to_string(*off) : (c.storages()[t.storage].meta ? "meta" : "-"),
+                      std::move(shard)});
       wname = std::max(wname, t.name.size());
       wdtype = std::max(wdtype, rows.back()[1].size());
       wshape = std::max(wshape, shape.size());
     }
-    std::printf("%-*s  %-*s  %-*s  %12s  %12s\n", int(wname), "name", int(wdtype), "dtype",
-                int(wshape), "shape", "bytes", "offset");
+    std::printf("%-*s  %-*s  %-*s  %12s  %12s%s\n", int(wname), "name", int(wdtype), "dtype",
+                int(wshape), "shape", "bytes", "offset", sharded ? "  shard" : "");
     for (auto& r : rows)
-      std::printf("%-*s  %-*s  %-*s  %12s  %12s\n", int(wname), r[0].c_str(), int(wdtype),
-                  r[1].c_str(), int(wshape), r[2].c_str(), r[3].c_str(), r[4].c_str());
+      std::printf("%-*s  %-*s  %-*s  %12s  %12s%s%s\n", int(wname), r[0].c_str(), int(wdtype),
+                  r[1].c_str(), int(wshape), r[2].c_str(), r[3].c_str(), r[4].c_str(),
+                  sharded ? "  " : "", r[5].c_str());
     // Totals, as `unzip -l` ends: the tensors listed and their bytes (a view counts its own
     // elements; storages shared by several tensors are counted once in the storage figure).
     uint64_t total = 0, stored = 0;
     for (const TensorInfo& t : c.tensors())
       if (listed(t)) total += t.nbytes();
     for (const auto& st : c.storages()) stored += st.nbytes;
-    const size_t width = wname + wdtype + wshape + 2 * 4 + 12 + 12;
+    size_t wshard = 0;
+    for (auto& r : rows) wshard = std::max(wshard, r[5].size());
+    const size_t width =
+        wname + wdtype + wshape + 2 * 4 + 12 + 12 + (sharded ? 2 + std::max<size_t>(wshard, 5) : 0);
     std::printf("%s\n", std::string(width, '-').c_str());
     std::printf("%zu tensor%s, %llu bytes (%s); %zu storage%s, %llu bytes (%s)\n", rows.size(),
                 rows.size() == 1 ? "" : "s", static_cast<unsigned long long>(total),

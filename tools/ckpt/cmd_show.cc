@@ -564,10 +564,23 @@ void print_tree(const Checkpoint& c, const ConstValuePtr& v, const std::string& 
   }
   if (v->kind() == Value::Kind::kTensor) {
     const TensorInfo& t = c.tensors()[static_cast<size_t>(v->as_int())];
-    std::printf("%s%s(%s, %s%s)%s\n", head.c_str(), t.is_parameter ? "Parameter" : "tensor",
+    // A tensor torch pickled inside a Python wrapper: its subclass and its attributes.
+    const Value* wrap = v->origin() && v->origin()->kind() == Value::Kind::kObject &&
+                                v->origin()->items().size() == 2 &&
+                                (v->origin()->name() == "_rebuild_from_type_v2" ||
+                                 v->origin()->name() == "_rebuild_parameter_with_state")
+                            ? v->origin().get()
+                            : nullptr;
+    std::string cls = t.is_parameter ? "Parameter" : "tensor";
+    if (wrap && wrap->items()[0] && wrap->items()[0]->kind() == Value::Kind::kGlobal &&
+        !(wrap->items()[0]->module() == "torch" && wrap->items()[0]->name() == "Tensor"))
+      cls = wrap->items()[0]->module() + "." + wrap->items()[0]->name();
+    std::printf("%s%s(%s, %s%s)%s\n", head.c_str(), cls.c_str(),
                 std::string(dtype_name(t.dtype)).c_str(), shape_str(t.shape).c_str(),
                 c.storages()[t.storage].meta ? ", device='meta'" : "",
                 t.requires_grad ? " requires_grad" : "");
+    if (wrap && wrap->items()[1] && wrap->items()[1]->kind() != Value::Kind::kNone)
+      print_tree(c, wrap->items()[1], "attributes: ", indent + 1, seen);
     return;
   }
   const bool size = v->kind() == Value::Kind::kObject && v->module() == "torch" &&

@@ -355,6 +355,23 @@ class Builder {
     return static_cast<size_t>(h.int_value(v));
   }
 
+  // An empty state: None, or an empty dict (torch writes {} for a tensor without attributes).
+  static bool empty_state(const PickleHeap& h, Ref state) {
+    if (h.kind(state) == Kind::kNone) return true;
+    return h.kind(state) == Kind::kDict && h.module(state).empty() && h.items(state).empty() &&
+           h.state(state) == kNoRef;
+  }
+
+  // A fresh node for tensor `i` whose origin records the Python wrapper torch pickled around it:
+  // the call `fn` with arguments (type, state) — the class (None for a Parameter) and its state.
+  Ref wrapped_tensor(PickleHeap& h, Ref fn, size_t i, Ref type, Ref state) {
+    const Ref args[2] = {type, state};
+    Ref call = h.object(fn, h.tuple(std::span<const Ref>(args, 2)));
+    Ref t = h.tensor(i);
+    h.set_origin(t, call);
+    return t;
+  }
+
   Ref add_tensor(PickleHeap& h, TensorInfo t) {
     if (out_.tensors.size() >= opt_.limits.max_tensors)
       throw Error(ErrorCode::kLimitExceeded,
@@ -413,6 +430,11 @@ class Builder {
         auto& t = out_.tensors[i];
         t.is_parameter = true;
         t.requires_grad = as_flag(h, a[1]);
+        // A Parameter with Python attributes (param.tag = ...): the attributes are kept with
+        // the tensor (origin: _rebuild_parameter_with_state(None, state)) for writers.
+        if (n == "_rebuild_parameter_with_state" && a.size() >= 4 &&
+            !empty_state(h, a[3]))
+          return wrapped_tensor(h, fn, i, h.none(), a[3]);
         return a[0];
       }
       if (n == "_rebuild_qtensor") {
@@ -478,11 +500,24 @@ class Builder {
       need(3);
       if (h.kind(a[0]) != Kind::kGlobal || h.kind(a[2]) != Kind::kTuple)
         fail(ErrorCode::kCorrupt, "bad _rebuild_from_type_v2 call");
-      const bool parameter = h.kind(a[1]) == Kind::kGlobal && h.name(a[1]) == "Parameter";
+      const bool parameter = h.kind(a[1]) == Kind::kGlobal && h.name(a[1]) == "Parameter" &&
+                             (h.module(a[1]) == "torch.nn.parameter" ||
+                              h.module(a[1]) == "torch.nn");
+      const bool plain = h.kind(a[1]) == Kind::kGlobal && h.module(a[1]) == "torch" &&
+                         h.name(a[1]) == "Tensor";
+      const Ref type = a[1];
+      const Ref state = a.size() > 3 ? a[3] : h.none();
       std::vector<Ref> inner(h.items(a[2]).begin(), h.items(a[2]).end());
       Ref r = call(h, a[0], inner);
-      if (r != kNoRef && h.kind(r) == Kind::kTensor && parameter)
-        out_.tensors[static_cast<size_t>(h.int_value(r))].is_parameter = true;
+      if (r == kNoRef || h.kind(r) != Kind::kTensor) return r;
+      const size_t i = static_cast<size_t>(h.int_value(r));
+      if (parameter) out_.tensors[i].is_parameter = true;
+      // A tensor subclass (its class is kept, never called) or a tensor with Python attributes:
+      // the class and the state go with the tensor (origin: _rebuild_from_type_v2(type, state))
+      // so that writers reproduce them.
+      if ((!plain && !parameter) || !empty_state(h, state))
+        return wrapped_tensor(h, h.global("torch._tensor", "_rebuild_from_type_v2"), i, type,
+                              state);
       return r;
     }
     if (m == "torch" && n == "Size") {

@@ -50,6 +50,10 @@ class TorchPickleBuilder {
     ValuePtr out;
     switch (v->kind()) {
       case Value::Kind::kTensor:
+        if (v->origin() && is_tensor_wrapper(*v->origin())) {
+          out = wrapped_reduce(static_cast<size_t>(v->as_int()), *v->origin(), depth);
+          break;
+        }
         // A numpy array is written as the array it was (its bytes are in the origin's state).
         if (v->origin()) {
           out = convert(v->origin(), depth + 1);
@@ -135,6 +139,44 @@ class TorchPickleBuilder {
     }
     auto m = Value::object("ckpt", kStorageMarker, {}, nullptr, static_cast<int64_t>(it->second));
     return m;
+  }
+
+  // The origin a reader records for a tensor torch pickled inside a Python wrapper (a subclass,
+  // or Python attributes on a tensor or Parameter): the call with arguments (type, state).
+  static bool is_tensor_wrapper(const Value& o) {
+    return o.kind() == Value::Kind::kObject && o.items().size() == 2 &&
+           ((o.module() == "torch._tensor" && o.name() == "_rebuild_from_type_v2") ||
+            (o.module() == "torch._utils" && o.name() == "_rebuild_parameter_with_state"));
+  }
+
+  // torch's own forms: _rebuild_parameter_with_state(data, requires_grad, hooks, state) and
+  // _rebuild_from_type_v2(func, type, args, state) around the tensor's plain reduce.
+  ValuePtr wrapped_reduce(size_t index, const Value& o, uint32_t depth) {
+    if (index >= tensors_.size()) return tensor_reduce(index);  // throws the usual error
+    const TensorInfo& info = tensors_[index].info();
+    ValuePtr state = convert(o.items()[1], depth + 1);
+    if (o.name() == "_rebuild_parameter_with_state") {
+      if (!info.is_parameter) return tensor_reduce(index);
+      return Value::object("torch._utils", "_rebuild_parameter_with_state",
+                           {plain_reduce(index), Value::boolean(info.requires_grad),
+                            Value::ordered_dict(), state});
+    }
+    ValuePtr inner = info.is_parameter ? plain_reduce(index) : tensor_reduce(index);
+    if (inner->kind() != Value::Kind::kObject) return inner;
+    ValuePtr type = convert(o.items()[0], depth + 1);
+    if (!type || type->kind() != Value::Kind::kGlobal) type = global("torch", "Tensor");
+    return Value::object("torch._tensor", "_rebuild_from_type_v2",
+                         {global(inner->module(), inner->name()), type,
+                          Value::tuple(inner->items()), state});
+  }
+
+  // The reduce of tensor `index` without its Parameter wrapper.
+  ValuePtr plain_reduce(size_t index) {
+    ValuePtr r = tensor_reduce(index);
+    if (tensors_[index].info().is_parameter && r->kind() == Value::Kind::kObject &&
+        r->name() == "_rebuild_parameter" && !r->items().empty())
+      return r->items()[0];
+    return r;
   }
 
   static ValuePtr int_tuple(const std::vector<int64_t>& v) {
