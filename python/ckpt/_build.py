@@ -1,0 +1,127 @@
+"""Tensors from the buffers the C++ core hands over: torch tensors (one torch storage per
+checkpoint storage, tensors set onto it with their offset, shape and strides, so storages shared
+in the file stay shared) or, without torch, numpy arrays."""
+
+import collections
+import sys
+
+from ._errors import UnsupportedError, error
+
+_NP_TYPES = {
+    "float32": "<f4", "float64": "<f8", "float16": "<f2", "complex64": "<c8",
+    "complex128": "<c16", "bool": "|b1", "int8": "|i1", "int16": "<i2", "int32": "<i4",
+    "int64": "<i8", "uint8": "|u1", "uint16": "<u2", "uint32": "<u4", "uint64": "<u8",
+}
+
+
+def backend():
+    """"torch" when torch can be imported, else "numpy"."""
+    if "torch" in sys.modules:
+        return "torch" if sys.modules["torch"] is not None else "numpy"
+    try:
+        import torch  # noqa: F401
+        return "torch"
+    except ImportError:
+        return "numpy"
+
+
+class Builder:
+    """Makes the tensors of one checkpoint, each storage once."""
+
+    def __init__(self, ck, framework, source_name=""):
+        self.ck = ck
+        self.framework = framework
+        self.infos = ck.tensor_infos()
+        self.sinfos = ck.storage_infos()
+        self.source = source_name
+        self.storages = {}  # storage index -> torch UntypedStorage / numpy uint8 array
+        self.tensors = {}
+        if framework == "torch":
+            import torch
+            self.torch = torch
+        else:
+            import numpy
+            self.np = numpy
+
+    def add_buffers(self, bufs):
+        for i, b in enumerate(bufs):
+            if b is not None and i not in self.storages:
+                self.storages[i] = self._storage(b)
+
+    def _storage(self, b):
+        if self.framework == "torch":
+            torch = self.torch
+            if len(b) == 0:
+                return torch.UntypedStorage(0)
+            return torch.frombuffer(b, dtype=torch.uint8).storage().untyped()
+        return b
+
+    def all(self):
+        """Every tensor, as a list in table order (quantization parameters first)."""
+        n = len(self.infos)
+        order = [i for i in range(n) if self.infos[i][8] is None] + \
+                [i for i in range(n) if self.infos[i][8] is not None]
+        for i in order:
+            self.tensor(i)
+        return [self.tensors.get(i) for i in range(n)]
+
+    def need_storages(self, indices):
+        """Storage indices (not yet made) that tensors `indices` need, qparams included."""
+        need = set()
+        for i in indices:
+            info = self.infos[i]
+            need.add(info[5])
+            q = info[8]
+            if q is not None:
+                for j in (q[4], q[5]):
+                    if j is not None:
+                        need.add(self.infos[j][5])
+        return sorted(s for s in need if s not in self.storages and not self.sinfos[s][3])
+
+    def tensor(self, i):
+        t = self.tensors.get(i)
+        if t is None:
+            t = self._torch_tensor(i) if self.framework == "torch" else self._np_array(i)
+            self.tensors[i] = t
+        return t
+
+    def _torch_tensor(self, i):
+        torch = self.torch
+        name, dt, shape, strides, offset, si, rg, is_param, q, _ = self.infos[i]
+        dtype = getattr(torch, dt, None)
+        if not isinstance(dtype, torch.dtype):
+            raise error(UnsupportedError, f"dtype {dt} does not exist in this torch "
+                        f"({torch.__version__})", self.source, name)
+        if self.sinfos[si][3]:  # meta: shape and dtype only
+            t = torch.empty_strided(shape, strides, dtype=dtype, device="meta")
+        elif q is not None:
+            scheme, scale, zp, axis, scales_i, zps_i = q
+            storage = torch.storage.TypedStorage(wrap_storage=self.storages[si], dtype=dtype)
+            qscheme = getattr(torch, scheme)
+            if scales_i is not None:
+                params = (qscheme, self.tensor(scales_i), self.tensor(zps_i), axis)
+            else:
+                params = (qscheme, scale, zp)
+            t = torch._utils._rebuild_qtensor(storage, offset, shape, strides, params, False,
+                                              collections.OrderedDict())
+        else:
+            t = torch.tensor([], dtype=dtype).set_(self.storages[si], offset, shape, strides)
+        if is_param:
+            return torch.nn.Parameter(t, requires_grad=rg)
+        if rg:
+            t.requires_grad_(True)
+        return t
+
+    def _np_array(self, i):
+        np = self.np
+        name, dt, shape, strides, offset, si, rg, is_param, q, _ = self.infos[i]
+        code = _NP_TYPES.get(dt)
+        if code is None or q is not None:
+            raise error(UnsupportedError, f"dtype {dt} has no numpy equivalent (install torch "
+                        "to load it)", self.source, name)
+        t = np.dtype(code)
+        if self.sinfos[si][3]:
+            return np.zeros(shape, dtype=t)
+        item = t.itemsize
+        return np.ndarray(tuple(shape), dtype=t, buffer=self.storages[si], offset=offset * item,
+                          strides=tuple(s * item for s in strides))
