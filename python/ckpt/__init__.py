@@ -14,8 +14,6 @@ Errors are :class:`ckpt.Error` subclasses naming the file, record and byte offse
 
 import collections
 import os
-import queue as _queue
-import tempfile
 import threading
 
 from . import _ckpt, _tree
@@ -171,6 +169,7 @@ def save(obj, f, *, format=None, metadata=None, key=None, password=None):
     f: a path or a binary file object. Raises ckpt.Error.
     """
     if not isinstance(f, (str, bytes, os.PathLike)):
+        import tempfile
         fmt = _format_for("", format)
         with tempfile.TemporaryDirectory() as d:
             tmp = os.path.join(d, "out")
@@ -376,6 +375,7 @@ class Checkpoint:
     def stream(self, budget, *, verify=False):
         """Iterate (name, tensor) in file order with at most ``budget`` bytes of storage in
         memory at once (plus the tensor being handed out, a copy the caller owns)."""
+        import queue as _queue
         fw = backend()
         q = _queue.Queue(maxsize=1)
         stop = threading.Event()

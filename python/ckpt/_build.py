@@ -36,6 +36,8 @@ class Builder:
         self.source = source_name
         self.storages = {}  # storage index -> torch UntypedStorage / numpy uint8 array
         self.tensors = {}
+        self._dtypes = {}
+        self._sizes = {}
         if framework == "torch":
             import torch
             self.torch = torch
@@ -49,11 +51,8 @@ class Builder:
                 self.storages[i] = self._storage(b)
 
     def _storage(self, b):
-        if self.framework == "torch":
-            torch = self.torch
-            if len(b) == 0:
-                return torch.UntypedStorage(0)
-            return torch.frombuffer(b, dtype=torch.uint8).storage().untyped()
+        # torch: the buffer itself; the first tensor made over it creates its torch storage
+        # (_torch_tensor), so that the common one-tensor-per-storage case costs one frombuffer.
         return b
 
     def all(self):
@@ -88,7 +87,10 @@ class Builder:
     def _torch_tensor(self, i):
         torch = self.torch
         name, dt, shape, strides, offset, si, rg, is_param, q, _ = self.infos[i]
-        dtype = getattr(torch, dt, None)
+        dtype = self._dtypes.get(dt)
+        if dtype is None:
+            dtype = getattr(torch, dt, None)
+            self._dtypes[dt] = dtype
         if not isinstance(dtype, torch.dtype):
             raise error(UnsupportedError, f"dtype {dt} does not exist in this torch "
                         f"({torch.__version__})", self.source, name)
@@ -96,7 +98,7 @@ class Builder:
             t = torch.empty_strided(shape, strides, dtype=dtype, device="meta")
         elif q is not None:
             scheme, scale, zp, axis, scales_i, zps_i = q
-            storage = torch.storage.TypedStorage(wrap_storage=self.storages[si], dtype=dtype)
+            storage = torch.storage.TypedStorage(wrap_storage=self._untyped(si), dtype=dtype)
             qscheme = getattr(torch, scheme)
             if scales_i is not None:
                 params = (qscheme, self.tensor(scales_i), self.tensor(zps_i), axis)
@@ -105,12 +107,46 @@ class Builder:
             t = torch._utils._rebuild_qtensor(storage, offset, shape, strides, params, False,
                                               collections.OrderedDict())
         else:
-            t = torch.tensor([], dtype=dtype).set_(self.storages[si], offset, shape, strides)
+            t = self._plain(si, dtype, shape, strides, offset)
         if is_param:
             return torch.nn.Parameter(t, requires_grad=rg)
         if rg:
             t.requires_grad_(True)
         return t
+
+    def _untyped(self, si):
+        """The torch UntypedStorage of storage si (made once; tensors share it)."""
+        s = self.storages[si]
+        if isinstance(s, self.torch.Tensor):
+            return s.storage().untyped()
+        if isinstance(s, self.torch.UntypedStorage):
+            return s
+        torch = self.torch
+        u = torch.frombuffer(s, dtype=torch.uint8).storage().untyped() if len(s) else \
+            torch.UntypedStorage(0)
+        self.storages[si] = u
+        return u
+
+    def _itemsize(self, dtype):
+        n = self._sizes.get(dtype)
+        if n is None:
+            n = self._sizes[dtype] = self.torch.empty(0, dtype=dtype).element_size()
+        return n
+
+    def _plain(self, si, dtype, shape, strides, offset):
+        torch = self.torch
+        s = self.storages[si]
+        if not isinstance(s, (torch.Tensor, torch.UntypedStorage)) and len(s) and \
+                len(s) % self._itemsize(dtype) == 0:
+            # First tensor of this storage: a tensor over the buffer, re-shaped in place (a leaf,
+            # not a view). Later tensors of the storage share its StorageImpl through set_.
+            t = torch.frombuffer(s, dtype=dtype)
+            self.storages[si] = t
+            return t.as_strided_(shape, strides, offset)
+        if isinstance(s, torch.Tensor) and s.dtype == dtype:
+            src = s.detach() if s.requires_grad else s
+            return torch.empty(0, dtype=dtype).set_(src).as_strided_(shape, strides, offset)
+        return torch.tensor([], dtype=dtype).set_(self._untyped(si), offset, shape, strides)
 
     def _np_array(self, i):
         np = self.np
