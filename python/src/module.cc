@@ -16,14 +16,21 @@
 namespace ckpt::py {
 namespace {
 
-// A Checkpoint and whether its mapped views are private writable memory (open_private_map).
+// A Checkpoint and whether its source is a private writable mapping (open_private_map).
 struct PyCheckpoint {
   Checkpoint c;
   bool private_map = false;
 
+  // Memory torch may write: owned by the storage, or inside our private mapping (not a
+  // shard's read-only library mapping, which a sharded set opens by itself).
+  bool writable(const StoragePtr& st) const {
+    if (st->writable) return true;
+    if (!private_map) return false;
+    const std::byte* base = c.source().memory();
+    return base && st->data >= base && st->data + st->info.nbytes <= base + c.source().size();
+  }
   Buffer buffer(const StoragePtr& st) const {
-    return Buffer{st->data, static_cast<size_t>(st->info.nbytes), st,
-                  st->writable || private_map};
+    return Buffer{st->data, static_cast<size_t>(st->info.nbytes), st, writable(st)};
   }
 };
 
@@ -162,7 +169,9 @@ PYBIND11_MODULE(_ckpt, m) {
           [](const std::string& path, bool private_map, bool strict, const std::string& key,
              const std::string& password) {
             pyb::gil_scoped_release nogil;
-            OpenOptions o = open_options(strict, key, password, true);
+            // Without the private mapping: pread into owned memory (a read-only library
+            // mapping would hand torch non-writable buffers).
+            OpenOptions o = open_options(strict, key, password, private_map);
             if (private_map) return PyCheckpoint{Checkpoint::open(open_private_map(path), o), true};
             return PyCheckpoint{Checkpoint::open(path, o), false};
           },
@@ -229,8 +238,15 @@ PYBIND11_MODULE(_ckpt, m) {
              {
                pyb::gil_scoped_release nogil;
                for (size_t i = 0; i < which.size(); ++i)
-                 if (which[i] < p.c.storages().size() && !p.c.storages()[which[i]].meta)
+                 if (which[i] < p.c.storages().size() && !p.c.storages()[which[i]].meta) {
                    st[i] = p.c.storage(which[i], load_options(verify, 0));
+                   if (!p.writable(st[i])) {  // a read-only view: a copy of our own instead
+                     LoadOptions o = load_options(verify, 0);
+                     o.copy = true;
+                     st[i].reset();
+                     st[i] = p.c.storage(which[i], o);
+                   }
+                 }
              }
              pyb::list out;
              for (auto& s : st) {

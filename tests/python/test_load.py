@@ -150,3 +150,17 @@ def test_bytesio_roundtrip():
     torch.save({"x": torch.arange(3)}, buf)
     buf.seek(0)
     assert torch.equal(ckpt.load(buf)["x"], torch.arange(3))
+
+
+def test_sharded_index(tmp_path):
+    import json
+    ckpt.save({"a": torch.ones(3)}, tmp_path / "m-1.safetensors")
+    ckpt.save({"b": torch.zeros(2)}, tmp_path / "m-2.safetensors")
+    (tmp_path / "m.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {}, "weight_map": {"a": "m-1.safetensors", "b": "m-2.safetensors"}}))
+    for mmap in (False, True):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", UserWarning)
+            sd = ckpt.load(tmp_path / "m.safetensors.index.json", mmap=mmap)
+        assert list(sd) == ["a", "b"] and torch.equal(sd["a"], torch.ones(3))
+        sd["a"][0] = 5  # writable: a shard's read-only mapping is never handed out
