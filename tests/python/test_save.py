@@ -70,3 +70,18 @@ def test_open_checkpoint(torch_corpus, tmp_path):
     for name, t in c.stream(1 << 20):
         break
     assert_same(c.load(), exp)
+
+
+def test_tensorizer_encrypted(tmp_path):
+    sd = {"a": torch.randn(5, 3), "b": torch.arange(6)}
+    p = tmp_path / "e.tensors"
+    key = bytes(range(32))
+    ckpt.save(sd, p, key=key)
+    for mmap in (False, True):
+        got = ckpt.load(p, key=key, mmap=mmap)
+        assert all(torch.equal(got[k], sd[k]) for k in sd)
+    with pytest.raises(ckpt.Error):
+        ckpt.load(p)  # no key
+    with pytest.raises(ckpt.AuthError):
+        ckpt.load(p, key=bytes(32))
+    assert ckpt.open(p, key=key.hex()).keys() == ["a", "b"]
