@@ -337,7 +337,7 @@ class Checkpoint:
     @property
     def tensors(self):
         """Every tensor's :class:`TensorInfo`, in table order."""
-        return [TensorInfo(*t) for t in self._ck.tensor_infos()]
+        return [TensorInfo(*t[:10]) for t in self._ck.tensor_infos()]
 
     def keys(self):
         """The flattened state dict's names (dotted paths)."""

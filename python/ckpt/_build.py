@@ -34,13 +34,17 @@ class Builder:
         self.infos = ck.tensor_infos()
         self.sinfos = ck.storage_infos()
         self.source = source_name
-        self.storages = {}  # storage index -> torch UntypedStorage / numpy uint8 array
-        self.tensors = {}
         self._dtypes = {}
         self._sizes = {}
+        self.storages = {}  # storage index -> buffer, then torch tensor / UntypedStorage
+        self.tensors = {}
         if framework == "torch":
             import torch
             self.torch = torch
+            for dt in {info[1] for info in self.infos}:
+                d = getattr(torch, dt, None)
+                if isinstance(d, torch.dtype):
+                    self._dtypes[dt] = d
         else:
             import numpy
             self.np = numpy
@@ -58,11 +62,44 @@ class Builder:
     def all(self):
         """Every tensor, as a list in table order (quantization parameters first)."""
         n = len(self.infos)
+        if self.framework == "torch":
+            self._plain_tensors()
         order = [i for i in range(n) if self.infos[i][8] is None] + \
                 [i for i in range(n) if self.infos[i][8] is not None]
         for i in order:
             self.tensor(i)
         return [self.tensors.get(i) for i in range(n)]
+
+    def _plain_tensors(self):
+        # The common case (a plain tensor over a storage's buffer) inlined: on a file of many
+        # small tensors this loop is most of the Python side's time. The rest goes to tensor().
+        torch = self.torch
+        frombuffer, empty, Tensor = torch.frombuffer, torch.empty, torch.Tensor
+        storages, sinfos, tensors, dtypes = self.storages, self.sinfos, self.tensors, self._dtypes
+        for i, (name, dt, shape, strides, offset, si, rg, is_param, q, _, dense) in \
+                enumerate(self.infos):
+            if q is not None or rg or is_param or sinfos[si][3]:
+                continue
+            dtype = dtypes.get(dt)
+            if dtype is None:
+                continue
+            s = storages[si]
+            if isinstance(s, Tensor):
+                if s.dtype is not dtype:
+                    continue
+                t = empty(0, dtype=dtype).set_(s).as_strided_(shape, strides, offset)
+            else:
+                n = len(s)
+                size = self._itemsize(dtype)
+                if not n or n % size:
+                    continue
+                t = frombuffer(s, dtype=dtype)
+                storages[si] = t
+                if not dense:
+                    t.as_strided_(shape, strides, offset)
+                elif len(shape) != 1 or shape[0] * size != n:
+                    t.resize_(shape)  # contiguous from offset 0: cheaper than as_strided_
+            tensors[i] = t
 
     def need_storages(self, indices):
         """Storage indices (not yet made) that tensors `indices` need, qparams included."""
@@ -86,7 +123,7 @@ class Builder:
 
     def _torch_tensor(self, i):
         torch = self.torch
-        name, dt, shape, strides, offset, si, rg, is_param, q, _ = self.infos[i]
+        name, dt, shape, strides, offset, si, rg, is_param, q = self.infos[i][:9]
         dtype = self._dtypes.get(dt)
         if dtype is None:
             dtype = getattr(torch, dt, None)
@@ -150,7 +187,7 @@ class Builder:
 
     def _np_array(self, i):
         np = self.np
-        name, dt, shape, strides, offset, si, rg, is_param, q, _ = self.infos[i]
+        name, dt, shape, strides, offset, si, rg, is_param, q = self.infos[i][:9]
         code = _NP_TYPES.get(dt)
         if code is None or q is not None:
             raise error(UnsupportedError, f"dtype {dt} has no numpy equivalent (install torch "

@@ -45,9 +45,36 @@ OpenOptions open_options(bool strict, const std::string& key, const std::string&
 }
 
 pyb::tuple int_tuple(const std::vector<int64_t>& v) {
-  pyb::tuple t(v.size());
-  for (size_t i = 0; i < v.size(); ++i) t[i] = pyb::int_(v[i]);
-  return t;
+  PyObject* t = PyTuple_New(static_cast<Py_ssize_t>(v.size()));
+  if (!t) throw pyb::error_already_set();
+  for (size_t i = 0; i < v.size(); ++i) {
+    PyObject* x = PyLong_FromLongLong(v[i]);
+    if (!x) {
+      Py_DECREF(t);
+      throw pyb::error_already_set();
+    }
+    PyTuple_SET_ITEM(t, static_cast<Py_ssize_t>(i), x);
+  }
+  return pyb::reinterpret_steal<pyb::tuple>(t);
+}
+
+// Text from a file: UTF-8, undecodable bytes kept as surrogates (never a UnicodeDecodeError).
+pyb::object text(const std::string& s) {
+  PyObject* o =
+      PyUnicode_DecodeUTF8(s.data(), static_cast<Py_ssize_t>(s.size()), "surrogateescape");
+  if (!o) throw pyb::error_already_set();
+  return pyb::reinterpret_steal<pyb::object>(o);
+}
+
+// dtype names as interned Python strings, made once (a 20,000-tensor file asks 20,000 times).
+pyb::object dtype_str(DType d) {
+  static PyObject* names[kNumDTypes] = {};
+  PyObject*& s = names[static_cast<int>(d)];
+  if (!s) {
+    s = PyUnicode_InternFromString(dtype_info(d).name);
+    if (!s) throw pyb::error_already_set();
+  }
+  return pyb::reinterpret_borrow<pyb::object>(s);
 }
 
 pyb::object opt_index(const std::optional<size_t>& i) {
@@ -55,7 +82,7 @@ pyb::object opt_index(const std::optional<size_t>& i) {
 }
 
 // (name, dtype, shape, strides, storage_offset, storage, requires_grad, is_parameter,
-//  quantization or None, type)
+//  quantization or None, type, contiguous from the storage's start)
 pyb::tuple info_tuple(const TensorInfo& t) {
   pyb::object q = pyb::none();
   if (t.quantization) {
@@ -63,9 +90,21 @@ pyb::tuple info_tuple(const TensorInfo& t) {
     q = pyb::make_tuple(z.scheme, z.scale, z.zero_point, z.axis, opt_index(z.scales_tensor),
                         opt_index(z.zero_points_tensor));
   }
-  return pyb::make_tuple(t.name, std::string(dtype_name(t.dtype)), int_tuple(t.shape),
-                         int_tuple(t.strides), t.storage_offset, t.storage, t.requires_grad,
-                         t.is_parameter, q, t.type);
+  pyb::object items[] = {text(t.name),
+                         dtype_str(t.dtype),
+                         int_tuple(t.shape),
+                         int_tuple(t.strides),
+                         pyb::int_(t.storage_offset),
+                         pyb::int_(t.storage),
+                         pyb::bool_(t.requires_grad),
+                         pyb::bool_(t.is_parameter),
+                         q,
+                         text(t.type),
+                         pyb::bool_(t.is_contiguous() && t.storage_offset == 0)};
+  PyObject* out = PyTuple_New(11);
+  if (!out) throw pyb::error_already_set();
+  for (Py_ssize_t i = 0; i < 11; ++i) PyTuple_SET_ITEM(out, i, items[i].release().ptr());
+  return pyb::reinterpret_steal<pyb::tuple>(out);
 }
 
 LoadOptions load_options(bool verify, int threads) {
@@ -216,8 +255,7 @@ PYBIND11_MODULE(_ckpt, m) {
            [](const PyCheckpoint& p) {
              pyb::list out;
              for (auto& s : p.c.storages())
-               out.append(pyb::make_tuple(s.key, std::string(dtype_name(s.dtype)), s.nbytes,
-                                          s.meta, s.device));
+               out.append(pyb::make_tuple(s.key, dtype_str(s.dtype), s.nbytes, s.meta, s.device));
              return out;
            })
       .def("find",
