@@ -20,7 +20,7 @@ FUZZ_TARGETS ?=
 # concurrency tests): run under ThreadSanitizer by `make tsan`.
 TSAN_FILTER ?= *Concurrent*:*Thread*:*Parallel*:*Encrypted*:Concurrency.*:Load.*:FileSink*:*Sliced*:*Save*
 JOBS ?= $(shell nproc)
-CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=RelWithDebInfo
+CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCKPT_BUILD_PYTHON=ON
 PY := /usr/bin/python3
 DEMO_DIR ?= demo-out
 

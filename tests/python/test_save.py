@@ -85,3 +85,12 @@ def test_tensorizer_encrypted(tmp_path):
     with pytest.raises(ckpt.AuthError):
         ckpt.load(p, key=bytes(32))
     assert ckpt.open(p, key=key.hex()).keys() == ["a", "b"]
+
+
+def test_save_to_file_object():
+    import io
+    buf = io.BytesIO()
+    sd = collections.OrderedDict(a=torch.arange(4.0), b=torch.ones(2, 2, dtype=torch.bfloat16))
+    ckpt.save(sd, buf)
+    buf.seek(0)
+    assert_same(torch.load(buf), sd)
