@@ -224,8 +224,17 @@ def describe(obj):
 
 def _describe_tensor(torch, t):
     from ._errors import UnsupportedError, error
-    if t.is_quantized or t.is_sparse or t.layout != torch.strided:
-        raise error(UnsupportedError, "ckpt.save cannot write quantized or sparse tensors yet")
+    if t.is_sparse or t.layout != torch.strided:
+        raise error(UnsupportedError, "ckpt.save cannot write sparse or non-strided tensors")
+    quant = None
+    if t.is_quantized:
+        qs = t.qscheme()
+        scheme = str(qs).split(".", 1)[1]
+        if qs in (torch.per_tensor_affine, torch.per_tensor_symmetric):
+            quant = (scheme, float(t.q_scale()), int(t.q_zero_point()), 0, None, None)
+        else:
+            quant = (scheme, 0.0, 0, int(t.q_per_channel_axis()), t.q_per_channel_scales(),
+                     t.q_per_channel_zero_points())
     is_param = isinstance(t, torch.nn.Parameter)
     rg = bool(t.requires_grad)
     if t.device.type != "cpu":
@@ -235,4 +244,4 @@ def _describe_tensor(torch, t):
     key = s.data_ptr() if nbytes else id(s)
     name = str(t.dtype).split(".", 1)[1]
     return (key, s.data_ptr(), nbytes, name, tuple(t.shape), tuple(t.stride()),
-            t.storage_offset(), rg, is_param, (t, s))
+            t.storage_offset(), rg, is_param, (t, s), quant)

@@ -180,6 +180,23 @@ ValuePtr PyToValue::tensor(pyb::handle obj, const pyb::tuple& d) {
   info.storage_offset = d[6].cast<int64_t>();
   info.requires_grad = d[7].cast<bool>();
   info.is_parameter = d[8].cast<bool>();
+  if (d.size() > 10 && !d[10].is_none()) {
+    // (scheme, scale, zero_point, axis, scales tensor or None, zero points tensor or None)
+    auto q = d[10].cast<pyb::tuple>();
+    Quantization z;
+    z.scheme = q[0].cast<std::string>();
+    z.scale = q[1].cast<double>();
+    z.zero_point = q[2].cast<int64_t>();
+    z.axis = q[3].cast<int64_t>();
+    for (int k : {4, 5}) {
+      if (q[k].is_none()) continue;
+      ValuePtr v = convert(q[k]);
+      if (v->kind() != Value::Kind::kTensor)
+        throw Error(ErrorCode::kInvalidArgument, "quantization parameters are not tensors");
+      (k == 4 ? z.scales_tensor : z.zero_points_tensor) = v->tensor_index();
+    }
+    info.quantization = z;
+  }
   size_t index = tensors.size();
   tensors.emplace_back(std::move(info), st);
   tensor_of_[obj.ptr()] = index;

@@ -12,7 +12,8 @@ from helpers import assert_same
 
 ROUNDTRIP = ["nested", "values", "adam", "module_sd", "params", "tied", "views", "shared_storage",
              "noncontig", "empty", "scalars_0d", "ordered", "dtype_bfloat16", "dtype_complex128",
-             "dtype_bool", "dtype_int8"]
+             "dtype_bool", "dtype_int8", "quant_qint8", "quant_quint8", "quant_qint32",
+             "quant_per_channel", "quant_subbyte"]
 
 
 @pytest.mark.parametrize("fid", ROUNDTRIP)
