@@ -56,7 +56,12 @@ def _framework(framework):
 def _check_cpu(map_location):
     if map_location is None:
         return
-    loc = str(map_location) if not isinstance(map_location, dict) else None
+    if isinstance(map_location, dict):  # {"cuda:0": "cpu"}: every location to the CPU
+        if all(str(v) == "cpu" for v in map_location.values()):
+            return
+        loc = None
+    else:
+        loc = str(map_location)
     if loc != "cpu":
         raise error(InvalidArgumentError, f"map_location={map_location!r}: only 'cpu' is "
                     "supported (move the tensors afterwards)")
@@ -81,7 +86,7 @@ def _result(ck, builder, tensors):
 
 
 def load(f, *, map_location="cpu", mmap=False, verify=False, strict=False, key=None,
-         password=None):
+         password=None, weights_only=None):
     """Load a checkpoint: returns what ``torch.load(f)`` returns, without running any code.
 
     f: a path (str or os.PathLike) or a binary file object (read whole into memory).
@@ -97,6 +102,7 @@ def load(f, *, map_location="cpu", mmap=False, verify=False, strict=False, key=N
     strict: refuse classes ckpt does not know (ckpt.UnsupportedError), as torch.load(
       weights_only=True) does; otherwise they come back as ckpt.Opaque, never called.
     key / password: decryption for encrypted tensorizer files (32 raw bytes or 64 hex digits).
+    weights_only: accepted for torch.load compatibility; True means strict=True.
 
     Tensors are torch tensors when torch can be imported, else numpy arrays. Storages shared in
     the file stay shared; Parameters, requires_grad, torch.Size, OrderedDict (with _metadata)
@@ -104,6 +110,7 @@ def load(f, *, map_location="cpu", mmap=False, verify=False, strict=False, key=N
     Raises ckpt.Error subclasses (NotFoundError, CorruptError, TruncatedError, ...).
     """
     _check_cpu(map_location)
+    strict = bool(strict or weights_only)
     fw = _framework(None)
     if isinstance(f, (str, bytes, os.PathLike)):
         path = os.fsdecode(f)
@@ -386,6 +393,10 @@ class Checkpoint:
         def on_tensor(info, buf):
             if stop.is_set():
                 raise error(InvalidArgumentError, "stream closed")
+            q8 = info[8]
+            if q8 is not None and q8[4] is not None:
+                raise error(UnsupportedError, "stream() does not hand out per-channel quantized "
+                            "tensors (load them with load())", ck.name, info[0])
             one = _OneTensor(info, sinfos)
             b = Builder(one, fw, ck.name)
             b.storages[info[5]] = _copy_buffer(buf, fw)

@@ -110,6 +110,8 @@ def test_opaque_objects_are_never_called(torch_corpus):
         with pytest.raises(ckpt.UnsupportedError) as e:
             ckpt.load(path, strict=True)
         assert glob in str(e.value)
+        with pytest.raises(ckpt.UnsupportedError):
+            ckpt.load(path, weights_only=True)
     assert not os.path.exists(torch_corpus["marker"])
 
 
@@ -141,6 +143,7 @@ def test_map_location_cpu_only(torch_corpus):
     p = torch_corpus["files"]["plain_sd"]
     ckpt.load(p, map_location=torch.device("cpu"))
     ckpt.load(p, map_location=None)
+    ckpt.load(p, map_location={"cuda:0": "cpu"})
     with pytest.raises(ckpt.InvalidArgumentError):
         ckpt.load(p, map_location="cuda")
 

@@ -95,3 +95,12 @@ def test_save_to_file_object():
     ckpt.save(sd, buf)
     buf.seek(0)
     assert_same(torch.load(buf), sd)
+
+
+def test_stream_quantized(torch_corpus):
+    c = ckpt.open(torch_corpus["files"]["quant_qint8"])
+    got = dict(c.stream(1 << 20))
+    exp = torch.load(torch_corpus["files"]["quant_qint8"])
+    assert torch.equal(got["q"].int_repr(), exp["q"].int_repr())
+    with pytest.raises(ckpt.UnsupportedError):
+        dict(ckpt.open(torch_corpus["files"]["quant_per_channel"]).stream(1 << 20))
