@@ -137,8 +137,8 @@ void raise_error(const Error& e) {
     pyb::module_ errors = pyb::module_::import(kErrorsModule);
     pyb::object cls = errors.attr("class_for")(error_code_name(e.code()));
     pyb::object offset = e.offset() ? pyb::object(pyb::int_(*e.offset())) : pyb::none();
-    pyb::object exc = cls(e.what(), error_code_name(e.code()), e.source(), e.record(), offset,
-                          e.message());
+    pyb::object exc =
+        cls(e.what(), error_code_name(e.code()), e.source(), e.record(), offset, e.message());
     PyErr_SetObject(cls.ptr(), exc.ptr());
   } catch (pyb::error_already_set& err) {
     err.restore();
@@ -169,8 +169,7 @@ std::vector<Tensor> named_tensors(PyToValue& conv, const pyb::list& items) {
     auto pair = it.cast<pyb::tuple>();
     ValuePtr v = conv.convert(pair[1]);
     if (v->kind() != Value::Kind::kTensor)
-      throw Error(ErrorCode::kInvalidArgument,
-                  "not a tensor: " + pair[0].cast<std::string>());
+      throw Error(ErrorCode::kInvalidArgument, "not a tensor: " + pair[0].cast<std::string>());
     Tensor t = conv.tensors[v->tensor_index()];
     t.info().name = pair[0].cast<std::string>();
     out.push_back(std::move(t));
@@ -216,16 +215,15 @@ PYBIND11_MODULE(_ckpt, m) {
           },
           pyb::arg("path"), pyb::arg("private_map"), pyb::arg("strict"), pyb::arg("key"),
           pyb::arg("password"))
-      .def_static(
-          "open_bytes",
-          [](pyb::bytes data, const std::string& name, bool strict, const std::string& key,
-             const std::string& password) {
-            std::string_view view = data;
-            SourcePtr src = memory_source(view, name);
-            pyb::gil_scoped_release nogil;
-            return PyCheckpoint{Checkpoint::open(src, open_options(strict, key, password, true)),
-                                false};
-          })
+      .def_static("open_bytes",
+                  [](pyb::bytes data, const std::string& name, bool strict, const std::string& key,
+                     const std::string& password) {
+                    std::string_view view = data;
+                    SourcePtr src = memory_source(view, name);
+                    pyb::gil_scoped_release nogil;
+                    return PyCheckpoint{
+                        Checkpoint::open(src, open_options(strict, key, password, true)), false};
+                  })
       .def_static(
           "open_and_load",
           [](const std::string& path, bool strict, const std::string& key,
@@ -332,8 +330,8 @@ PYBIND11_MODULE(_ckpt, m) {
              }
              pyb::dict out;
              for (auto& t : d)
-               out[pyb::str(t.name)] = t.sha256 ? pyb::object(pyb::str(to_hex(*t.sha256)))
-                                                : pyb::object(pyb::none());
+               out[pyb::str(t.name)] =
+                   t.sha256 ? pyb::object(pyb::str(to_hex(*t.sha256))) : pyb::object(pyb::none());
              return out;
            })
       .def("file_digest",
@@ -347,9 +345,9 @@ PYBIND11_MODULE(_ckpt, m) {
            })
       .def("convert",
            [](const PyCheckpoint& p, const std::string& dst, const std::string& format,
-              uint32_t alignment, bool copy_shared, const std::string& meta,
-              const std::string& key, const std::string& key_file, const std::string& password,
-              bool store_digests, uint64_t max_shard_size) {
+              uint32_t alignment, bool copy_shared, const std::string& meta, const std::string& key,
+              const std::string& key_file, const std::string& password, bool store_digests,
+              uint64_t max_shard_size) {
              ConvertOptions o;
              o.to = format.empty() ? ConvertFormat::kAuto : parse_convert_format(format);
              o.alignment = alignment;
@@ -383,18 +381,16 @@ PYBIND11_MODULE(_ckpt, m) {
                  load_options(verify, 0));
            });
 
-  m.def(
-      "save_torch",
-      [](const std::string& path, pyb::handle obj, const pyb::module_& helpers, uint32_t alignment,
-         const std::string& archive_name) {
-        PyToValue conv(helpers);
-        ValuePtr root = conv.convert(obj);
-        SaveOptions o;
-        if (alignment) o.alignment = alignment;
-        o.archive_name = archive_name;
-        pyb::gil_scoped_release nogil;
-        save_torch(path, root, conv.tensors, o);
-      });
+  m.def("save_torch", [](const std::string& path, pyb::handle obj, const pyb::module_& helpers,
+                         uint32_t alignment, const std::string& archive_name) {
+    PyToValue conv(helpers);
+    ValuePtr root = conv.convert(obj);
+    SaveOptions o;
+    if (alignment) o.alignment = alignment;
+    o.archive_name = archive_name;
+    pyb::gil_scoped_release nogil;
+    save_torch(path, root, conv.tensors, o);
+  });
   m.def("save_safetensors", [](const std::string& path, const pyb::list& items,
                                const std::map<std::string, std::string>& metadata,
                                const pyb::module_& helpers, uint64_t alignment) {
@@ -405,26 +401,26 @@ PYBIND11_MODULE(_ckpt, m) {
     pyb::gil_scoped_release nogil;
     save_safetensors(path, tensors, metadata, o);
   });
-  m.def("save_tensorizer", [](const std::string& path, const pyb::list& items,
-                              const pyb::module_& helpers, const std::string& key,
-                              const std::string& password) {
-    PyToValue conv(helpers);
-    std::vector<Tensor> tensors = named_tensors(conv, items);
-    TensorizerSaveOptions o;
-    if (!key.empty()) {
-      o.encryption = TensorizerEncryption::kKey;
-      o.key = key;
-    } else if (!password.empty()) {
-      o.encryption = TensorizerEncryption::kPassword;
-      o.password = password;
-    }
-    std::string raw_key;
-    {
-      pyb::gil_scoped_release nogil;
-      raw_key = save_tensorizer(path, tensors, o);
-    }
-    return pyb::bytes(raw_key);
-  });
+  m.def("save_tensorizer",
+        [](const std::string& path, const pyb::list& items, const pyb::module_& helpers,
+           const std::string& key, const std::string& password) {
+          PyToValue conv(helpers);
+          std::vector<Tensor> tensors = named_tensors(conv, items);
+          TensorizerSaveOptions o;
+          if (!key.empty()) {
+            o.encryption = TensorizerEncryption::kKey;
+            o.key = key;
+          } else if (!password.empty()) {
+            o.encryption = TensorizerEncryption::kPassword;
+            o.password = password;
+          }
+          std::string raw_key;
+          {
+            pyb::gil_scoped_release nogil;
+            raw_key = save_tensorizer(path, tensors, o);
+          }
+          return pyb::bytes(raw_key);
+        });
   m.def("error_exit_status", [](const std::string& name) {
     for (int c = 0; c <= static_cast<int>(ErrorCode::kAuth); ++c)
       if (name == error_code_name(static_cast<ErrorCode>(c)))

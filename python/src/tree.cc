@@ -21,20 +21,23 @@ class ToPython {
 
   pyb::object build(const Value& v, uint32_t depth) {
     if (depth > max_depth_)
-      throw Error(ErrorCode::kLimitExceeded,
-                  "object tree nested deeper than " + std::to_string(max_depth_) +
-                      " levels (Limits::max_pickle_depth)");
+      throw Error(ErrorCode::kLimitExceeded, "object tree nested deeper than " +
+                                                 std::to_string(max_depth_) +
+                                                 " levels (Limits::max_pickle_depth)");
     // Scalars carry no identity worth keeping; containers and objects do (a list reached twice
     // is one list, as pickle's memo makes it).
     switch (v.kind()) {
-      case Kind::kNone: return pyb::none();
-      case Kind::kBool: return with_origin(v, pyb::bool_(v.as_bool()), depth);
+      case Kind::kNone:
+        return pyb::none();
+      case Kind::kBool:
+        return with_origin(v, pyb::bool_(v.as_bool()), depth);
       case Kind::kInt:
         if (v.is_big_int())
           return pyb::reinterpret_steal<pyb::object>(
               PyLong_FromString(v.str().c_str(), nullptr, 10));
         return with_origin(v, pyb::int_(v.as_int()), depth);
-      case Kind::kFloat: return with_origin(v, pyb::float_(v.as_float()), depth);
+      case Kind::kFloat:
+        return with_origin(v, pyb::float_(v.as_float()), depth);
       case Kind::kComplex: {
         auto c = v.as_complex();
         return with_origin(
@@ -52,7 +55,8 @@ class ToPython {
           return pyb::reinterpret_steal<pyb::object>(PyByteArray_FromStringAndSize(
               v.str().data(), static_cast<Py_ssize_t>(v.str().size())));
         return pyb::bytes(v.str());
-      default: break;
+      default:
+        break;
     }
     if (auto it = memo_.find(&v); it != memo_.end()) return it->second;
     pyb::object out;
@@ -79,8 +83,8 @@ class ToPython {
       case Kind::kDict: {
         pyb::list args;
         for (auto& x : v.items()) args.append(build(*x, depth + 1));
-        pyb::object d = v.module().empty() ? pyb::dict()
-                                           : h_.attr("make_dict")(v.module(), v.name(), args);
+        pyb::object d =
+            v.module().empty() ? pyb::dict() : h_.attr("make_dict")(v.module(), v.name(), args);
         memo_[&v] = d;
         for (auto& [k, x] : v.entries()) {
           pyb::object key = build(*k, depth + 1);
@@ -96,8 +100,7 @@ class ToPython {
       }
       case Kind::kTensor: {
         size_t i = v.tensor_index();
-        if (i >= tensors_.size())
-          throw Error(ErrorCode::kCorrupt, "tensor reference out of range");
+        if (i >= tensors_.size()) throw Error(ErrorCode::kCorrupt, "tensor reference out of range");
         out = tensors_[i];
         if (v.origin()) out = h_.attr("tensor_with_origin")(out, build(*v.origin(), depth + 1));
         break;
@@ -147,8 +150,8 @@ std::vector<int64_t> int_list(pyb::handle seq) {
 
 }  // namespace
 
-pyb::object tree_to_python(const Value& root, const pyb::list& tensors,
-                           const pyb::module_& helpers, uint32_t max_depth) {
+pyb::object tree_to_python(const Value& root, const pyb::list& tensors, const pyb::module_& helpers,
+                           uint32_t max_depth) {
   ToPython t(tensors, helpers, max_depth);
   return t.build(root, 0);
 }
@@ -157,7 +160,8 @@ pyb::object tree_to_python(const Value& root, const pyb::list& tensors,
 
 ValuePtr PyToValue::tensor(pyb::handle obj, const pyb::tuple& d) {
   // (key, address, nbytes, dtype, shape, strides, offset, requires_grad, is_parameter, keep)
-  if (auto it = tensor_of_.find(obj.ptr()); it != tensor_of_.end()) return Value::tensor(it->second);
+  if (auto it = tensor_of_.find(obj.ptr()); it != tensor_of_.end())
+    return Value::tensor(it->second);
   keep.append(d);
   auto key = d[0].cast<uintptr_t>();
   auto address = d[1].cast<uintptr_t>();
@@ -206,8 +210,9 @@ ValuePtr PyToValue::tensor(pyb::handle obj, const pyb::tuple& d) {
 
 ValuePtr PyToValue::convert(pyb::handle obj, uint32_t depth) {
   if (depth > Limits{}.max_pickle_depth)
-    throw Error(ErrorCode::kLimitExceeded, "object nested deeper than " +
-                                               std::to_string(Limits{}.max_pickle_depth) + " levels");
+    throw Error(
+        ErrorCode::kLimitExceeded,
+        "object nested deeper than " + std::to_string(Limits{}.max_pickle_depth) + " levels");
   PyObject* p = obj.ptr();
   if (obj.is_none()) return Value::none();
   if (PyBool_Check(p)) return Value::boolean(p == Py_True);
@@ -280,7 +285,7 @@ ValuePtr PyToValue::convert(pyb::handle obj, uint32_t depth) {
         out->entries().emplace_back(convert(kv[0], depth + 1), convert(kv[1], depth + 1));
       }
       out->set_call(d[7].cast<std::string>() == "newobj" ? Value::Call::kNewObj
-                                                          : Value::Call::kReduce);
+                                                         : Value::Call::kReduce);
       out->set_foreign(d[8].cast<bool>());
     } else {
       throw Error(ErrorCode::kInvalidArgument,
