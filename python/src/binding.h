@@ -34,6 +34,14 @@ struct Buffer {
 // (kNotFound, kIo; an empty file is opened as a plain file source, which reports it).
 SourcePtr open_private_map(const std::string& path);
 
+// Text from a file: UTF-8, undecodable bytes kept as surrogates (never a UnicodeDecodeError).
+inline pyb::object text(const std::string& s) {
+  PyObject* o =
+      PyUnicode_DecodeUTF8(s.data(), static_cast<Py_ssize_t>(s.size()), "surrogateescape");
+  if (!o) throw pyb::error_already_set();
+  return pyb::reinterpret_steal<pyb::object>(o);
+}
+
 // The object tree -> Python objects. `tensors[i]` is the Python object of tensor i (None where
 // not made); `helpers` is the module ckpt._tree (constructors for what is not a builtin).
 pyb::object tree_to_python(const Value& root, const pyb::list& tensors, const pyb::module_& helpers,

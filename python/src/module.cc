@@ -58,14 +58,6 @@ pyb::tuple int_tuple(const std::vector<int64_t>& v) {
   return pyb::reinterpret_steal<pyb::tuple>(t);
 }
 
-// Text from a file: UTF-8, undecodable bytes kept as surrogates (never a UnicodeDecodeError).
-pyb::object text(const std::string& s) {
-  PyObject* o =
-      PyUnicode_DecodeUTF8(s.data(), static_cast<Py_ssize_t>(s.size()), "surrogateescape");
-  if (!o) throw pyb::error_already_set();
-  return pyb::reinterpret_steal<pyb::object>(o);
-}
-
 // dtype names as interned Python strings, made once (a 20,000-tensor file asks 20,000 times).
 pyb::object dtype_str(DType d) {
   static PyObject* names[kNumDTypes] = {};
@@ -137,8 +129,8 @@ void raise_error(const Error& e) {
     pyb::module_ errors = pyb::module_::import(kErrorsModule);
     pyb::object cls = errors.attr("class_for")(error_code_name(e.code()));
     pyb::object offset = e.offset() ? pyb::object(pyb::int_(*e.offset())) : pyb::none();
-    pyb::object exc =
-        cls(e.what(), error_code_name(e.code()), e.source(), e.record(), offset, e.message());
+    pyb::object exc = cls(text(e.what()), error_code_name(e.code()), text(e.source()),
+                          text(e.record()), offset, text(e.message()));
     PyErr_SetObject(cls.ptr(), exc.ptr());
   } catch (pyb::error_already_set& err) {
     err.restore();
@@ -151,13 +143,20 @@ pyb::dict report_dict(const ConvertReport& r) {
   d["tensors"] = r.tensors;
   d["tensor_bytes"] = r.tensor_bytes;
   d["bytes_written"] = r.bytes_written;
-  d["not_written"] = r.not_written;
-  d["metadata_not_written"] = r.metadata_not_written;
-  d["copied_shared"] = r.copied_shared;
-  d["meta_zeroed"] = r.meta_zeroed;
-  d["meta_skipped"] = r.meta_skipped;
-  d["files"] = r.files;
-  d["index"] = r.index;
+  auto texts = [](const std::vector<std::string>& v) {
+    pyb::list l;
+    for (auto& x : v) l.append(text(x));
+    return l;
+  };
+  d["not_written"] = texts(r.not_written);
+  d["metadata_not_written"] = texts(r.metadata_not_written);
+  pyb::list shared;
+  for (auto& [a, b] : r.copied_shared) shared.append(pyb::make_tuple(text(a), text(b)));
+  d["copied_shared"] = shared;
+  d["meta_zeroed"] = texts(r.meta_zeroed);
+  d["meta_skipped"] = texts(r.meta_skipped);
+  d["files"] = texts(r.files);
+  d["index"] = text(r.index);
   d["key"] = pyb::bytes(r.key);
   return d;
 }
@@ -240,9 +239,15 @@ PYBIND11_MODULE(_ckpt, m) {
           })
       .def_property_readonly("format",
                              [](const PyCheckpoint& p) { return format_name(p.c.format()); })
-      .def_property_readonly("name", [](const PyCheckpoint& p) { return p.c.source().name(); })
+      .def_property_readonly("name",
+                             [](const PyCheckpoint& p) { return text(p.c.source().name()); })
       .def_property_readonly("size", [](const PyCheckpoint& p) { return p.c.source().size(); })
-      .def_property_readonly("properties", [](const PyCheckpoint& p) { return p.c.properties(); })
+      .def_property_readonly("properties",
+                             [](const PyCheckpoint& p) {
+                               pyb::dict d;
+                               for (auto& [k, v] : p.c.properties()) d[text(k)] = text(v);
+                               return d;
+                             })
       .def("tensor_infos",
            [](const PyCheckpoint& p) {
              pyb::list out;
@@ -253,7 +258,8 @@ PYBIND11_MODULE(_ckpt, m) {
            [](const PyCheckpoint& p) {
              pyb::list out;
              for (auto& s : p.c.storages())
-               out.append(pyb::make_tuple(s.key, dtype_str(s.dtype), s.nbytes, s.meta, s.device));
+               out.append(pyb::make_tuple(text(s.key), dtype_str(s.dtype), s.nbytes, s.meta,
+                                          text(s.device)));
              return out;
            })
       .def("find",
@@ -311,7 +317,7 @@ PYBIND11_MODULE(_ckpt, m) {
                f = flatten_state_dict(p.c);
              }
              pyb::list out;
-             for (auto& e : f.entries) out.append(pyb::make_tuple(e.name, e.tensor));
+             for (auto& e : f.entries) out.append(pyb::make_tuple(text(e.name), e.tensor));
              return out;
            })
       .def("verify",
@@ -330,7 +336,7 @@ PYBIND11_MODULE(_ckpt, m) {
              }
              pyb::dict out;
              for (auto& t : d)
-               out[pyb::str(t.name)] =
+               out[text(t.name)] =
                    t.sha256 ? pyb::object(pyb::str(to_hex(*t.sha256))) : pyb::object(pyb::none());
              return out;
            })

@@ -45,9 +45,13 @@ class ToPython {
             depth);
       }
       case Kind::kString: {
+        // pickle's own decoding (surrogatepass): text that is not UTF-8 is a corrupt file.
         PyObject* s = PyUnicode_DecodeUTF8(v.str().data(), static_cast<Py_ssize_t>(v.str().size()),
                                            "surrogatepass");
-        if (!s) throw pyb::error_already_set();
+        if (!s) {
+          PyErr_Clear();
+          throw Error(ErrorCode::kCorrupt, "a string that is not UTF-8: " + v.repr(40));
+        }
         return pyb::reinterpret_steal<pyb::object>(s);
       }
       case Kind::kBytes:
@@ -83,8 +87,9 @@ class ToPython {
       case Kind::kDict: {
         pyb::list args;
         for (auto& x : v.items()) args.append(build(*x, depth + 1));
-        pyb::object d =
-            v.module().empty() ? pyb::dict() : h_.attr("make_dict")(v.module(), v.name(), args);
+        pyb::object d = v.module().empty()
+                            ? pyb::dict()
+                            : h_.attr("make_dict")(text(v.module()), text(v.name()), args);
         memo_[&v] = d;
         for (auto& [k, x] : v.entries()) {
           pyb::object key = build(*k, depth + 1);
@@ -106,7 +111,7 @@ class ToPython {
         break;
       }
       case Kind::kGlobal:
-        out = h_.attr("make_global")(v.module(), v.name(), v.foreign());
+        out = h_.attr("make_global")(text(v.module()), text(v.name()), v.foreign());
         break;
       case Kind::kObject: {
         pyb::tuple args(v.items().size());
@@ -117,9 +122,9 @@ class ToPython {
         pyb::list entries;
         for (auto& [k, x] : v.entries())
           entries.append(pyb::make_tuple(build(*k, depth + 1), build(*x, depth + 1)));
-        out = h_.attr("make_object")(v.module(), v.name(), args, state, appended, entries,
-                                     v.call() == Value::Call::kNewObj ? "newobj" : "reduce",
-                                     v.foreign());
+        out = h_.attr("make_object")(
+            text(v.module()), text(v.name()), args, state, appended, entries,
+            v.call() == Value::Call::kNewObj ? "newobj" : "reduce", v.foreign());
         break;
       }
       default:
