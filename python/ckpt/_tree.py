@@ -195,7 +195,12 @@ def tensor_with_origin(tensor, origin):
 
 # --- ckpt.save: describing Python objects ---------------------------------------------------
 
-def describe(obj):
+_NP_NAMES = {"<f4": "float32", "<f8": "float64", "<f2": "float16", "<c8": "complex64",
+             "<c16": "complex128", "|b1": "bool", "|i1": "int8", "<i2": "int16", "<i4": "int32",
+             "<i8": "int64", "|u1": "uint8", "<u2": "uint16", "<u4": "uint32", "<u8": "uint64"}
+
+
+def describe(obj, flat=False):
     torch = sys.modules.get("torch")
     if torch is not None:
         if isinstance(obj, torch.Tensor):
@@ -217,9 +222,26 @@ def describe(obj):
     if isinstance(obj, Global):
         return ("global", obj.module, obj.name, True)
     np = sys.modules.get("numpy")
-    if torch is not None and np is not None and isinstance(obj, np.ndarray):
-        return ("tensor", _describe_tensor(torch, torch.from_numpy(np.ascontiguousarray(obj))))
+    if np is not None and isinstance(obj, np.ndarray):
+        if not flat:
+            # torch.save pickles an ndarray as numpy's own object, which this writer does not
+            # make: refuse rather than change its type.
+            return ("unsupported",)
+        return ("tensor", _describe_array(np, obj))
     return ("unsupported",)
+
+
+def _describe_array(np, a):
+    from ._errors import UnsupportedError, error
+    c = np.ascontiguousarray(a)
+    if c.dtype.byteorder == ">":
+        c = c.astype(c.dtype.newbyteorder("<"))
+    name = _NP_NAMES.get(c.dtype.str)
+    if name is None:
+        raise error(UnsupportedError, f"numpy dtype {a.dtype} has no ckpt equivalent")
+    strides = tuple(s // c.itemsize for s in c.strides) if c.itemsize else (0,) * c.ndim
+    return (id(c), c.ctypes.data, c.nbytes, name, tuple(c.shape), strides, 0, False, False,
+            (a, c), None)
 
 
 def _describe_tensor(torch, t):

@@ -52,8 +52,10 @@ pyb::object tree_to_python(const Value& root, const pyb::list& tensors, const py
 // (key, address, nbytes, dtype, shape, strides, offset, requires_grad, is_parameter, keepalive).
 // `keep` collects what must stay alive until the write is done.
 struct PyToValue {
-  explicit PyToValue(pyb::module_ h) : helpers(std::move(h)) {}
+  // flat: for safetensors/tensorizer, where numpy arrays are tensors too.
+  PyToValue(pyb::module_ h, bool flat) : helpers(std::move(h)), flat(flat) {}
   pyb::module_ helpers;
+  bool flat = false;
   std::vector<Tensor> tensors;
   pyb::list keep;
   ValuePtr convert(pyb::handle obj, uint32_t depth = 0);

@@ -389,7 +389,7 @@ PYBIND11_MODULE(_ckpt, m) {
 
   m.def("save_torch", [](const std::string& path, pyb::handle obj, const pyb::module_& helpers,
                          uint32_t alignment, const std::string& archive_name) {
-    PyToValue conv(helpers);
+    PyToValue conv(helpers, false);
     ValuePtr root = conv.convert(obj);
     SaveOptions o;
     if (alignment) o.alignment = alignment;
@@ -400,7 +400,7 @@ PYBIND11_MODULE(_ckpt, m) {
   m.def("save_safetensors", [](const std::string& path, const pyb::list& items,
                                const std::map<std::string, std::string>& metadata,
                                const pyb::module_& helpers, uint64_t alignment) {
-    PyToValue conv(helpers);
+    PyToValue conv(helpers, true);
     std::vector<Tensor> tensors = named_tensors(conv, items);
     SafetensorsSaveOptions o;
     if (alignment) o.alignment = alignment;
@@ -410,7 +410,7 @@ PYBIND11_MODULE(_ckpt, m) {
   m.def("save_tensorizer",
         [](const std::string& path, const pyb::list& items, const pyb::module_& helpers,
            const std::string& key, const std::string& password) {
-          PyToValue conv(helpers);
+          PyToValue conv(helpers, true);
           std::vector<Tensor> tensors = named_tensors(conv, items);
           TensorizerSaveOptions o;
           if (!key.empty()) {

@@ -264,7 +264,7 @@ ValuePtr PyToValue::convert(pyb::handle obj, uint32_t depth) {
     // Everything else is described by ckpt._tree.describe: ("tensor", tuple),
     // ("dict", module, name, items, state), ("global", module, name, foreign),
     // ("object", module, name, args, state, appended, entries, call, foreign).
-    pyb::tuple d = helpers.attr("describe")(obj);
+    pyb::tuple d = helpers.attr("describe")(obj, flat);
     std::string what = d[0].cast<std::string>();
     if (what == "tensor") return tensor(obj, d[1]);
     if (what == "dict") {

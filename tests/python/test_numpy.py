@@ -30,6 +30,23 @@ except ckpt.InvalidArgumentError:
     pass
 else:
     raise AssertionError("framework=pt without torch")
+arrs = {"x": np.arange(6, dtype=np.float64).reshape(2, 3).T, "y": np.array([1, 2], dtype=">i4"),
+        "z": np.zeros((0, 3), dtype=np.uint8), "b": np.array([True, False])}
+out = sys.argv[2] + ".np.safetensors"
+ckpt.save_file(arrs, out, metadata={"k": "v"})
+back = ckpt.load_file(out)
+for k in arrs:
+    assert np.array_equal(back[k], arrs[k]) and back[k].shape == arrs[k].shape, k
+assert back["y"].dtype == np.int32
+ckpt.save(arrs, sys.argv[2] + ".np.tensors")
+back = ckpt.load(sys.argv[2] + ".np.tensors")
+assert all(np.array_equal(back[k], arrs[k]) for k in arrs)
+try:
+    ckpt.save({"a": arrs["x"]}, sys.argv[2] + ".np.pt")
+except ckpt.InvalidArgumentError:
+    pass
+else:
+    raise AssertionError("ndarray in a pt file")
 assert "torch" not in [m for m in sys.modules if sys.modules[m] is not None and m == "torch"]
 print("ok")
 '''
