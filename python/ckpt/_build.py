@@ -5,7 +5,7 @@ in the file stay shared) or, without torch, numpy arrays."""
 import collections
 import sys
 
-from ._errors import UnsupportedError, error
+from ._errors import CorruptError, UnsupportedError, error
 
 _NP_TYPES = {
     "float32": "<f4", "float64": "<f8", "float16": "<f2", "complex64": "<c8",
@@ -87,18 +87,24 @@ class Builder:
             if isinstance(s, Tensor):
                 if s.dtype is not dtype:
                     continue
-                t = empty(0, dtype=dtype).set_(s).as_strided_(shape, strides, offset)
+                try:
+                    t = empty(0, dtype=dtype).set_(s).as_strided_(shape, strides, offset)
+                except RuntimeError:
+                    continue  # tensor() reports it
             else:
                 n = len(s)
                 size = self._itemsize(dtype)
                 if not n or n % size:
                     continue
                 t = frombuffer(s, dtype=dtype)
+                try:
+                    if not dense:
+                        t.as_strided_(shape, strides, offset)
+                    elif len(shape) != 1 or shape[0] * size != n:
+                        t.resize_(shape)  # contiguous from offset 0: cheaper than as_strided_
+                except RuntimeError:
+                    continue  # tensor() reports it
                 storages[si] = t
-                if not dense:
-                    t.as_strided_(shape, strides, offset)
-                elif len(shape) != 1 or shape[0] * size != n:
-                    t.resize_(shape)  # contiguous from offset 0: cheaper than as_strided_
             tensors[i] = t
 
     def need_storages(self, indices):
@@ -117,7 +123,13 @@ class Builder:
     def tensor(self, i):
         t = self.tensors.get(i)
         if t is None:
-            t = self._torch_tensor(i) if self.framework == "torch" else self._np_array(i)
+            try:
+                t = self._torch_tensor(i) if self.framework == "torch" else self._np_array(i)
+            except (RuntimeError, ValueError, TypeError) as e:
+                # The library checked the layout already; anything torch or numpy still refuses
+                # is reported as the file's fault, naming the tensor.
+                raise error(CorruptError, f"tensor cannot be made: {e}", self.source,
+                            self.infos[i][0]) from None
             self.tensors[i] = t
         return t
 
