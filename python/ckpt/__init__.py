@@ -169,8 +169,9 @@ def save(obj, f, *, format=None, metadata=None, key=None, password=None):
     tensorizer (from the file extension .safetensors / .tensors, or format="pt" |
     "safetensors" | "tensorizer").
 
-    pt: any tree of dict, OrderedDict, list, tuple, set, numbers, str, bytes, None,
-    torch.Size, dtypes, devices, tensors, Parameters, ckpt.Opaque; storage sharing is kept.
+    pt: any tree of dict, OrderedDict, Counter, defaultdict, list, tuple, set, numbers, str,
+    bytes, None, torch.Size, dtypes, devices, tensors (quantized and meta too), Parameters,
+    ckpt.Opaque; storage sharing is kept.
     safetensors/tensorizer: a dict of name -> tensor (metadata: safetensors' __metadata__;
     key/password: tensorizer encryption). Atomic: the file appears complete or not at all.
     f: a path or a binary file object. Raises ckpt.Error.

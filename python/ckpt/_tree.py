@@ -213,12 +213,18 @@ def describe(obj, flat=False):
             return ("object", "torch", "device", (str(obj),), None, [], [], "reduce", False)
     if isinstance(obj, collections.OrderedDict) or type(obj) is collections.Counter:
         state = dict(vars(obj)) or None
-        return ("dict", "collections", type(obj).__name__, list(obj.items()), state)
+        return ("dict", "collections", type(obj).__name__, list(obj.items()), state, ())
+    if type(obj) is collections.defaultdict:
+        f = obj.default_factory
+        return ("dict", "collections", "defaultdict", list(obj.items()), None,
+                () if f is None else (f,))
+    if isinstance(obj, type) and obj.__module__ == "builtins" and obj.__name__ in _SAFE_BUILTINS:
+        return ("global", "builtins", obj.__name__, False)
     if isinstance(obj, Opaque):
         return ("object", obj.module, obj.name, obj.args, obj.state, obj.appended, obj.items,
                 obj.call, True)
     if isinstance(obj, OpaqueDict):
-        return ("dict", obj.module, obj.name, list(obj.items()), None)
+        return ("dict", obj.module, obj.name, list(obj.items()), None, obj.args)
     if isinstance(obj, Global):
         return ("global", obj.module, obj.name, True)
     np = sys.modules.get("numpy")
@@ -259,11 +265,14 @@ def _describe_tensor(torch, t):
                      t.q_per_channel_zero_points())
     is_param = isinstance(t, torch.nn.Parameter)
     rg = bool(t.requires_grad)
+    name = str(t.dtype).split(".", 1)[1]
+    if t.device.type == "meta":  # dtype, size and stride only
+        return (id(t), 0, 0, name, tuple(t.shape), tuple(t.stride()), t.storage_offset(), rg,
+                is_param, (t,), quant, True)
     if t.device.type != "cpu":
         t = t.detach().cpu()
     s = t.storage().untyped()
     nbytes = s.nbytes()
     key = s.data_ptr() if nbytes else id(s)
-    name = str(t.dtype).split(".", 1)[1]
     return (key, s.data_ptr(), nbytes, name, tuple(t.shape), tuple(t.stride()),
-            t.storage_offset(), rg, is_param, (t, s), quant)
+            t.storage_offset(), rg, is_param, (t, s), quant, False)

@@ -49,7 +49,8 @@ pyb::object tree_to_python(const Value& root, const pyb::list& tensors, const py
 
 // Python objects -> an object tree for save_torch. Tensors are recognised and described by
 // `describe` (ckpt._tree.describe_tensor), which returns None for a non-tensor or a tuple
-// (key, address, nbytes, dtype, shape, strides, offset, requires_grad, is_parameter, keepalive).
+// (key, address, nbytes, dtype, shape, strides, offset, requires_grad, is_parameter, keepalive,
+// quantization or None, meta).
 // `keep` collects what must stay alive until the write is done.
 struct PyToValue {
   // flat: for safetensors/tensorizer, where numpy arrays are tensors too.

@@ -164,7 +164,8 @@ pyb::object tree_to_python(const Value& root, const pyb::list& tensors, const py
 // --- Python -> Value (ckpt.save) ------------------------------------------------------------
 
 ValuePtr PyToValue::tensor(pyb::handle obj, const pyb::tuple& d) {
-  // (key, address, nbytes, dtype, shape, strides, offset, requires_grad, is_parameter, keep)
+  // (key, address, nbytes, dtype, shape, strides, offset, requires_grad, is_parameter, keep,
+  //  quantization or None, meta)
   if (auto it = tensor_of_.find(obj.ptr()); it != tensor_of_.end())
     return Value::tensor(it->second);
   keep.append(d);
@@ -180,6 +181,10 @@ ValuePtr PyToValue::tensor(pyb::handle obj, const pyb::tuple& d) {
     st->info.dtype = *dtype;
     st->info.nbytes = nbytes;
     st->data = reinterpret_cast<const std::byte*>(address);
+    if (d.size() > 11 && d[11].cast<bool>()) {  // a meta tensor: no bytes
+      st->info.meta = true;
+      st->info.device = "meta";
+    }
   }
   TensorInfo info;
   info.name = std::to_string(tensors.size());
@@ -262,7 +267,7 @@ ValuePtr PyToValue::convert(pyb::handle obj, uint32_t depth) {
     out = PySet_CheckExact(p) ? Value::set(std::move(items)) : Value::frozenset(std::move(items));
   } else {
     // Everything else is described by ckpt._tree.describe: ("tensor", tuple),
-    // ("dict", module, name, items, state), ("global", module, name, foreign),
+    // ("dict", module, name, items, state, args), ("global", module, name, foreign),
     // ("object", module, name, args, state, appended, entries, call, foreign).
     pyb::tuple d = helpers.attr("describe")(obj, flat);
     std::string what = d[0].cast<std::string>();
@@ -275,6 +280,8 @@ ValuePtr PyToValue::convert(pyb::handle obj, uint32_t depth) {
         out->entries().emplace_back(convert(kv[0], depth + 1), convert(kv[1], depth + 1));
       }
       if (!d[4].is_none()) out->set_state(convert(d[4], depth + 1));
+      if (d.size() > 5)
+        for (auto x : d[5]) out->items().push_back(convert(x, depth + 1));
     } else if (what == "global") {
       out = Value::global(d[1].cast<std::string>(), d[2].cast<std::string>());
       out->set_foreign(d[3].cast<bool>());

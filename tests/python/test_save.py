@@ -104,3 +104,20 @@ def test_stream_quantized(torch_corpus):
     assert torch.equal(got["q"].int_repr(), exp["q"].int_repr())
     with pytest.raises(ckpt.UnsupportedError):
         dict(ckpt.open(torch_corpus["files"]["quant_per_channel"]).stream(1 << 20))
+
+
+def test_save_meta_and_defaultdict(tmp_path):
+    sd = {"m": torch.empty(3, 4, device="meta"),
+          "p": torch.nn.Parameter(torch.empty(2, device="meta")),
+          "d": collections.defaultdict(list, {"a": [1]}), "n": collections.defaultdict(None),
+          "cnt": collections.Counter("abca")}
+    p = tmp_path / "m.pt"
+    ckpt.save(sd, p)
+    back = torch.load(p)
+    assert back["m"].device.type == "meta" and back["m"].shape == (3, 4)
+    assert isinstance(back["p"], torch.nn.Parameter) and back["p"].device.type == "meta"
+    assert type(back["d"]) is collections.defaultdict and back["d"].default_factory is list
+    assert back["d"] == sd["d"] and back["n"].default_factory is None
+    assert back["cnt"] == sd["cnt"] and type(back["cnt"]) is collections.Counter
+    again = ckpt.load(p)
+    assert again["d"].default_factory is list and again["m"].device.type == "meta"
