@@ -5,6 +5,8 @@
 #   make fuzz  - build the libFuzzer targets (clang) and fuzz each for FUZZ_SECONDS
 #   make layers        - check that #includes only run down the layers (scripts/check_layers.py)
 #   make install-check - install into a temporary prefix and build consumers against it
+#   make python        - build the Python module (build/python) and run its tests (tests/python)
+#   make python-install - install the Python module for /usr/bin/python3 (pip, no index)
 # Both install missing Debian packages first (apt-get, non-interactive).
 
 BUILD ?= build
@@ -18,18 +20,19 @@ FUZZ_TARGETS ?=
 # concurrency tests): run under ThreadSanitizer by `make tsan`.
 TSAN_FILTER ?= *Concurrent*:*Thread*:*Parallel*:*Encrypted*:Concurrency.*:Load.*:FileSink*:*Sliced*:*Save*
 JOBS ?= $(shell nproc)
-CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=RelWithDebInfo
+CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCKPT_BUILD_PYTHON=ON
 PY := /usr/bin/python3
 DEMO_DIR ?= demo-out
 
 DEB_PACKAGES := cmake ninja-build g++ pkg-config libgtest-dev libgmock-dev libbenchmark-dev \
   libdeflate-dev libisal-dev zlib1g-dev libsodium-dev libssl-dev nlohmann-json3-dev libcli11-dev \
-  python3 python3-torch python3-numpy python3-pytest
+  python3 python3-torch python3-numpy python3-pytest \
+  python3-dev pybind11-dev python3-pip python3-setuptools python3-wheel
 # libFuzzer and the sanitizer runtimes come with clang; Debian 12 splits them into libclang-rt-14-dev.
 FUZZ_PACKAGES := clang libclang-rt-14-dev
 
 .PHONY: all deps build demo test unit interop asan interop-asan tsan fuzz-build fuzz fuzz-smoke \
-  layers install-check clean
+  layers install-check python python-install python-asan clean
 
 all: build
 
@@ -95,10 +98,34 @@ fuzz: fuzz-build
 fuzz-smoke: fuzz-build
 	./scripts/fuzz.sh $(BUILD_FUZZ) $(FUZZ_SMOKE_SECONDS) $(FUZZ_TARGETS)
 
+# The Python module (python/): the extension is built into $(BUILD)/python/ckpt beside a copy of
+# the package's .py files; tests/python imports it from there (docs/python.md).
+python: deps $(BUILD)/build.ninja
+	cmake -S . -B $(BUILD) -DCKPT_BUILD_PYTHON=ON
+	cmake --build $(BUILD) -j $(JOBS) --target ckpt_python ckpt_python_files
+	CKPT_PYTHONPATH=$(abspath $(BUILD))/python $(PY) -m pytest -q tests/python
+
+# The module and the library built with ASan+UBSan, the suite run under them (the runtimes are
+# preloaded into the uninstrumented interpreter; Python's own allocations are not leak-checked).
+# Not yet part of `test`: untested here (the helpers' shared machine may not run sanitizer builds).
+python-asan: deps
+	cmake -S . -B $(BUILD_ASAN) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCKPT_SANITIZE=ON -DCKPT_BUILD_PYTHON=ON
+	cmake --build $(BUILD_ASAN) -j $(JOBS) --target ckpt_python ckpt_python_files
+	LD_PRELOAD="$$(g++ -print-file-name=libasan.so) $$(g++ -print-file-name=libubsan.so)" \
+	  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	  CKPT_PYTHONPATH=$(abspath $(BUILD_ASAN))/python $(PY) -m pytest -q tests/python
+
+# Debian 12's pip refuses to touch the system interpreter ("externally managed", PEP 668)
+# without --break-system-packages; it installs into /usr/local/lib/python3.11/dist-packages,
+# which Debian reserves for exactly this, and reaches no package index.
+python-install: deps
+	$(PY) -m pip install --no-build-isolation --no-index --break-system-packages .
+
 test: layers build
 	$(MAKE) --no-print-directory unit
 	$(MAKE) --no-print-directory install-check
 	$(MAKE) --no-print-directory interop
+	$(MAKE) --no-print-directory python
 	$(MAKE) --no-print-directory asan
 	$(MAKE) --no-print-directory tsan
 	$(MAKE) --no-print-directory fuzz-smoke

@@ -1,0 +1,128 @@
+#!/usr/bin/python3
+"""The Python module against torch.load, in one run, on the same files (page cache warm).
+
+Writes (once) a 1 GiB torch checkpoint of 256 float32 tensors and one of 20,000 tensors with
+torch.save, and the same tensors as a tensorizer .tensors file (ckpt.save). Each measurement runs
+in a fresh /usr/bin/python3 process, in-process timing (time.perf_counter), one untimed warm-up
+load, then the median of --repeat loads:
+
+  torch.load(f)                         the peer
+  ckpt.load(f)                          eager: tensors in memory of their own
+  ckpt.load(f, mmap=True)               zero-copy views of a private mapping
+  ckpt.load(f.tensors)                  the same tensors from the tensorizer file
+  tensorizer TensorDeserializer         only with a local checkout of tensorizer's public
+                                        repository (--tensorizer DIR or $TENSORIZER_SRC; never
+                                        fetched, never committed): else the row says "skipped"
+and, in fresh processes: peak RSS of an eager ckpt.load over the interpreter's own (after
+importing torch and ckpt), and the time of `import ckpt` alone (median of 5 processes).
+
+    /usr/bin/python3 bench/python.py [--size-mb 1024] [--repeat 5] [--out build/bench-python]
+        [--pythonpath build/python] [--tensorizer DIR]
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import textwrap
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+GEN = textwrap.dedent(r"""
+    import collections, sys, torch
+    path, n, size_mb = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+    sys.path.insert(0, sys.argv[4]); import ckpt
+    torch.manual_seed(0)
+    numel = int(size_mb * 2**20 / 4 / n)
+    sd = collections.OrderedDict((f"layers.{i}.weight", torch.randn(numel)) for i in range(n))
+    torch.save(sd, path)
+    ckpt.save(sd, path[:-3] + ".tensors")
+""")
+
+TIME = textwrap.dedent(r"""
+    import json, os, resource, sys, time, warnings
+    warnings.filterwarnings("ignore")
+    path, repeat, what = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    sys.path.insert(0, sys.argv[4])
+    import torch, ckpt
+    if what == "torch":
+        fn = lambda: torch.load(path)
+    elif what == "ckpt":
+        fn = lambda: ckpt.load(path)
+    elif what == "ckpt-mmap":
+        fn = lambda: ckpt.load(path, mmap=True)
+    elif what == "tensorizer":
+        sys.path.insert(0, sys.argv[5])
+        from tensorizer import TensorDeserializer
+        fn = lambda: TensorDeserializer(path, device="cpu")
+    elif what == "rss":
+        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        t0 = time.perf_counter(); sd = ckpt.load(path); dt = time.perf_counter() - t0
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        print(json.dumps({"base": base, "peak": peak, "seconds": dt})); sys.exit(0)
+    sd = fn(); del sd  # warm-up (page cache, allocator)
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter(); sd = fn(); times.append(time.perf_counter() - t0); del sd
+    print(json.dumps({"median": sorted(times)[len(times) // 2], "min": min(times)}))
+""")
+
+IMPORT = ("import sys, time; sys.path.insert(0, sys.argv[1]); t = time.perf_counter(); "
+          "import ckpt; print(time.perf_counter() - t)")
+
+
+def run(cmd):
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit(f"failed: {' '.join(cmd)}\n{r.stderr}")
+    return r.stdout
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.path.join(REPO, "build", "bench-python"))
+    ap.add_argument("--pythonpath", default=os.path.join(REPO, "build", "python"))
+    ap.add_argument("--size-mb", type=float, default=1024)
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--tensorizer", default=os.environ.get("TENSORIZER_SRC"))
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    py = "/usr/bin/python3"
+    tz = a.tensorizer if a.tensorizer and os.path.isdir(os.path.join(a.tensorizer, "tensorizer")) \
+        else None
+    print(f"machine: {os.cpu_count()} cores; files in {a.out}; median of {a.repeat} loads "
+          "after one warm-up, each kind in its own process\n")
+    print("| file | torch.load | ckpt.load | ratio | ckpt.load(mmap=True) | ratio | "
+          "ckpt.load(.tensors) | tensorizer | ratio | peak RSS over interpreter (file size) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for label, n in (("256 tensors", 256), ("20,000 tensors", 20000)):
+        path = os.path.join(a.out, f"t{n}.pt")
+        tpath = path[:-3] + ".tensors"
+        if not (os.path.exists(path) and os.path.exists(tpath)):
+            run([py, "-c", GEN, path, str(n), str(a.size_mb), a.pythonpath])
+        t = {}
+        for what, p in (("torch", path), ("ckpt", path), ("ckpt-mmap", path),
+                        ("ckpt", tpath)):
+            key = what if p == path else "ckpt-tensors"
+            t[key] = json.loads(run([py, "-c", TIME, p, str(a.repeat), what, a.pythonpath]))
+        if tz:
+            t["tensorizer"] = json.loads(run([py, "-c", TIME, tpath, str(a.repeat), "tensorizer",
+                                              a.pythonpath, tz]))
+        rss = json.loads(run([py, "-c", TIME, path, "1", "rss", a.pythonpath]))
+        tl = t["torch"]["median"]
+        ms = lambda k: f"{t[k]['median'] * 1000:.1f} ms"  # noqa: E731
+        tzc = ms("tensorizer") if tz else "skipped (no local tensorizer checkout)"
+        tzr = f"{t['tensorizer']['median'] / t['ckpt-tensors']['median']:.1f}x" if tz else "-"
+        over = (rss["peak"] - rss["base"]) / 2**20
+        size = os.path.getsize(path) / 2**20
+        print(f"| {label} | {ms('torch')} | {ms('ckpt')} | {tl / t['ckpt']['median']:.1f}x | "
+              f"{ms('ckpt-mmap')} | {tl / t['ckpt-mmap']['median']:.1f}x | {ms('ckpt-tensors')} "
+              f"| {tzc} | {tzr} | {over:.0f} MiB ({size:.0f} MiB) |")
+    imports = [float(run([py, "-c", IMPORT, a.pythonpath])) for _ in range(5)]
+    print(f"\nimport ckpt (alone, fresh process, median of 5): "
+          f"{statistics.median(imports) * 1000:.1f} ms")
+
+
+if __name__ == "__main__":
+    main()

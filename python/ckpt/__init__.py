@@ -1,0 +1,471 @@
+"""ckpt: load and save model checkpoints safely and fast (PyTorch, safetensors, tensorizer).
+
+    import ckpt
+    sd = ckpt.load("model.pt")                  # what torch.load returns; no code runs
+    sd = ckpt.load("model.pt", mmap=True)       # zero-copy views of the file
+    ckpt.save(sd, "model.safetensors")          # or .pt / .tensors
+    with ckpt.safe_open("model.pt", framework="pt") as f:
+        w = f.get_slice("layer.weight")[:, :16]
+
+Files are read by a C++ library (no pickle code is ever run: unknown classes come back as
+:class:`ckpt.Opaque`). Without torch installed, tensors come back as numpy arrays.
+Errors are :class:`ckpt.Error` subclasses naming the file, record and byte offset.
+"""
+
+import collections
+import os
+import threading
+
+from . import _ckpt, _tree
+from ._build import Builder, backend
+from ._errors import (AuthError, CorruptError, Error, InvalidArgumentError, IoError,
+                      LimitExceededError, NotFoundError, TruncatedError, UnsupportedError, error)
+from ._tree import Global, Opaque, OpaqueDict
+
+__version__ = "0.1.0"
+__all__ = [
+    "load", "save", "safe_open", "load_file", "save_file", "open", "Checkpoint", "TensorInfo",
+    "Opaque", "Global", "OpaqueDict", "Error", "IoError", "NotFoundError", "TruncatedError",
+    "CorruptError", "UnsupportedError", "LimitExceededError", "InvalidArgumentError",
+    "AuthError",
+]
+
+_MAX_DEPTH = 1000  # the library's Limits::max_pickle_depth
+
+TensorInfo = collections.namedtuple(
+    "TensorInfo", "name dtype shape strides storage_offset storage requires_grad is_parameter "
+                  "quantization type")
+TensorInfo.__doc__ = """What a checkpoint says about one tensor (no bytes read): name (dotted
+path), dtype (torch's name, "float32"), shape, strides and storage_offset (in elements), storage
+(index of its storage), requires_grad, is_parameter, quantization (None or (scheme, scale,
+zero_point, axis, scales_tensor, zero_points_tensor)), type (format-specific)."""
+
+
+def _framework(framework):
+    if framework in (None, "pt", "torch"):
+        fw = backend()
+        if framework is not None and fw != "torch":
+            raise error(InvalidArgumentError, "framework='pt' needs torch, which cannot be "
+                        "imported")
+        return fw
+    if framework in ("np", "numpy"):
+        return "numpy"
+    raise error(InvalidArgumentError, f"unknown framework {framework!r} (use 'pt' or 'np')")
+
+
+def _check_cpu(map_location):
+    if map_location is None:
+        return
+    if isinstance(map_location, dict):  # {"cuda:0": "cpu"}: every location to the CPU
+        if all(str(v) == "cpu" for v in map_location.values()):
+            return
+        loc = None
+    else:
+        loc = str(map_location)
+    if loc != "cpu":
+        raise error(InvalidArgumentError, f"map_location={map_location!r}: only 'cpu' is "
+                    "supported (move the tensors afterwards)")
+
+
+def _open_path(path, private_map, strict, key, password):
+    return _ckpt.Checkpoint.open(path, private_map, strict, _key(key), password or "")
+
+
+def _key(key):
+    if key is None:
+        return ""
+    return key.hex() if isinstance(key, (bytes, bytearray)) else str(key)
+
+
+def _result(ck, builder, tensors):
+    _tree._MODE["torch"] = builder.framework == "torch"
+    if ck.format == "torchscript":
+        # TorchScript archives: their state dict (torch.load would run the TorchScript module).
+        return collections.OrderedDict((n, tensors[i]) for n, i in ck.state_dict_entries())
+    return ck.tree(tensors, _tree, _MAX_DEPTH)
+
+
+def load(f, *, map_location="cpu", mmap=False, verify=False, strict=False, key=None,
+         password=None, weights_only=None):
+    """Load a checkpoint: returns what ``torch.load(f)`` returns, without running any code.
+
+    f: a path (str or os.PathLike) or a binary file object (read whole into memory).
+      Any format ckpt reads: torch.save zip and legacy files, TorchScript archives (their state
+      dict), safetensors (an OrderedDict of name -> tensor), tensorizer.
+    map_location: only "cpu" (None and torch.device("cpu") too).
+    mmap: tensors are zero-copy views of a private copy-on-write mapping of the file (writable:
+      writes stay in this process); the mapping lives while any tensor uses it. The file may be
+      deleted or replaced by rename meanwhile; truncating it in place is undefined, as for any
+      mapping. Stored bytes that need decoding (compressed, encrypted, other byte order) are
+      decoded into memory of their own.
+    verify: check every stored CRC32 while reading (raises ckpt.CorruptError on a mismatch).
+    strict: refuse classes ckpt does not know (ckpt.UnsupportedError), as torch.load(
+      weights_only=True) does; otherwise they come back as ckpt.Opaque, never called.
+    key / password: decryption for encrypted tensorizer files (32 raw bytes or 64 hex digits).
+    weights_only: accepted for torch.load compatibility; True means strict=True.
+
+    Tensors are torch tensors when torch can be imported, else numpy arrays. Storages shared in
+    the file stay shared; Parameters, requires_grad, torch.Size, OrderedDict (with _metadata)
+    and quantized tensors come back as torch makes them. Bytes move with the GIL released.
+    Raises ckpt.Error subclasses (NotFoundError, CorruptError, TruncatedError, ...).
+    """
+    _check_cpu(map_location)
+    strict = bool(strict or weights_only)
+    fw = _framework(None)
+    if isinstance(f, (str, bytes, os.PathLike)):
+        path = os.fsdecode(f)
+        if mmap:
+            ck = _open_path(path, True, strict, key, password)
+            if verify:
+                ck.verify()
+            bufs = ck.storages(list(range(len(ck.storage_infos()))), verify)
+        else:
+            ck, bufs = _ckpt.Checkpoint.open_and_load(path, strict, _key(key), password or "",
+                                                      verify, 0)
+    else:
+        data = f.read()
+        name = getattr(f, "name", "<stream>")
+        ck = _ckpt.Checkpoint.open_bytes(bytes(data), str(name), strict, _key(key),
+                                         password or "")
+        bufs = ck.load_all(verify, 0)
+    b = Builder(ck, fw, ck.name)
+    b.add_buffers(bufs)
+    return _result(ck, b, b.all())
+
+
+# --- saving ---------------------------------------------------------------------------------
+
+_FORMATS = {"pt": "pt", "torch": "pt", "safetensors": "safetensors", "tensorizer": "tensorizer"}
+
+
+def _format_for(path, format):
+    if format is not None:
+        if format not in _FORMATS:
+            raise error(InvalidArgumentError, f"unknown format {format!r} (pt, safetensors, "
+                        "tensorizer)")
+        return _FORMATS[format]
+    p = path.lower()
+    if p.endswith(".safetensors"):
+        return "safetensors"
+    if p.endswith(".tensors"):
+        return "tensorizer"
+    return "pt"
+
+
+def _flat_items(obj, fmt):
+    if not isinstance(obj, dict):
+        raise error(InvalidArgumentError, f"{fmt} stores a dict of name -> tensor, not a "
+                    f"{type(obj).__name__}")
+    items = []
+    for k, v in obj.items():
+        if not isinstance(k, str):
+            raise error(InvalidArgumentError, f"{fmt} tensor names are strings, not {k!r}")
+        items.append((k, v))
+    return items
+
+
+def save(obj, f, *, format=None, metadata=None, key=None, password=None):
+    """Write ``obj`` the way ``torch.save`` does (torch.load reads it), or as safetensors or
+    tensorizer (from the file extension .safetensors / .tensors, or format="pt" |
+    "safetensors" | "tensorizer").
+
+    pt: any tree of dict, OrderedDict, Counter, defaultdict, list, tuple, set, numbers, str,
+    bytes, None, torch.Size, dtypes, devices, tensors (quantized and meta too), Parameters,
+    ckpt.Opaque; storage sharing is kept.
+    safetensors/tensorizer: a dict of name -> tensor (metadata: safetensors' __metadata__;
+    key/password: tensorizer encryption). Atomic: the file appears complete or not at all.
+    f: a path or a binary file object. Raises ckpt.Error.
+    """
+    if not isinstance(f, (str, bytes, os.PathLike)):
+        import tempfile
+        fmt = _format_for("", format)
+        with tempfile.TemporaryDirectory() as d:
+            tmp = os.path.join(d, "out")
+            save(obj, tmp, format=fmt, metadata=metadata, key=key, password=password)
+            with open_builtin(tmp, "rb") as src:
+                while True:
+                    chunk = src.read(1 << 24)
+                    if not chunk:
+                        break
+                    f.write(chunk)
+        return
+    path = os.fsdecode(f)
+    fmt = _format_for(path, format)
+    if fmt == "pt":
+        _ckpt.save_torch(path, obj, _tree, 0, "")
+    elif fmt == "safetensors":
+        save_file(obj, path, metadata)
+    else:
+        return _ckpt.save_tensorizer(path, _flat_items(obj, "tensorizer"), _tree, _key(key),
+                                     password or "")
+
+
+def save_file(tensors, filename, metadata=None):
+    """safetensors.torch.save_file: write a dict of name -> tensor (and str -> str metadata).
+    Tensors sharing memory are refused (ckpt.InvalidArgumentError), as safetensors does."""
+    md = dict(metadata or {})
+    for k, v in md.items():
+        if not isinstance(k, str) or not isinstance(v, str):
+            raise error(InvalidArgumentError, "safetensors metadata maps str to str")
+    _ckpt.save_safetensors(os.fsdecode(filename), _flat_items(tensors, "safetensors"), md, _tree, 0)
+
+
+def load_file(filename, device="cpu"):
+    """safetensors.torch.load_file: a dict of name -> tensor, from any format ckpt reads (a
+    torch checkpoint: its flattened state dict, dotted names)."""
+    _check_cpu(device)
+    ck, bufs = _ckpt.Checkpoint.open_and_load(os.fsdecode(filename), False, "", "", False, 0)
+    b = Builder(ck, backend(), ck.name)
+    b.add_buffers(bufs)
+    tensors = b.all()
+    return {n: tensors[i] for n, i in ck.state_dict_entries()}
+
+
+# --- safe_open ------------------------------------------------------------------------------
+
+_ST_CODES = {"float32": "F32", "float64": "F64", "float16": "F16", "bfloat16": "BF16",
+             "int8": "I8", "int16": "I16", "int32": "I32", "int64": "I64", "uint8": "U8",
+             "uint16": "U16", "uint32": "U32", "uint64": "U64", "bool": "BOOL",
+             "complex64": "C64", "float8_e5m2": "F8_E5M2", "float8_e4m3fn": "F8_E4M3"}
+
+
+class _Slice:
+    """A tensor not yet read: get_shape(), get_dtype(), and [index] reads only that part."""
+
+    def __init__(self, owner, index):
+        self._o = owner
+        self._i = index
+
+    def get_shape(self):
+        return list(self._o._b.infos[self._i][2])
+
+    def get_dtype(self):
+        dt = self._o._b.infos[self._i][1]
+        return _ST_CODES.get(dt, dt)
+
+    def __getitem__(self, idx):
+        view = self._o._view(self._i)
+        part = view[idx]
+        # A copy of the selected elements only: a view of a mapped file touches only their pages.
+        return part.clone() if self._o._b.framework == "torch" else part.copy()
+
+
+class safe_open:
+    """safetensors' safe_open for every format ckpt reads.
+
+        with ckpt.safe_open("model.safetensors", framework="pt") as f:
+            for name in f.keys():
+                t = f.get_tensor(name)
+            part = f.get_slice("emb.weight")[10:20]
+            meta = f.metadata()
+
+    The file is mapped (private, copy-on-write); get_tensor returns a zero-copy view where the
+    bytes are stored raw, get_slice(name)[...] copies just the selected elements. Names are
+    those of the flattened state dict (dotted paths) for torch files. framework: "pt" or "np".
+    """
+
+    def __init__(self, filename, framework="pt", device="cpu", *, key=None, password=None,
+                 strict=False):
+        _check_cpu(device)
+        fw = _framework(framework)
+        self._ck = _open_path(os.fsdecode(filename), True, strict, key, password)
+        self._b = Builder(self._ck, fw, self._ck.name)
+        self._names = collections.OrderedDict(self._ck.state_dict_entries())
+        self._lock = threading.Lock()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def close(self):
+        """Drops this handle; tensors already returned stay valid."""
+        self._names = collections.OrderedDict()
+
+    def keys(self):
+        return list(self._names)
+
+    def offset_keys(self):
+        return list(self._names)
+
+    def metadata(self):
+        """safetensors' __metadata__ (dict of str), or None when the file has none."""
+        props = self._ck.properties
+        md = {k[len("metadata."):]: v for k, v in props.items() if k.startswith("metadata.")}
+        return md or None
+
+    def _index(self, name):
+        i = self._names.get(name)
+        if i is None:
+            raise error(NotFoundError, f"no tensor named {name!r}", self._ck.name, name)
+        return i
+
+    def _view(self, i):
+        with self._lock:
+            need = self._b.need_storages([i])
+            if need:
+                bufs = self._ck.storages(need, False)
+                for s, buf in zip(need, bufs):
+                    if buf is not None:
+                        self._b.storages[s] = self._b._storage(buf)
+            return self._b.tensor(i)
+
+    def get_tensor(self, name):
+        return self._view(self._index(name))
+
+    def get_slice(self, name):
+        return _Slice(self, self._index(name))
+
+
+# --- ckpt.open ------------------------------------------------------------------------------
+
+open_builtin = open
+
+
+class Checkpoint:
+    """An opened checkpoint (metadata read; tensor bytes read when asked for). Made by
+    :func:`ckpt.open`. Thread-safe."""
+
+    def __init__(self, path, *, strict=False, key=None, password=None, mmap=True):
+        self._path = os.fsdecode(path)
+        self._ck = _open_path(self._path, mmap, strict, key, password)
+
+    @property
+    def format(self):
+        """"torch-zip", "torch-legacy", "torchscript", "safetensors" or "tensorizer"."""
+        return self._ck.format
+
+    @property
+    def properties(self):
+        """Format facts (version, alignment, byteorder, metadata.* for safetensors...)."""
+        return dict(self._ck.properties)
+
+    @property
+    def tensors(self):
+        """Every tensor's :class:`TensorInfo`, in table order."""
+        return [TensorInfo(*t[:10]) for t in self._ck.tensor_infos()]
+
+    def keys(self):
+        """The flattened state dict's names (dotted paths)."""
+        return [n for n, _ in self._ck.state_dict_entries()]
+
+    def load(self, *, verify=False):
+        """The whole object tree, eagerly loaded (like ckpt.load(path))."""
+        b = Builder(self._ck, backend(), self._ck.name)
+        b.add_buffers(self._ck.load_all(verify, 0))
+        return _result(self._ck, b, b.all())
+
+    def verify(self):
+        """Checks every stored CRC32; returns the number of records checked. Raises
+        ckpt.CorruptError naming the first bad record."""
+        return self._ck.verify()
+
+    def digest(self, *, verify=False):
+        """SHA-256 (hex) of every tensor's logical bytes, by flattened name (None for meta
+        tensors): the same for a .pt and the .safetensors converted from it."""
+        return dict(self._ck.digests(verify))
+
+    def file_digest(self):
+        """(file name, size, SHA-256 hex) of the whole file."""
+        return tuple(self._ck.file_digest())
+
+    def convert(self, dst, *, format=None, alignment=0, copy_shared=False, meta="refuse",
+                key=None, key_file=None, password=None, store_digests=False,
+                max_shard_size=0):
+        """Write this checkpoint in another format (what `ckpt convert` does); returns a report
+        dict (format, tensors, tensor_bytes, bytes_written, not_written, ...). Atomic."""
+        fmt = "" if format is None else format
+        return self._ck.convert(os.fsdecode(dst), fmt, alignment, copy_shared, meta, _key(key),
+                                key_file or "", password or "", store_digests, max_shard_size)
+
+    def stream(self, budget, *, verify=False):
+        """Iterate (name, tensor) in file order with at most ``budget`` bytes of storage in
+        memory at once (plus the tensor being handed out, a copy the caller owns)."""
+        import queue as _queue
+        fw = backend()
+        q = _queue.Queue(maxsize=1)
+        stop = threading.Event()
+        done = object()
+        ck = self._ck
+        sinfos = ck.storage_infos()
+
+        def on_tensor(info, buf):
+            if stop.is_set():
+                raise error(InvalidArgumentError, "stream closed")
+            q8 = info[8]
+            if q8 is not None and q8[4] is not None:
+                raise error(UnsupportedError, "stream() does not hand out per-channel quantized "
+                            "tensors (load them with load())", ck.name, info[0])
+            one = _OneTensor(info, sinfos)
+            b = Builder(one, fw, ck.name)
+            b.storages[info[5]] = _copy_buffer(buf, fw)
+            t = b.tensor(0)
+            while not stop.is_set():
+                try:
+                    q.put((info[0], t), timeout=0.1)
+                    return
+                except _queue.Full:
+                    pass
+            raise error(InvalidArgumentError, "stream closed")
+
+        def run():
+            try:
+                ck.stream(budget, on_tensor, verify)
+                q.put(done)
+            except BaseException as e:  # handed to the consumer
+                q.put(e)
+
+        th = threading.Thread(target=run, daemon=True)
+        th.start()
+        try:
+            while True:
+                item = q.get()
+                if item is done:
+                    return
+                if isinstance(item, BaseException):
+                    if isinstance(item, Error) and stop.is_set():
+                        return
+                    raise item
+                yield item
+        finally:
+            stop.set()
+            while th.is_alive():
+                try:
+                    q.get(timeout=0.05)
+                except _queue.Empty:
+                    pass
+            th.join()
+
+
+class _OneTensor:
+    """A Builder's view of one streamed tensor."""
+
+    def __init__(self, info, sinfos):
+        self._info = [info]
+        self._s = sinfos
+
+    def tensor_infos(self):
+        return self._info
+
+    def storage_infos(self):
+        return self._s
+
+
+def _copy_buffer(buf, fw):
+    if fw == "torch":
+        import torch
+        if len(buf) == 0:
+            return torch.UntypedStorage(0)
+        import numpy
+        arr = numpy.array(memoryview(buf), dtype=numpy.uint8)  # own copy
+        return torch.from_numpy(arr).storage().untyped()
+    import numpy
+    return numpy.array(memoryview(buf), dtype=numpy.uint8)
+
+
+def open(path, *, strict=False, key=None, password=None, mmap=True):  # noqa: A001
+    """Open a checkpoint without loading tensors: a :class:`Checkpoint` with format, tensors,
+    verify(), convert(), stream(), digest(). mmap=False reads with pread instead of mapping."""
+    return Checkpoint(path, strict=strict, key=key, password=password, mmap=mmap)

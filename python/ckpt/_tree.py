@@ -1,0 +1,278 @@
+"""Helpers for the object tree: what the C++ core calls to make Python objects that are not
+builtins (torch.Size, dtypes, OrderedDict...), and to describe Python objects for ckpt.save.
+
+No class or function named by a file is ever called: only the fixed, known constructors here.
+Everything else becomes :class:`Opaque` or :class:`Global`.
+"""
+
+import builtins
+import collections
+import sys
+
+__all__ = ["Opaque", "Global", "OpaqueDict"]
+
+
+class Global:
+    """A class or function a checkpoint names (``module.name``) and ckpt does not import."""
+
+    __slots__ = ("module", "name")
+
+    def __init__(self, module, name):
+        self.module = module
+        self.name = name
+
+    def __repr__(self):
+        return f"ckpt.Global({self.module}.{self.name})"
+
+    def __eq__(self, other):
+        return isinstance(other, Global) and (self.module, self.name) == (other.module, other.name)
+
+    def __hash__(self):
+        return hash((self.module, self.name))
+
+
+class Opaque:
+    """An object of a class ckpt does not construct, kept as data, never called.
+
+    ``module``/``name``: the class (or function) the pickle named; ``args``: the arguments of
+    the call that made it; ``state``: what ``__setstate__`` would have received (BUILD), or
+    None; ``appended``: items appended to it (a list subclass); ``items``: (key, value) pairs
+    set on it (a dict subclass); ``call``: "reduce" (``cls(*args)``) or "newobj"
+    (``cls.__new__(cls, *args)``). ``ckpt.save`` writes it back as the same object.
+    """
+
+    __slots__ = ("module", "name", "args", "state", "appended", "items", "call", "foreign")
+
+    def __init__(self, module, name, args=(), state=None, appended=(), items=(), call="reduce",
+                 foreign=True):
+        self.module = module
+        self.name = name
+        self.args = tuple(args)
+        self.state = state
+        self.appended = list(appended)
+        self.items = list(items)
+        self.call = call
+        self.foreign = foreign
+
+    def __repr__(self):
+        s = f"ckpt.Opaque({self.module}.{self.name}, args={self.args!r}"
+        if self.state is not None:
+            s += f", state={self.state!r}"
+        return s + ")"
+
+    def __eq__(self, other):
+        if not isinstance(other, Opaque):
+            return NotImplemented
+        return all(getattr(self, a) == getattr(other, a) for a in Opaque.__slots__)
+
+    __hash__ = object.__hash__
+
+
+class OpaqueDict(dict):
+    """A dict of a class ckpt does not construct: its items, with the class's name."""
+
+    def __init__(self, module, name, args=()):
+        super().__init__()
+        self.module = module
+        self.name = name
+        self.args = tuple(args)
+
+
+_SAFE_BUILTINS = {"int", "float", "complex", "str", "bytes", "bytearray", "list", "tuple",
+                  "dict", "set", "frozenset", "bool", "object"}
+
+
+def _torch():
+    return sys.modules.get("torch") if _MODE["torch"] else None
+
+
+_MODE = {"torch": False}  # set by the loader: True when tensors are torch tensors
+
+
+def make_set(items, frozen):
+    return frozenset(items) if frozen else set(items)
+
+
+def make_dict(module, name, args):
+    if module == "collections":
+        if name == "OrderedDict":
+            return collections.OrderedDict()
+        if name == "Counter":
+            return collections.Counter()
+        if name == "defaultdict":
+            factory = args[0] if args else None
+            if factory is not None and not (isinstance(factory, type) and
+                                            factory.__name__ in _SAFE_BUILTINS):
+                factory = None
+            return collections.defaultdict(factory)
+    return OpaqueDict(module, name, args)
+
+
+def set_state(obj, state):
+    if isinstance(state, dict):
+        for k, v in state.items():
+            if isinstance(k, str):
+                try:
+                    setattr(obj, k, v)
+                except (AttributeError, TypeError):
+                    pass
+
+
+def make_global(module, name, foreign):
+    torch = _torch()
+    if torch is not None and module == "torch" and not foreign:
+        g = getattr(torch, name, None)
+        if isinstance(g, (torch.dtype, torch.layout, torch.qscheme, torch.memory_format)):
+            return g
+    if module in ("builtins", "__builtin__") and name in _SAFE_BUILTINS:
+        return getattr(builtins, name)
+    return Global(module, name)
+
+
+def make_object(module, name, args, state, appended, items, call, foreign):
+    if not foreign:
+        if module == "torch" and name == "Size" and len(args) == 1:
+            torch = _torch()
+            return torch.Size(args[0]) if torch is not None else tuple(args[0])
+        if module == "torch" and name == "device" and args and \
+                all(isinstance(a, (str, int)) for a in args):
+            torch = _torch()
+            if torch is not None:
+                try:
+                    return torch.device(*args)
+                except (RuntimeError, TypeError):
+                    pass
+        if module == "argparse" and name == "Namespace" and not args and \
+                isinstance(state, dict) and all(isinstance(k, str) for k in state):
+            import argparse
+            return argparse.Namespace(**state)
+    return Opaque(module, name, args, state, appended, items, call, foreign)
+
+
+def _numpy():
+    try:
+        import numpy
+        return numpy
+    except ImportError:
+        return None
+
+
+def _np_dtype(np, d):
+    # numpy.dtype('f8', False, True) with state (3, '<', ...) as an Opaque.
+    if not (isinstance(d, Opaque) and d.name == "dtype" and d.args and isinstance(d.args[0], str)):
+        return None
+    t = np.dtype(d.args[0])
+    if isinstance(d.state, tuple) and len(d.state) > 1 and d.state[1] in ("<", ">"):
+        t = t.newbyteorder(d.state[1])
+    return t
+
+
+def scalar_with_origin(value, origin):
+    """A number read from numpy.core.multiarray.scalar(dtype, bytes): the numpy scalar."""
+    np = _numpy()
+    if np is None or not isinstance(origin, Opaque) or len(origin.args) != 2 or \
+            not isinstance(origin.args[1], bytes):
+        return value
+    try:
+        t = _np_dtype(np, origin.args[0])
+        if t is None:
+            return value
+        return np.frombuffer(origin.args[1], dtype=t)[0]
+    except (TypeError, ValueError):
+        return value
+
+
+def tensor_with_origin(tensor, origin):
+    """An array read from a numpy array pickle: the numpy array (torch.load returns one)."""
+    torch = _torch()
+    if torch is not None and isinstance(tensor, torch.Tensor):
+        try:
+            return tensor.numpy()
+        except (RuntimeError, TypeError):
+            return tensor
+    return tensor
+
+
+# --- ckpt.save: describing Python objects ---------------------------------------------------
+
+_NP_NAMES = {"<f4": "float32", "<f8": "float64", "<f2": "float16", "<c8": "complex64",
+             "<c16": "complex128", "|b1": "bool", "|i1": "int8", "<i2": "int16", "<i4": "int32",
+             "<i8": "int64", "|u1": "uint8", "<u2": "uint16", "<u4": "uint32", "<u8": "uint64"}
+
+
+def describe(obj, flat=False):
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        if isinstance(obj, torch.Tensor):
+            return ("tensor", _describe_tensor(torch, obj))
+        if isinstance(obj, torch.Size):
+            return ("object", "torch", "Size", (tuple(obj),), None, [], [], "reduce", False)
+        if isinstance(obj, torch.dtype):
+            return ("global", "torch", str(obj).split(".", 1)[1], False)
+        if isinstance(obj, torch.device):
+            return ("object", "torch", "device", (str(obj),), None, [], [], "reduce", False)
+    if isinstance(obj, collections.OrderedDict) or type(obj) is collections.Counter:
+        state = dict(vars(obj)) or None
+        return ("dict", "collections", type(obj).__name__, list(obj.items()), state, ())
+    if type(obj) is collections.defaultdict:
+        f = obj.default_factory
+        return ("dict", "collections", "defaultdict", list(obj.items()), None,
+                () if f is None else (f,))
+    if isinstance(obj, type) and obj.__module__ == "builtins" and obj.__name__ in _SAFE_BUILTINS:
+        return ("global", "builtins", obj.__name__, False)
+    if isinstance(obj, Opaque):
+        return ("object", obj.module, obj.name, obj.args, obj.state, obj.appended, obj.items,
+                obj.call, True)
+    if isinstance(obj, OpaqueDict):
+        return ("dict", obj.module, obj.name, list(obj.items()), None, obj.args)
+    if isinstance(obj, Global):
+        return ("global", obj.module, obj.name, True)
+    np = sys.modules.get("numpy")
+    if np is not None and isinstance(obj, np.ndarray):
+        if not flat:
+            # torch.save pickles an ndarray as numpy's own object, which this writer does not
+            # make: refuse rather than change its type.
+            return ("unsupported",)
+        return ("tensor", _describe_array(np, obj))
+    return ("unsupported",)
+
+
+def _describe_array(np, a):
+    from ._errors import UnsupportedError, error
+    c = np.ascontiguousarray(a)
+    if c.dtype.byteorder == ">":
+        c = c.astype(c.dtype.newbyteorder("<"))
+    name = _NP_NAMES.get(c.dtype.str)
+    if name is None:
+        raise error(UnsupportedError, f"numpy dtype {a.dtype} has no ckpt equivalent")
+    strides = tuple(s // c.itemsize for s in c.strides) if c.itemsize else (0,) * c.ndim
+    return (id(c), c.ctypes.data, c.nbytes, name, tuple(c.shape), strides, 0, False, False,
+            (a, c), None)
+
+
+def _describe_tensor(torch, t):
+    from ._errors import UnsupportedError, error
+    if t.is_sparse or t.layout != torch.strided:
+        raise error(UnsupportedError, "ckpt.save cannot write sparse or non-strided tensors")
+    quant = None
+    if t.is_quantized:
+        qs = t.qscheme()
+        scheme = str(qs).split(".", 1)[1]
+        if qs in (torch.per_tensor_affine, torch.per_tensor_symmetric):
+            quant = (scheme, float(t.q_scale()), int(t.q_zero_point()), 0, None, None)
+        else:
+            quant = (scheme, 0.0, 0, int(t.q_per_channel_axis()), t.q_per_channel_scales(),
+                     t.q_per_channel_zero_points())
+    is_param = isinstance(t, torch.nn.Parameter)
+    rg = bool(t.requires_grad)
+    name = str(t.dtype).split(".", 1)[1]
+    if t.device.type == "meta":  # dtype, size and stride only
+        return (id(t), 0, 0, name, tuple(t.shape), tuple(t.stride()), t.storage_offset(), rg,
+                is_param, (t,), quant, True)
+    if t.device.type != "cpu":
+        t = t.detach().cpu()
+    s = t.storage().untyped()
+    nbytes = s.nbytes()
+    key = s.data_ptr() if nbytes else id(s)
+    return (key, s.data_ptr(), nbytes, name, tuple(t.shape), tuple(t.stride()),
+            t.storage_offset(), rg, is_param, (t, s), quant, False)

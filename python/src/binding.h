@@ -1,0 +1,71 @@
+#pragma once
+// Shared pieces of the Python binding (ckpt._ckpt): a byte buffer with the buffer protocol, the
+// private copy-on-write file mapping behind mmap=True, and the object-tree conversions. Public
+// API only (<ckpt/...>); no format logic lives here.
+
+#include <pybind11/pybind11.h>
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "ckpt/ckpt.h"
+
+namespace ckpt::py {
+
+namespace pyb = pybind11;
+
+// Bytes exported to Python through the buffer protocol (memoryview, torch.frombuffer,
+// numpy.frombuffer). `owner` keeps them alive for as long as this object (and so any tensor or
+// array made over it) lives. `writable`: memory nobody else reads as the file's contents (an
+// eager load's own memory, or a page of a private copy-on-write mapping).
+struct Buffer {
+  const std::byte* data = nullptr;
+  size_t size = 0;
+  std::shared_ptr<const void> owner;
+  bool writable = false;
+};
+
+// A source over a private (MAP_PRIVATE, PROT_READ|PROT_WRITE) mapping of a file: views into it
+// are writable copy-on-write memory, so torch accepts them without a read-only warning and a
+// write never reaches the file. The mapping lives while any view's owner does. Throws Error
+// (kNotFound, kIo; an empty file is opened as a plain file source, which reports it).
+SourcePtr open_private_map(const std::string& path);
+
+// Text from a file: UTF-8, undecodable bytes kept as surrogates (never a UnicodeDecodeError).
+inline pyb::object text(const std::string& s) {
+  PyObject* o =
+      PyUnicode_DecodeUTF8(s.data(), static_cast<Py_ssize_t>(s.size()), "surrogateescape");
+  if (!o) throw pyb::error_already_set();
+  return pyb::reinterpret_steal<pyb::object>(o);
+}
+
+// The object tree -> Python objects. `tensors[i]` is the Python object of tensor i (None where
+// not made); `helpers` is the module ckpt._tree (constructors for what is not a builtin).
+pyb::object tree_to_python(const Value& root, const pyb::list& tensors, const pyb::module_& helpers,
+                           uint32_t max_depth);
+
+// Python objects -> an object tree for save_torch. Tensors are recognised and described by
+// `describe` (ckpt._tree.describe_tensor), which returns None for a non-tensor or a tuple
+// (key, address, nbytes, dtype, shape, strides, offset, requires_grad, is_parameter, keepalive,
+// quantization or None, meta).
+// `keep` collects what must stay alive until the write is done.
+struct PyToValue {
+  // flat: for safetensors/tensorizer, where numpy arrays are tensors too.
+  PyToValue(pyb::module_ h, bool flat) : helpers(std::move(h)), flat(flat) {}
+  pyb::module_ helpers;
+  bool flat = false;
+  std::vector<Tensor> tensors;
+  pyb::list keep;
+  ValuePtr convert(pyb::handle obj, uint32_t depth = 0);
+
+ private:
+  std::unordered_map<PyObject*, ValuePtr> memo_;
+  std::unordered_map<uintptr_t, StoragePtr> storages_;
+  std::unordered_map<PyObject*, size_t> tensor_of_;
+  ValuePtr tensor(pyb::handle obj, const pyb::tuple& d);
+};
+
+}  // namespace ckpt::py

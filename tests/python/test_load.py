@@ -1,0 +1,169 @@
+"""ckpt.load returns what torch.load returns, for every file of the interop corpus."""
+
+import collections
+import gc
+import io
+import os
+import warnings
+
+import pytest
+import torch
+
+import ckpt
+import corpus
+from helpers import assert_same
+
+ZIP_IDS = [c.name for c in corpus.CASES]
+LEGACY_IDS = [f"{c.name}.legacy" for c in corpus.CASES if c.legacy]
+
+
+@pytest.mark.parametrize("fid", ZIP_IDS + LEGACY_IDS)
+def test_corpus_equal_to_torch(torch_corpus, fid):
+    path = torch_corpus["files"][fid]
+    expected = torch.load(path)
+    assert_same(ckpt.load(path), expected)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # no "non-writable buffer" warning
+        assert_same(ckpt.load(path, mmap=True), expected)
+
+
+@pytest.mark.parametrize("fid", ["nested", "adam", "module_sd.legacy", "quant_per_channel"])
+def test_file_object_and_verify(torch_corpus, fid):
+    path = torch_corpus["files"][fid]
+    with open(path, "rb") as f:
+        got = ckpt.load(f)
+    assert_same(got, torch.load(path))
+    assert_same(ckpt.load(path, verify=True), torch.load(path))
+
+
+def test_load_state_dict(tmp_path):
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3), torch.nn.Linear(3, 2))
+    p = tmp_path / "m.pt"
+    torch.save(m.state_dict(), p)
+    m2 = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3), torch.nn.Linear(3, 2))
+    for mmap in (False, True):
+        sd = ckpt.load(p, mmap=mmap)
+        m2.load_state_dict(sd)
+        for a, b in zip(m.state_dict().values(), m2.state_dict().values()):
+            assert torch.equal(a, b)
+
+
+def test_mmap_views_are_private_and_outlive_the_file(tmp_path):
+    p = tmp_path / "a.pt"
+    torch.save({"a": torch.arange(1000, dtype=torch.float32), "b": torch.ones(3)}, p)
+    sd = ckpt.load(p, mmap=True)
+    sd["a"][0] = 42  # private copy-on-write: the file is unchanged
+    assert ckpt.load(p)["a"][0] == 0
+    # Replace the file (rename over it, as ckpt.save and torch.save via a temp do) and delete it.
+    torch.save({"a": torch.zeros(1000)}, tmp_path / "b.pt")
+    os.replace(tmp_path / "b.pt", p)
+    os.remove(p)
+    gc.collect()
+    assert sd["a"][1] == 1 and sd["a"][999] == 999 and sd["a"][0] == 42
+
+
+def test_eager_tensors_outlive_file_and_overwrite(tmp_path):
+    p = tmp_path / "a.pt"
+    torch.save({"a": torch.arange(10.0)}, p)
+    sd = ckpt.load(p)
+    with open(p, "wb") as f:  # truncate and overwrite in place
+        f.write(b"garbage" * 100)
+    os.remove(p)
+    gc.collect()
+    assert torch.equal(sd["a"], torch.arange(10.0))
+
+
+def test_formats(tmp_path):
+    torch.manual_seed(0)
+    sd = collections.OrderedDict(w=torch.randn(3, 4), b=torch.arange(5), h=torch.randn(2).half())
+    st = tmp_path / "m.safetensors"
+    tz = tmp_path / "m.tensors"
+    ckpt.save_file(dict(sd), st)
+    ckpt.save(dict(sd), tz)
+    for p in (st, tz):
+        for mmap in (False, True):
+            got = ckpt.load(p, mmap=mmap)
+            assert set(got) == set(sd)
+            for k in sd:
+                assert torch.equal(got[k], sd[k])
+
+
+def test_torchscript_state_dict(tmp_path):
+    torch.manual_seed(0)
+    m = torch.jit.script(torch.nn.Linear(3, 2))
+    p = tmp_path / "s.pt"
+    m.save(str(p))
+    got = ckpt.load(p)
+    assert isinstance(got, collections.OrderedDict)
+    assert set(got) == {"weight", "bias"}
+    assert torch.equal(got["weight"], m.weight) and torch.equal(got["bias"], m.bias)
+
+
+def test_opaque_objects_are_never_called(torch_corpus):
+    for fid, (path, glob) in torch_corpus["refuse"].items():
+        got = ckpt.load(path)
+        assert torch.equal(got["w"], torch.ones(2))
+        obj = got["obj"] if "obj" in got else got["payload"]
+        assert isinstance(obj, ckpt.Opaque)
+        assert f"{obj.module}.{obj.name}" == glob
+        with pytest.raises(ckpt.UnsupportedError) as e:
+            ckpt.load(path, strict=True)
+        assert glob in str(e.value)
+        with pytest.raises(ckpt.UnsupportedError):
+            ckpt.load(path, weights_only=True)
+    assert not os.path.exists(torch_corpus["marker"])
+
+
+def test_numpy_values_and_misc(tmp_path):
+    import argparse
+    import numpy as np
+    obj = {"f": np.float64(1.5), "i": np.int64(7), "a": np.arange(4, dtype=np.float32),
+           "ns": argparse.Namespace(lr=0.1, name="x"), "c": 1 + 2j, "big": 2 ** 80,
+           "set": {1, 2}, "fs": frozenset({3}), "ba": bytearray(b"xy"), "by": b"\x00\xff",
+           "size": torch.Size([2, 3]), "dt": torch.float16, "dev": torch.device("cpu"),
+           "cnt": collections.Counter("aab")}
+    p = tmp_path / "v.pt"
+    torch.save(obj, p)
+    got = ckpt.load(p)
+    exp = torch.load(p)
+    for k in ("f", "i", "c", "big", "set", "fs", "ba", "by", "size", "dt", "dev", "cnt", "ns"):
+        assert type(got[k]) is type(exp[k]), k
+        assert got[k] == exp[k], k
+    assert isinstance(got["a"], np.ndarray) and np.array_equal(got["a"], exp["a"])
+
+
+def test_shared_storage_identity(torch_corpus):
+    sd = ckpt.load(torch_corpus["files"]["tied"])
+    exp = torch.load(torch_corpus["files"]["tied"])
+    assert_same(sd, exp)
+
+
+def test_map_location_cpu_only(torch_corpus):
+    p = torch_corpus["files"]["plain_sd"]
+    ckpt.load(p, map_location=torch.device("cpu"))
+    ckpt.load(p, map_location=None)
+    ckpt.load(p, map_location={"cuda:0": "cpu"})
+    with pytest.raises(ckpt.InvalidArgumentError):
+        ckpt.load(p, map_location="cuda")
+
+
+def test_bytesio_roundtrip():
+    buf = io.BytesIO()
+    torch.save({"x": torch.arange(3)}, buf)
+    buf.seek(0)
+    assert torch.equal(ckpt.load(buf)["x"], torch.arange(3))
+
+
+def test_sharded_index(tmp_path):
+    import json
+    ckpt.save({"a": torch.ones(3)}, tmp_path / "m-1.safetensors")
+    ckpt.save({"b": torch.zeros(2)}, tmp_path / "m-2.safetensors")
+    (tmp_path / "m.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {}, "weight_map": {"a": "m-1.safetensors", "b": "m-2.safetensors"}}))
+    for mmap in (False, True):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", UserWarning)
+            sd = ckpt.load(tmp_path / "m.safetensors.index.json", mmap=mmap)
+        assert list(sd) == ["a", "b"] and torch.equal(sd["a"], torch.ones(3))
+        sd["a"][0] = 5  # writable: a shard's read-only mapping is never handed out
