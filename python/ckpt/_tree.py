@@ -182,8 +182,30 @@ def scalar_with_origin(value, origin):
         return value
 
 
+_TENSOR_WRAPPERS = {("torch._tensor", "_rebuild_from_type_v2"),
+                    ("torch._utils", "_rebuild_parameter_with_state")}
+
+
 def tensor_with_origin(tensor, origin):
-    """An array read from a numpy array pickle: the numpy array (torch.load returns one)."""
+    """A tensor read from a call that wraps it.
+
+    torch's wrapper of a tensor subclass or a tensor with Python attributes (origin
+    `(type, state)`): the tensor with its attributes set (plain data, never a call); the
+    subclass itself is not made (its class is never imported), as with torch's weights_only.
+    Otherwise an array read from a numpy array pickle: the numpy array (torch.load returns one).
+    """
+    if isinstance(origin, Opaque) and (origin.module, origin.name) in _TENSOR_WRAPPERS:
+        state = origin.args[1] if len(origin.args) == 2 else None
+        if isinstance(state, tuple) and state and isinstance(state[0], dict):
+            state = state[0]  # (__dict__, slots) for a class with __slots__
+        if isinstance(state, dict):
+            for k, v in state.items():
+                if isinstance(k, str) and not (k.startswith("__") and k.endswith("__")):
+                    try:
+                        setattr(tensor, k, v)
+                    except (AttributeError, TypeError):
+                        pass
+        return tensor
     torch = _torch()
     if torch is not None and isinstance(tensor, torch.Tensor):
         try:
