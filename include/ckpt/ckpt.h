@@ -17,6 +17,8 @@
 #include "ckpt/dtype.h"
 #include "ckpt/error.h"
 #include "ckpt/format.h"
+#include "ckpt/onnx.h"
+#include "ckpt/onnx_types.h"
 #include "ckpt/options.h"
 #include "ckpt/safetensors.h"
 #include "ckpt/sink.h"
