@@ -139,10 +139,9 @@ void store_entry(const std::string& dir, const std::string& path, const std::str
   if (fd < 0) io_error("cannot create a cache temporary", tmpl);
   Fd f(fd);
   try {
-    // Shared by every process on the machine: readable by all (mkostemp made it 0600).
-    mode_t mask = ::umask(0);
-    ::umask(mask);
-    if (::fchmod(fd, 0644 & ~mask) != 0) io_error("cannot set the cache entry's mode", tmpl);
+    // Shared by every process on the machine: readable by all (mkostemp made it 0600; umask is
+    // not read: changing it to read it would race with other threads).
+    if (::fchmod(fd, 0644) != 0) io_error("cannot set the cache entry's mode", tmpl);
     const uint64_t off = (kFixedHeader + key.size() + alignment - 1) / alignment * alignment;
     std::vector<unsigned char> head(static_cast<size_t>(off), 0);
     std::memcpy(head.data(), kMagic, 8);
