@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <thread>
 
 #include "common.h"
 
@@ -16,6 +17,7 @@ void add_prepack(CLI::App& app) {
     std::vector<std::string> tensors;
     bool xdg = false, gc = false, json = false;
     uint64_t align = 4096, max_size = 0;
+    int hold_ms = 0;
     Common common;
   };
   auto o = std::make_shared<Opts>();
@@ -35,6 +37,9 @@ void add_prepack(CLI::App& app) {
       ->transform(CLI::AsSizeValue(false));
   cmd->add_flag("--gc", o->gc, "only bound the cache folder to --max-size");
   cmd->add_flag("--json", o->json, "machine-readable output");
+  cmd->add_option("--hold-ms", o->hold_ms,
+                  "benchmarks: keep the blobs mapped (every page touched) this long, then report "
+                  "the process's PSS and RSS");
   add_common(*cmd, o->common);
   cmd->callback([o] {
     if (o->gc) {
@@ -70,12 +75,14 @@ void add_prepack(CLI::App& app) {
     size_t hits = 0;
     uint64_t bytes = 0;
     auto t0 = std::chrono::steady_clock::now();
+    std::vector<PackedBlob> held;
     for (const std::string& n : names) {
       auto s = std::chrono::steady_clock::now();
       PackedBlob b = prepack(c, n, packer, po);
       double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s)
                       .count();
       hits += b.hit;
+      if (o->hold_ms > 0) held.push_back(b);
       bytes += b.bytes.size();
       if (o->json) {
         j.push_back({{"tensor", n},
@@ -89,12 +96,31 @@ void add_prepack(CLI::App& app) {
       }
     }
     double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    uint64_t pss_kb = 0, rss_kb = 0;
+    if (o->hold_ms > 0) {
+      volatile uint8_t sink = 0;
+      for (const PackedBlob& b : held)
+        for (size_t i = 0; i < b.bytes.size(); i += 4096)
+          sink = sink ^ std::to_integer<uint8_t>(b.bytes[i]);
+      std::this_thread::sleep_for(std::chrono::milliseconds(o->hold_ms));
+      if (FILE* f = std::fopen("/proc/self/smaps_rollup", "r")) {
+        char line[256];
+        unsigned long long v = 0;
+        while (std::fgets(line, sizeof line, f)) {
+          if (std::sscanf(line, "Pss: %llu kB", &v) == 1) pss_kb = v;
+          if (std::sscanf(line, "Rss: %llu kB", &v) == 1) rss_kb = v;
+        }
+        std::fclose(f);
+      }
+    }
     if (o->json) {
       std::printf("%s\n", nlohmann::ordered_json({{"packer", packer.id},
                                                   {"tensors", j},
                                                   {"hits", hits},
                                                   {"bytes", bytes},
-                                                  {"seconds", total}})
+                                                  {"seconds", total},
+                                                  {"pss_kb", pss_kb},
+                                                  {"rss_kb", rss_kb}})
                               .dump(1)
                               .c_str());
     } else {
