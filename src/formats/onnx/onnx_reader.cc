@@ -606,6 +606,18 @@ void Parser::tensor(std::span<const uint8_t> b, uint64_t base, const std::string
                       std::to_string(numel) + " elements of " + std::string(dtype_name(*dt)) +
                       " need " + std::to_string(*nb),
                   src_->name(), name, ext_at);
+    // A range past the end of an existing file is refused now (a load would first allocate
+    // the tensor's bytes); a missing file is reported when its bytes are read.
+    if (!onnx_model_dir(src_->name()).empty()) {
+      std::error_code ec;
+      uint64_t fsize = std::filesystem::file_size(slot.path, ec);
+      if (!ec && (slot.offset > fsize || *nb > fsize - slot.offset))
+        throw Error(ErrorCode::kTruncated,
+                    "external data (" + std::to_string(*nb) + " bytes at " +
+                        std::to_string(slot.offset) + ") passes the end of " + location + " (" +
+                        std::to_string(fsize) + " bytes)",
+                    src_->name(), name, ext_at);
+    }
     place.how = "external";
     place.location = location;
     place.offset = slot.offset;
