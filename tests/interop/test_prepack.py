@@ -103,3 +103,12 @@ def test_gc_bounds_the_cache(ckpt, ckpt_file, tmp_path):
     r = ckpt.ok("prepack", "--gc", "--cache-dir", cache, "--max-size", "40KiB")
     after = sum(os.path.getsize(cache / f) for f in os.listdir(cache) if f.endswith(".blob"))
     assert after <= 40 * 1024 < before, r.stdout
+
+
+def test_huge_page_alignment(ckpt, ckpt_file, tmp_path):
+    p, t = ckpt_file
+    e = ckpt.json("prepack", p, "--tensor", "b", "--cache-dir", tmp_path / "h", "--align", "2MiB",
+                  "--json")["tensors"][0]
+    data = open(e["path"], "rb").read()
+    off, n = struct.unpack("<QQ", data[8:24])
+    assert off % (2 << 20) == 0 and data[off:] == ref_transpose(t["b"])
