@@ -26,7 +26,7 @@ DEMO_DIR ?= demo-out
 
 DEB_PACKAGES := cmake ninja-build g++ pkg-config libgtest-dev libgmock-dev libbenchmark-dev \
   libdeflate-dev libisal-dev zlib1g-dev libsodium-dev libssl-dev nlohmann-json3-dev libcli11-dev \
-  python3 python3-torch python3-numpy python3-pytest \
+  python3 python3-torch python3-numpy python3-pytest python3-onnx nodejs \
   python3-dev pybind11-dev python3-pip python3-setuptools python3-wheel
 # libFuzzer and the sanitizer runtimes come with clang; Debian 12 splits them into libclang-rt-14-dev.
 FUZZ_PACKAGES := clang libclang-rt-14-dev
@@ -61,6 +61,7 @@ unit: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
 interop: build
+	-./scripts/install-onnxruntime.sh  # npm's onnxruntime-node for tests/interop/test_onnx.py (skips if it fails)
 	CKPT_BIN=$(abspath $(BUILD))/ckpt $(PY) -m pytest -q tests/interop
 
 asan: deps

@@ -162,6 +162,35 @@ def tensorizer_seeds(out, fixtures):
                 write(out, "tensorizer_header", "%s.%d" % (name, i), flag + data[hoff:doff])
 
 
+def onnx_seeds(out):
+    """Small ONNX models from python3-onnx: raw_data and typed initializers, a subgraph with a
+    Constant, and an external-data entry (its file is absent: the reader still parses it)."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto as T, helper as h, numpy_helper as nh
+    inits = [nh.from_array(np.arange(6, dtype=np.float32).reshape(2, 3), "w"),
+             h.make_tensor("i8", T.INT8, [3], [1, -2, 3]),
+             h.make_tensor("f16", T.FLOAT16, [2], [1.5, -2.0]),
+             h.make_tensor("i64", T.INT64, [2], [1, -1]),
+             h.make_tensor("d", T.DOUBLE, [1], [0.25])]
+    body = h.make_graph([h.make_node("Constant", [], ["c"], value=nh.from_array(np.ones(2, np.float32), "c"))],
+                        "then", [], [h.make_tensor_value_info("c", T.FLOAT, [2])],
+                        [nh.from_array(np.zeros(2, np.float32), "sub_w")])
+    g = h.make_graph([h.make_node("If", ["cond"], ["o"], then_branch=body, else_branch=body)], "g",
+                     [h.make_tensor_value_info("cond", T.BOOL, [])],
+                     [h.make_tensor_value_info("o", T.FLOAT, [2])], inits)
+    write(out, "onnx", "basic.onnx", h.make_model(g).SerializeToString())
+    t = T()
+    t.name, t.data_type, t.data_location = "ext", T.FLOAT, T.EXTERNAL
+    t.dims.extend([4])
+    for k, v in (("location", "w.bin"), ("offset", "0"), ("length", "16"),
+                 ("prepacked_0", "MatMul+1|4096;16;0")):
+        e = t.external_data.add()
+        e.key, e.value = k, v
+    g2 = h.make_graph([], "g", [], [], [t])
+    write(out, "onnx", "external.onnx", h.make_model(g2).SerializeToString())
+
+
 def main():
     out = sys.argv[1]
     here = os.path.dirname(os.path.abspath(__file__))
@@ -170,6 +199,10 @@ def main():
     zip_seeds(out)
     pickle_seeds(out)
     safetensors_seeds(out)
+    try:
+        onnx_seeds(out)
+    except ImportError:
+        print("gen_seeds.py: no python3-onnx; onnx seeds come from fuzz/corpus only", file=sys.stderr)
     tensorizer_seeds(out, fixtures)
     try:
         torch_seeds(out)

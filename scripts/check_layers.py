@@ -39,6 +39,7 @@ LAYERS = {
     "src/formats/torch": 4,
     "src/formats/safetensors": 4,
     "src/formats/tensorizer": 4,
+    "src/formats/onnx": 4,
     "src/load": 5,
     "src/api": 6,
     "src/convert": 7,
@@ -65,6 +66,7 @@ PUBLIC_HEADERS = {
     "tensorizer.h": 4,
     "torch.h": 4,
     "torchscript_types.h": 4,
+    "onnx_types.h": 4,
     # the API: checkpoint.h, torchscript.h, convert.h, ckpt.h, ...
     "digest.h": 6,  # implemented in src/convert (it names tensors as flatten_state_dict does)
 }

@@ -10,8 +10,8 @@
 
 namespace ckpt {
 
-enum class Format { kTorchZip, kTorchLegacy, kTorchScript, kSafetensors, kTensorizer };
-// "torch-zip", "torch-legacy", "torchscript", "safetensors", "tensorizer".
+enum class Format { kTorchZip, kTorchLegacy, kTorchScript, kSafetensors, kTensorizer, kOnnx };
+// "torch-zip", "torch-legacy", "torchscript", "safetensors", "tensorizer", "onnx".
 const char* format_name(Format format) noexcept;
 
 // One entry of a container (zip record, legacy storage), for `info` and `verify`.

@@ -68,6 +68,22 @@ const char* cut_header(const unsigned char* h, size_t n) {
   return nullptr;
 }
 
+// An ONNX ModelProto as onnx and onnxruntime serialize it begins with ir_version (field 1, a
+// varint: tag 0x08, a small value), then another field of the ModelProto (producer_name 0x12,
+// producer_version 0x1a, domain 0x22, model_version 0x28, doc_string 0x32, graph 0x3a,
+// opset_import 0x42). A file named *.onnx goes to the ONNX reader whatever it begins with, so a
+// damaged one is reported by it.
+bool onnx_head(const unsigned char* h, size_t n, const std::string& name) {
+  if (name.size() > 5 && name.compare(name.size() - 5, 5, ".onnx") == 0) return true;
+  if (n < 3 || h[0] != 0x08 || h[1] == 0 || h[1] >= 0x80) return false;
+  switch (h[2]) {
+    case 0x12: case 0x1a: case 0x22: case 0x28: case 0x32: case 0x3a: case 0x42:
+      return true;
+    default:
+      return false;
+  }
+}
+
 }  // namespace
 
 std::shared_ptr<CheckpointModel> open_model(SourcePtr source, const OpenOptions& options,
@@ -105,6 +121,8 @@ std::shared_ptr<CheckpointModel> open_model(SourcePtr source, const OpenOptions&
                (n == 8 && load_le<uint64_t>(head) <= 100'000'000)) {
       // (8 bytes: a header size without its header; the opener says it is cut)
       data = open_safetensors(source, options);
+    } else if (onnx_head(h, n, source->name())) {
+      data = open_onnx(source, options);
     } else if (n >= 8 && std::memcmp(h, "PYTORCH1", 8) == 0) {
       throw Error(ErrorCode::kUnsupported, "pre-1.0 PYTORCH1 archives are not supported",
                   source->name());
@@ -113,8 +131,8 @@ std::shared_ptr<CheckpointModel> open_model(SourcePtr source, const OpenOptions&
                   "the file ends after " + std::to_string(n) + " bytes, inside " + cut, {}, {}, n);
     } else {
       throw Error(ErrorCode::kUnsupported,
-                  "unknown format (not a torch zip, legacy torch file, safetensors or tensorizer "
-                  "file)",
+                  "unknown format (not a torch zip, legacy torch file, safetensors, tensorizer "
+                  "or ONNX file)",
                   source->name(), {}, 0);
     }
     data->finalize();

@@ -24,5 +24,6 @@ std::shared_ptr<CheckpointModel> open_torch_zip(SourcePtr source, const OpenOpti
 std::shared_ptr<CheckpointModel> open_torch_legacy(SourcePtr source, const OpenOptions& options);
 std::shared_ptr<CheckpointModel> open_safetensors(SourcePtr source, const OpenOptions& options);
 std::shared_ptr<CheckpointModel> open_tensorizer(SourcePtr source, const OpenOptions& options);
+std::shared_ptr<CheckpointModel> open_onnx(SourcePtr source, const OpenOptions& options);
 
 }  // namespace ckpt::internal

@@ -14,6 +14,8 @@ const char* format_name(Format format) noexcept {
       return "safetensors";
     case Format::kTensorizer:
       return "tensorizer";
+    case Format::kOnnx:
+      return "onnx";
   }
   return "unknown";
 }

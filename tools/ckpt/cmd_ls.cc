@@ -11,16 +11,68 @@ void add_ls(CLI::App& app) {
     std::vector<std::string> files;  // one checkpoint, an index, or shards
     std::string file;
     bool json = false;
+    bool prepacked = false;
     Common common;
   };
   auto o = std::make_shared<Opts>();
   auto* cmd = app.add_subcommand("ls", "list tensors: name, dtype, shape, bytes, file offset");
   cmd->add_option("FILE", o->files, "checkpoint, shard index, or shard files")->required();
   cmd->add_flag("--json", o->json, "machine-readable output");
+  cmd->add_flag("--prepacked", o->prepacked,
+                "ONNX: list onnxruntime's pre-packed blobs (initializer, key, offset, length)");
   add_common(*cmd, o->common);
   cmd->callback([o] {
     o->file = files_name(o->files);
     Checkpoint c = open_checkpoint(o->files, o->common);
+    if (o->prepacked) {
+      if (c.format() != Format::kOnnx)
+        throw Error(ErrorCode::kUnsupported,
+                    std::string("--prepacked lists ONNX models' pre-packed blobs; this is a ") +
+                        format_name(c.format()) + " file",
+                    o->file);
+      auto packs = onnx_prepacked(c);
+      if (o->json) {
+        nlohmann::ordered_json j;
+        j["format"] = format_name(c.format());
+        j["prepacked"] = nlohmann::ordered_json::array();
+        for (const auto& p : packs) {
+          nlohmann::ordered_json r;
+          r["tensor"] = p.tensor;
+          r["entry"] = p.entry;
+          r["key"] = p.key;
+          r["location"] = p.location;
+          r["buffers"] = nlohmann::ordered_json::array();
+          for (const auto& b : p.buffers)
+            r["buffers"].push_back({{"offset", b.offset}, {"length", b.length},
+                                    {"checksum", b.checksum}});
+          j["prepacked"].push_back(std::move(r));
+        }
+        std::printf("%s\n", j.dump(1).c_str());
+        return;
+      }
+      size_t wt = 6, wk = 3;
+      for (const auto& p : packs) {
+        wt = std::max(wt, p.tensor.size());
+        wk = std::max(wk, p.key.size());
+      }
+      std::printf("%-*s  %-*s  %12s  %12s  %s\n", int(wt), "tensor", int(wk), "key", "offset",
+                  "length", "location");
+      uint64_t total = 0;
+      size_t nbuf = 0;
+      for (const auto& p : packs)
+        for (const auto& b : p.buffers) {
+          std::printf("%-*s  %-*s  %12llu  %12llu  %s\n", int(wt), p.tensor.c_str(), int(wk),
+                      p.key.c_str(), static_cast<unsigned long long>(b.offset),
+                      static_cast<unsigned long long>(b.length), p.location.c_str());
+          total += b.length;
+          ++nbuf;
+        }
+      std::printf("%zu pre-packed blob%s in %zu buffer%s, %llu bytes (%s)\n", packs.size(),
+                  packs.size() == 1 ? "" : "s", nbuf, nbuf == 1 ? "" : "s",
+                  static_cast<unsigned long long>(total), human_bytes(total).c_str());
+      return;
+    }
+    std::vector<OnnxTensorPlace> places = onnx_places(c);
     if (o->json) {
       nlohmann::ordered_json j;
       j["format"] = format_name(c.format());
@@ -44,6 +96,13 @@ void add_ls(CLI::App& app) {
         if (t.requires_grad) r["requires_grad"] = true;
         if (!t.type.empty()) r["type"] = t.type;
         if (c.storages()[t.storage].meta) r["meta"] = true;
+        if (size_t ti = static_cast<size_t>(&t - c.tensors().data()); ti < places.size()) {
+          const OnnxTensorPlace& p = places[ti];
+          r["data"] = p.how;  // raw_data, external, float_data, int32_data, ...
+          if (p.how == "external")
+            r["external"] = {{"location", p.location}, {"offset", p.offset},
+                             {"length", p.length}};
+        }
         if (t.quantization) {
           // Per-channel scales and zero points are tensors of their own, listed here only as
           // part of their tensor (`ckpt extract` writes their values into index.json).
@@ -78,9 +137,16 @@ void add_ls(CLI::App& app) {
       if (sharded)
         shard = base_name(
             c.shards()[c.shard_of(static_cast<size_t>(&t - c.tensors().data()))].source().name());
+      std::string where =
+          off ? std::to_string(*off) : (c.storages()[t.storage].meta ? "meta" : "-");
+      // ONNX: external data shows as location:offset, typed fields by their field's name.
+      if (size_t ti = static_cast<size_t>(&t - c.tensors().data()); ti < places.size()) {
+        const OnnxTensorPlace& p = places[ti];
+        if (p.how == "external") where = p.location + ":" + std::to_string(p.offset);
+        else if (p.how != "raw_data" && p.how != "empty") where = p.how;
+      }
       rows.push_back({t.name, std::string(dtype_name(t.dtype)), shape, std::to_string(t.nbytes()),
-                      off ? std::to_string(*off) : (c.storages()[t.storage].meta ? "meta" : "-"),
-                      std::move(shard)});
+                      where, std::move(shard)});
       wname = std::max(wname, t.name.size());
       wdtype = std::max(wdtype, rows.back()[1].size());
       wshape = std::max(wshape, shape.size());

@@ -76,5 +76,6 @@ void add_bench(CLI::App& app);
 void add_load(CLI::App& app);
 void add_code(CLI::App& app);
 void add_rewrite(CLI::App& app);
+void add_prepack(CLI::App& app);
 
 }  // namespace ckpt::cli

@@ -65,6 +65,7 @@ int main(int argc, char** argv) {
   ckpt::cli::add_sample(app);
   ckpt::cli::add_code(app);
   ckpt::cli::add_rewrite(app);
+  ckpt::cli::add_prepack(app);
   if (unknown_command(app, argc, argv)) return ckpt::cli::kUsageExit;
   try {
     app.parse(argc, argv);

@@ -1,0 +1,847 @@
+// ONNX reader (docs/formats.md "ONNX"): a ModelProto read with the offset-keeping wire reader
+// (onnx_wire.h). Tensors: the graph's initializers, those of every subgraph (If/Loop/Scan bodies,
+// any graph-valued attribute, in the order they appear) and Constant nodes' `value` tensors
+// (named by the node's output, as onnx names them).
+//
+//   raw_data      zero-copy: a raw storage at its offset in the .onnx file
+//   typed fields  float_data, int32_data (also int8/16, uint8/16, bool, float16, bfloat16,
+//                 float8 kinds, float4 pairs as ONNX packs them), int64_data, double_data,
+//                 uint64_data: decoded at load by the model's StorageDecoder
+//   external      data_location = EXTERNAL: location (relative to the model's folder; absolute
+//                 paths and `..` refused), offset, length, checksum: read by the decoder from
+//                 that file; `prepacked*` entries are onnxruntime's pre-packed blobs
+//
+// Refused with Error naming the tensor: string tensors, dtypes ckpt has no type for (int4,
+// uint4, int2, uint2), segments, sparse initializers and sparse Constant values.
+
+#include <openssl/evp.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "ckpt/error.h"
+#include "formats/onnx/onnx_model.h"
+#include "formats/onnx/onnx_wire.h"
+#include "formats/open.h"
+#include "util/text.h"
+
+namespace ckpt::internal {
+
+using onnx::Field;
+using onnx::Reader;
+
+std::string onnx_model_dir(const std::string& source_name) {
+  if (source_name.empty() || source_name[0] == '<') return {};  // "<memory>": no folder
+  std::filesystem::path p(source_name);
+  std::string d = p.parent_path().string();
+  return d.empty() ? "." : d;
+}
+
+std::string onnx_external_path(const std::string& model_dir, const std::string& location,
+                               const std::string& tensor) {
+  if (location.empty())
+    throw Error(ErrorCode::kCorrupt, "external data without a location", {}, tensor);
+  if (location.find('\0') != std::string::npos)
+    throw Error(ErrorCode::kCorrupt, "external data location holds a NUL byte", {}, tensor);
+  std::filesystem::path loc(location);
+  if (loc.is_absolute() || location[0] == '/' || location[0] == '\\')
+    throw Error(ErrorCode::kCorrupt,
+                "external data location \"" + location +
+                    "\" is absolute (it must be relative to the model's folder)",
+                {}, tensor);
+  for (const auto& part : loc)
+    if (part == "..")
+      throw Error(ErrorCode::kCorrupt,
+                  "external data location \"" + location +
+                      "\" has a `..` component (it must stay inside the model's folder)",
+                  {}, tensor);
+  if (location.find('\\') != std::string::npos && location.find("..") != std::string::npos)
+    throw Error(ErrorCode::kCorrupt,
+                "external data location \"" + location + "\" has a `..` component", {}, tensor);
+  return (std::filesystem::path(model_dir) / loc).string();
+}
+
+namespace {
+
+constexpr int kMaxDepth = 64;
+
+// ONNX TensorProto.DataType → ckpt dtype; nullopt for those ckpt has no type for.
+std::optional<DType> dtype_from_onnx(int64_t t) {
+  switch (t) {
+    case 1: return DType::kFloat32;
+    case 2: return DType::kUInt8;
+    case 3: return DType::kInt8;
+    case 4: return DType::kUInt16;
+    case 5: return DType::kInt16;
+    case 6: return DType::kInt32;
+    case 7: return DType::kInt64;
+    case 9: return DType::kBool;
+    case 10: return DType::kFloat16;
+    case 11: return DType::kFloat64;
+    case 12: return DType::kUInt32;
+    case 13: return DType::kUInt64;
+    case 14: return DType::kComplex64;
+    case 15: return DType::kComplex128;
+    case 16: return DType::kBFloat16;
+    case 17: return DType::kFloat8_e4m3fn;
+    case 18: return DType::kFloat8_e4m3fnuz;
+    case 19: return DType::kFloat8_e5m2;
+    case 20: return DType::kFloat8_e5m2fnuz;
+    case 23: return DType::kFloat4_e2m1;
+    case 24: return DType::kFloat8_e8m0fnu;
+    default: return std::nullopt;
+  }
+}
+
+const char* onnx_type_name(int64_t t) {
+  static const char* names[] = {"UNDEFINED", "FLOAT",        "UINT8",          "INT8",
+                                "UINT16",    "INT16",        "INT32",          "INT64",
+                                "STRING",    "BOOL",         "FLOAT16",        "DOUBLE",
+                                "UINT32",    "UINT64",       "COMPLEX64",      "COMPLEX128",
+                                "BFLOAT16",  "FLOAT8E4M3FN", "FLOAT8E4M3FNUZ", "FLOAT8E5M2",
+                                "FLOAT8E5M2FNUZ", "UINT4",   "INT4",           "FLOAT4E2M1",
+                                "FLOAT8E8M0", "UINT2",       "INT2"};
+  return t >= 0 && t < static_cast<int64_t>(std::size(names)) ? names[t] : "unknown";
+}
+
+// Which typed field holds a dtype's values, and the bytes each value gives.
+struct TypedField {
+  uint32_t number;  // 4 float_data, 5 int32_data, 7 int64_data, 10 double_data, 11 uint64_data
+  uint8_t wire;     // kFixed32, kVarint or kFixed64
+  uint32_t width;   // bytes written per value
+  const char* name;
+};
+TypedField typed_field(DType d) {
+  switch (d) {
+    case DType::kFloat32:
+    case DType::kComplex64: return {4, onnx::kFixed32, 4, "float_data"};
+    case DType::kFloat64:
+    case DType::kComplex128: return {10, onnx::kFixed64, 8, "double_data"};
+    case DType::kInt64: return {7, onnx::kVarint, 8, "int64_data"};
+    case DType::kUInt32: return {11, onnx::kVarint, 4, "uint64_data"};
+    case DType::kUInt64: return {11, onnx::kVarint, 8, "uint64_data"};
+    case DType::kInt32: return {5, onnx::kVarint, 4, "int32_data"};
+    case DType::kInt16:
+    case DType::kUInt16:
+    case DType::kFloat16:
+    case DType::kBFloat16: return {5, onnx::kVarint, 2, "int32_data"};
+    default: return {5, onnx::kVarint, 1, "int32_data"};  // 8-bit kinds, bool, float4 pairs
+  }
+}
+
+// Calls fn(value) for each value of field `tf` in a TensorProto's bytes (packed or not).
+// Returns false on a malformed packed run or a wrong wire type.
+template <class Fn>
+bool for_each_typed(std::span<const uint8_t> msg, uint64_t base, uint64_t file_end,
+                    const TypedField& tf, Fn&& fn) {
+  Reader r(msg, base, file_end, "a TensorProto");
+  Field f;
+  while (r.next(f)) {
+    if (f.number != tf.number) continue;
+    if (f.wire == onnx::kLen) {
+      if (tf.wire == onnx::kVarint) {
+        if (!onnx::for_each_packed_varint(f.bytes, fn)) return false;
+      } else {
+        size_t w = tf.wire == onnx::kFixed32 ? 4 : 8;
+        if (f.bytes.size() % w) return false;
+        for (size_t i = 0; i < f.bytes.size(); i += w) {
+          uint64_t v = 0;
+          for (size_t k = 0; k < w; ++k) v |= uint64_t{f.bytes[i + k]} << (8 * k);
+          fn(v);
+        }
+      }
+    } else if (f.wire == tf.wire) {
+      fn(f.value);
+    } else {
+      return false;
+    }
+  }
+  return true;
+}
+
+struct Slot {
+  enum Kind : uint8_t { kNone, kTyped, kExternal } kind = kNone;
+  // kTyped: the TensorProto's bytes in the .onnx
+  uint64_t msg_offset = 0, msg_size = 0;
+  DType dtype = DType::kUInt8;
+  // kExternal
+  std::string path;  // resolved
+  std::string location;
+  uint64_t offset = 0;
+};
+
+class OnnxDecoder final : public StorageDecoder {
+ public:
+  OnnxDecoder(SourcePtr src, std::vector<Slot> slots, std::vector<std::string> names)
+      : src_(std::move(src)), slots_(std::move(slots)), names_(std::move(names)) {}
+
+  void read(size_t index, std::span<std::byte> dst, bool verify) const override {
+    (void)verify;
+    const Slot& s = slots_.at(index);
+    if (s.kind == Slot::kExternal) {
+      SourcePtr f = file(s.path, names_[index]);
+      try {
+        if (s.offset > f->size() || dst.size() > f->size() - s.offset)
+          throw Error(ErrorCode::kTruncated,
+                      "external data (" + std::to_string(dst.size()) + " bytes at " +
+                          std::to_string(s.offset) + ") passes the end of " + s.location + " (" +
+                          std::to_string(f->size()) + " bytes)",
+                      f->name(), names_[index], s.offset);
+        f->read_into(s.offset, dst);
+      } catch (Error& e) {
+        if (e.record().empty()) e.with_record(names_[index]);
+        throw;
+      }
+      return;
+    }
+    if (s.kind != Slot::kTyped)
+      throw Error(ErrorCode::kCorrupt, "no data for this storage", src_->name(), names_[index]);
+    Bytes msg = src_->read(s.msg_offset, s.msg_size);
+    auto bytes = std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(msg.begin()),
+                                          msg.size());
+    TypedField tf = typed_field(s.dtype);
+    size_t at = 0;
+    bool ok = for_each_typed(bytes, s.msg_offset, src_->size(), tf, [&](uint64_t v) {
+      if (at + tf.width > dst.size()) {
+        at = dst.size() + 1;
+        return;
+      }
+      for (uint32_t k = 0; k < tf.width; ++k)
+        dst[at + k] = static_cast<std::byte>((v >> (8 * k)) & 0xff);
+      at += tf.width;
+    });
+    if (!ok || at != dst.size())
+      throw Error(ErrorCode::kCorrupt,
+                  std::string("the tensor's ") + tf.name + " does not hold its " +
+                      std::to_string(dst.size()) + " bytes",
+                  src_->name(), names_[index], s.msg_offset);
+  }
+
+  SourcePtr file(const std::string& path, const std::string& tensor) const {
+    std::lock_guard lock(mu_);
+    auto it = files_.find(path);
+    if (it != files_.end()) return it->second;
+    if (onnx_model_dir(src_->name()).empty())
+      throw Error(ErrorCode::kUnsupported,
+                  "external data needs the model's folder, and this model was not opened from a "
+                  "file",
+                  src_->name(), tensor);
+    check_inside(path, tensor);
+    SourcePtr f;
+    try {
+      f = open_file_source(path);
+    } catch (Error& e) {
+      e.with_record(tensor);
+      throw;
+    }
+    files_.emplace(path, f);
+    return f;
+  }
+
+  // A location that passes lexical checks may still leave the folder through a symbolic link.
+  void check_inside(const std::string& path, const std::string& tensor) const {
+    std::error_code ec;
+    auto dir = std::filesystem::weakly_canonical(onnx_model_dir(src_->name()), ec);
+    auto real = std::filesystem::weakly_canonical(path, ec);
+    if (ec) return;  // opening reports the error
+    auto rel = real.lexically_relative(dir);
+    if (rel.empty() || *rel.begin() == "..")
+      throw Error(ErrorCode::kCorrupt,
+                  "external data file " + path + " resolves outside the model's folder (" +
+                      real.string() + ")",
+                  src_->name(), tensor);
+  }
+
+  const std::vector<Slot>& slots() const { return slots_; }
+
+ private:
+  SourcePtr src_;
+  std::vector<Slot> slots_;
+  std::vector<std::string> names_;
+  mutable std::mutex mu_;
+  mutable std::unordered_map<std::string, SourcePtr> files_;
+};
+
+uint64_t parse_decimal(const std::string& s, const char* key, const std::string& tensor,
+                       uint64_t at) {
+  if (s.empty() || s.size() > 20)
+    throw Error(ErrorCode::kCorrupt, std::string("external data ") + key + " \"" + s +
+                                         "\" is not a decimal number",
+                {}, tensor, at);
+  uint64_t v = 0;
+  for (char c : s) {
+    if (c < '0' || c > '9' || v > (UINT64_MAX - 9) / 10)
+      throw Error(ErrorCode::kCorrupt, std::string("external data ") + key + " \"" + s +
+                                           "\" is not a decimal number below 2^64",
+                  {}, tensor, at);
+    v = v * 10 + static_cast<uint64_t>(c - '0');
+  }
+  return v;
+}
+
+std::string sha_hex(const EVP_MD* md, const ByteSource& f, uint64_t offset, uint64_t len) {
+  std::unique_ptr<EVP_MD_CTX, void (*)(EVP_MD_CTX*)> ctx(EVP_MD_CTX_new(), EVP_MD_CTX_free);
+  if (!ctx || EVP_DigestInit_ex(ctx.get(), md, nullptr) != 1)
+    throw Error(ErrorCode::kIo, "cannot start a digest", f.name());
+  std::vector<std::byte> buf(std::min<uint64_t>(len, 4u << 20));
+  for (uint64_t at = 0; at < len;) {
+    size_t n = static_cast<size_t>(std::min<uint64_t>(buf.size(), len - at));
+    f.read_into(offset + at, std::span(buf.data(), n));
+    EVP_DigestUpdate(ctx.get(), buf.data(), n);
+    at += n;
+  }
+  unsigned char out[EVP_MAX_MD_SIZE];
+  unsigned int n = 0;
+  EVP_DigestFinal_ex(ctx.get(), out, &n);
+  return to_hex(std::span<const unsigned char>(out, n));
+}
+
+class Parser {
+ public:
+  Parser(SourcePtr src, const OpenOptions& opt) : src_(std::move(src)), opt_(opt) {}
+
+  std::shared_ptr<CheckpointModel> run();
+
+ private:
+  void model(std::span<const uint8_t> b, uint64_t base);
+  void graph(std::span<const uint8_t> b, uint64_t base, int depth);
+  void node(std::span<const uint8_t> b, uint64_t base, int depth);
+  void attribute(std::span<const uint8_t> b, uint64_t base, int depth, const std::string& op,
+                 const std::string& out0);
+  void tensor(std::span<const uint8_t> b, uint64_t base, const std::string& kind,
+              const std::string& fallback_name);
+  [[noreturn]] void corrupt(const std::string& msg, uint64_t at, const std::string& t = {}) {
+    throw Error(ErrorCode::kCorrupt, msg, src_->name(), t, at);
+  }
+
+  SourcePtr src_;
+  const OpenOptions& opt_;
+  uint64_t file_end_ = 0;
+  std::string dir_;
+  std::shared_ptr<CheckpointModel> m_;
+  std::shared_ptr<OnnxExtension> ext_;
+  std::vector<Slot> slots_;
+  std::unordered_set<std::string> names_;
+  size_t initializers_ = 0, constants_ = 0, subgraphs_ = 0;
+};
+
+void Parser::model(std::span<const uint8_t> b, uint64_t base) {
+  Reader r(b, base, file_end_, "the ModelProto");
+  Field f;
+  bool have_graph = false;
+  while (r.next(f)) {
+    switch (f.number) {
+      case 1:
+        if (f.wire != onnx::kVarint) corrupt("ir_version is not a varint", f.tag_offset);
+        m_->properties["ir_version"] = std::to_string(f.value);
+        break;
+      case 2:
+        if (f.wire == onnx::kLen) m_->properties["producer_name"] = std::string(f.str());
+        break;
+      case 3:
+        if (f.wire == onnx::kLen) m_->properties["producer_version"] = std::string(f.str());
+        break;
+      case 4:
+        if (f.wire == onnx::kLen) m_->properties["domain"] = std::string(f.str());
+        break;
+      case 7:
+        if (f.wire != onnx::kLen) corrupt("graph is not a message", f.tag_offset);
+        if (have_graph) corrupt("a second graph field in the ModelProto", f.tag_offset);
+        have_graph = true;
+        graph(f.bytes, f.offset, 0);
+        break;
+      case 8: {
+        if (f.wire != onnx::kLen) corrupt("opset_import is not a message", f.tag_offset);
+        Reader o(f.bytes, f.offset, file_end_, "an OperatorSetIdProto");
+        Field g;
+        std::string domain;
+        uint64_t version = 0;
+        while (o.next(g)) {
+          if (g.number == 1 && g.wire == onnx::kLen) domain = std::string(g.str());
+          if (g.number == 2 && g.wire == onnx::kVarint) version = g.value;
+        }
+        m_->properties["opset." + (domain.empty() ? std::string("ai.onnx") : domain)] =
+            std::to_string(version);
+        break;
+      }
+      default:
+        break;  // doc_string, metadata_props, functions, training_info: not weights
+    }
+  }
+  if (!have_graph) corrupt("the ModelProto has no graph", base);
+}
+
+void Parser::graph(std::span<const uint8_t> b, uint64_t base, int depth) {
+  if (depth > kMaxDepth)
+    corrupt("subgraphs nested deeper than " + std::to_string(kMaxDepth) + " levels", base);
+  if (depth > 0) ++subgraphs_;
+  Reader r(b, base, file_end_, "a GraphProto");
+  Field f;
+  while (r.next(f)) {
+    if (f.number == 5) {
+      if (f.wire != onnx::kLen) corrupt("initializer is not a message", f.tag_offset);
+      tensor(f.bytes, f.offset, depth ? "subgraph initializer" : "initializer", {});
+      ++initializers_;
+    } else if (f.number == 1) {
+      if (f.wire != onnx::kLen) corrupt("node is not a message", f.tag_offset);
+      node(f.bytes, f.offset, depth);
+    } else if (f.number == 15) {
+      std::string name;
+      if (f.wire == onnx::kLen) {
+        Reader s(f.bytes, f.offset, file_end_, "a SparseTensorProto");
+        Field g;
+        while (s.next(g))
+          if (g.number == 1 && g.wire == onnx::kLen) {
+            Reader t(g.bytes, g.offset, file_end_, "a TensorProto");
+            Field h;
+            while (t.next(h))
+              if (h.number == 8 && h.wire == onnx::kLen) name = std::string(h.str());
+          }
+      }
+      throw Error(ErrorCode::kUnsupported,
+                  "sparse initializer \"" + name +
+                      "\": ckpt reads dense tensors only (densify it with onnx first)",
+                  src_->name(), name, f.tag_offset);
+    }
+  }
+}
+
+void Parser::node(std::span<const uint8_t> b, uint64_t base, int depth) {
+  // Outputs and op_type may come after the attributes: find them first.
+  std::string op, out0, name;
+  {
+    Reader r(b, base, file_end_, "a NodeProto");
+    Field f;
+    bool first_out = true;
+    while (r.next(f)) {
+      if (f.wire != onnx::kLen) continue;
+      if (f.number == 4) op = std::string(f.str());
+      if (f.number == 3) name = std::string(f.str());
+      if (f.number == 2 && first_out) {
+        out0 = std::string(f.str());
+        first_out = false;
+      }
+    }
+  }
+  if (out0.empty()) out0 = name;
+  Reader r(b, base, file_end_, "a NodeProto");
+  Field f;
+  while (r.next(f))
+    if (f.number == 5 && f.wire == onnx::kLen) attribute(f.bytes, f.offset, depth, op, out0);
+}
+
+void Parser::attribute(std::span<const uint8_t> b, uint64_t base, int depth,
+                       const std::string& op, const std::string& out0) {
+  std::string name;
+  {
+    Reader r(b, base, file_end_, "an AttributeProto");
+    Field f;
+    while (r.next(f))
+      if (f.number == 1 && f.wire == onnx::kLen) name = std::string(f.str());
+  }
+  const bool constant = op == "Constant";
+  Reader r(b, base, file_end_, "an AttributeProto");
+  Field f;
+  while (r.next(f)) {
+    if (f.wire != onnx::kLen) continue;
+    if ((f.number == 6 || f.number == 11)) {  // g, graphs: If/Loop/Scan bodies
+      graph(f.bytes, f.offset, depth + 1);
+    } else if (f.number == 5 && constant && name == "value") {
+      tensor(f.bytes, f.offset, "constant", out0);
+      ++constants_;
+    } else if (f.number == 22 && constant) {
+      throw Error(ErrorCode::kUnsupported,
+                  "Constant \"" + out0 + "\" holds a sparse tensor: ckpt reads dense tensors only",
+                  src_->name(), out0, f.tag_offset);
+    }
+  }
+}
+
+void Parser::tensor(std::span<const uint8_t> b, uint64_t base, const std::string& kind,
+                    const std::string& fallback_name) {
+  std::vector<int64_t> dims;
+  int64_t data_type = 0;
+  std::string name;
+  std::optional<Field> raw;
+  std::map<uint32_t, uint64_t> typed_seen;  // field → first tag offset
+  bool external = false, has_strings = false, segment = false;
+  std::vector<std::pair<std::string, std::string>> ext;
+  uint64_t ext_at = base;
+  {
+    Reader r(b, base, file_end_, "a TensorProto");
+    Field f;
+    while (r.next(f)) {
+      switch (f.number) {
+        case 1:
+          if (f.wire == onnx::kLen) {
+            if (!onnx::for_each_packed_varint(f.bytes, [&](uint64_t v) {
+                  if (dims.size() <= opt_.limits.max_dims) dims.push_back(static_cast<int64_t>(v));
+                }))
+              corrupt("malformed packed dims", f.offset);
+          } else if (f.wire == onnx::kVarint) {
+            dims.push_back(static_cast<int64_t>(f.value));
+          }
+          if (dims.size() > opt_.limits.max_dims)
+            throw Error(ErrorCode::kLimitExceeded,
+                        "more than " + std::to_string(opt_.limits.max_dims) +
+                            " dims (Limits::max_dims)",
+                        src_->name(), {}, f.offset);
+          break;
+        case 2:
+          if (f.wire == onnx::kVarint) data_type = static_cast<int64_t>(f.value);
+          break;
+        case 3: segment = true; break;
+        case 6: has_strings = true; break;
+        case 8:
+          if (f.wire == onnx::kLen) name = std::string(f.str());
+          break;
+        case 9:
+          if (f.wire != onnx::kLen) corrupt("raw_data is not length-delimited", f.tag_offset);
+          if (raw) corrupt("a second raw_data field", f.tag_offset);
+          raw = f;
+          break;
+        case 4: case 5: case 7: case 10: case 11:
+          typed_seen.emplace(f.number, f.tag_offset);
+          break;
+        case 13: {
+          if (f.wire != onnx::kLen) corrupt("external_data is not a message", f.tag_offset);
+          Reader e(f.bytes, f.offset, file_end_, "a StringStringEntryProto");
+          Field g;
+          std::string k, v;
+          while (e.next(g)) {
+            if (g.wire != onnx::kLen) continue;
+            if (g.number == 1) k = std::string(g.str());
+            if (g.number == 2) v = std::string(g.str());
+          }
+          ext.emplace_back(std::move(k), std::move(v));
+          ext_at = f.offset;
+          break;
+        }
+        case 14:
+          if (f.wire == onnx::kVarint) external = f.value == 1;
+          break;
+        default:
+          break;
+      }
+    }
+  }
+  // A Constant's value is known in the graph by the node's output name (its TensorProto's own
+  // name, often empty or reused, is not a graph name).
+  if (kind == "constant" && !fallback_name.empty()) name = fallback_name;
+  if (name.empty()) name = fallback_name;
+  if (name.empty()) corrupt("a " + kind + " without a name", base);
+  auto fail = [&](ErrorCode c, const std::string& msg) -> void {
+    throw Error(c, msg, src_->name(), name, base);
+  };
+  if (segment) fail(ErrorCode::kUnsupported, "segmented tensors are not supported");
+  if (data_type == 8 || has_strings)
+    fail(ErrorCode::kUnsupported, "string tensors are not supported (ckpt reads numeric tensors)");
+  auto dt = dtype_from_onnx(data_type);
+  if (!dt)
+    fail(ErrorCode::kUnsupported, std::string("ONNX data type ") + std::to_string(data_type) +
+                                      " (" + onnx_type_name(data_type) +
+                                      ") has no ckpt dtype");
+  uint64_t numel = 1;
+  for (int64_t d : dims) {
+    if (d < 0) fail(ErrorCode::kCorrupt, "negative dimension " + std::to_string(d));
+    if (d != 0 && numel > UINT64_MAX / static_cast<uint64_t>(d))
+      fail(ErrorCode::kCorrupt, "element count overflows");
+    numel *= static_cast<uint64_t>(d);
+  }
+  auto nb = dtype_nbytes(*dt, numel);
+  if (!nb)
+    fail(ErrorCode::kCorrupt, std::to_string(numel) + " elements of " +
+                                  std::string(dtype_name(*dt)) + " do not fill whole bytes");
+  if (!names_.insert(name).second)
+    fail(ErrorCode::kCorrupt, "a second tensor named \"" + name + "\" (" + kind + ")");
+  if (m_->tensors.size() >= opt_.limits.max_tensors)
+    throw Error(ErrorCode::kLimitExceeded,
+                "more than " + std::to_string(opt_.limits.max_tensors) +
+                    " tensors (Limits::max_tensors)",
+                src_->name(), name, base);
+
+  StorageInfo st;
+  st.key = name;
+  st.dtype = *dt;
+  st.nbytes = *nb;
+  Slot slot;
+  OnnxTensorPlace place;
+  place.tensor = name;
+  int sources = (raw ? 1 : 0) + (external ? 1 : 0) + (typed_seen.empty() ? 0 : 1);
+  if (sources > 1)
+    fail(ErrorCode::kCorrupt, "the tensor's data is in more than one place (raw_data, typed "
+                              "fields, external data)");
+  if (raw) {
+    if (raw->bytes.size() != *nb)
+      throw Error(ErrorCode::kCorrupt,
+                  "raw_data holds " + std::to_string(raw->bytes.size()) + " bytes but " +
+                      std::to_string(numel) + " elements of " + std::string(dtype_name(*dt)) +
+                      " need " + std::to_string(*nb),
+                  src_->name(), name, raw->offset);
+    st.offset = raw->offset;
+    place.how = "raw_data";
+    place.offset = raw->offset;
+    place.length = *nb;
+  } else if (external) {
+    std::string location;
+    std::optional<uint64_t> offset, length;
+    for (auto& [k, v] : ext) {
+      if (k == "location") location = v;
+      else if (k == "offset") offset = parse_decimal(v, "offset", name, ext_at);
+      else if (k == "length") length = parse_decimal(v, "length", name, ext_at);
+      else if (k == "checksum") place.checksum = v;
+    }
+    slot.kind = Slot::kExternal;
+    slot.path = onnx_external_path(dir_, location, name);
+    slot.location = location;
+    slot.offset = offset.value_or(0);
+    if (length && *length != *nb)
+      throw Error(ErrorCode::kCorrupt,
+                  "external data length " + std::to_string(*length) + " but " +
+                      std::to_string(numel) + " elements of " + std::string(dtype_name(*dt)) +
+                      " need " + std::to_string(*nb),
+                  src_->name(), name, ext_at);
+    // A range past the end of an existing file is refused now (a load would first allocate
+    // the tensor's bytes); a missing file is reported when its bytes are read.
+    if (!onnx_model_dir(src_->name()).empty()) {
+      std::error_code ec;
+      uint64_t fsize = std::filesystem::file_size(slot.path, ec);
+      if (!ec && (slot.offset > fsize || *nb > fsize - slot.offset))
+        throw Error(ErrorCode::kTruncated,
+                    "external data (" + std::to_string(*nb) + " bytes at " +
+                        std::to_string(slot.offset) + ") passes the end of " + location + " (" +
+                        std::to_string(fsize) + " bytes)",
+                    src_->name(), name, ext_at);
+    }
+    place.how = "external";
+    place.location = location;
+    place.offset = slot.offset;
+    place.length = *nb;
+    for (auto& [k, v] : ext) {
+      if (k.rfind("prepacked", 0) != 0) continue;
+      OnnxPrepacked p;
+      p.tensor = name;
+      p.entry = k;
+      p.location = location;
+      // KEY|off;len;ck|off;len;ck...
+      size_t bar = v.find('|');
+      if (bar == std::string::npos || bar == 0)
+        fail(ErrorCode::kCorrupt, "pre-packed entry \"" + k + "\" = \"" + v +
+                                      "\" is not KEY|offset;length;checksum");
+      p.key = v.substr(0, bar);
+      size_t at = bar + 1;
+      while (at <= v.size()) {
+        size_t next = v.find('|', at);
+        std::string grp = v.substr(at, next == std::string::npos ? std::string::npos : next - at);
+        size_t s1 = grp.find(';'), s2 = s1 == std::string::npos ? s1 : grp.find(';', s1 + 1);
+        if (s2 == std::string::npos)
+          fail(ErrorCode::kCorrupt, "pre-packed entry \"" + k + "\" has a buffer \"" + grp +
+                                        "\" that is not offset;length;checksum");
+        OnnxPrepackedBuffer buf;
+        buf.offset = parse_decimal(grp.substr(0, s1), "pre-pack offset", name, ext_at);
+        buf.length = parse_decimal(grp.substr(s1 + 1, s2 - s1 - 1), "pre-pack length", name,
+                                   ext_at);
+        buf.checksum = grp.substr(s2 + 1);
+        p.buffers.push_back(std::move(buf));
+        if (next == std::string::npos) break;
+        at = next + 1;
+      }
+      ext_->prepacked.push_back(std::move(p));
+    }
+  } else if (!typed_seen.empty()) {
+    TypedField tf = typed_field(*dt);
+    for (auto& [field, at] : typed_seen)
+      if (field != tf.number)
+        throw Error(ErrorCode::kCorrupt,
+                    std::string("a ") + std::string(dtype_name(*dt)) + " tensor's values must be in " +
+                        tf.name + " (field " + std::to_string(tf.number) + "), not field " +
+                        std::to_string(field),
+                    src_->name(), name, at);
+    uint64_t count = 0;
+    if (!for_each_typed(b, base, file_end_, tf, [&](uint64_t) { ++count; }))
+      fail(ErrorCode::kCorrupt, std::string("malformed ") + tf.name);
+    if (count * tf.width != *nb)
+      fail(ErrorCode::kCorrupt, std::string(tf.name) + " holds " + std::to_string(count) +
+                                    " values but the tensor needs " +
+                                    std::to_string(*nb / tf.width));
+    slot.kind = Slot::kTyped;
+    slot.msg_offset = base;
+    slot.msg_size = b.size();
+    slot.dtype = *dt;
+    place.how = tf.name;
+    place.offset = base;
+    place.length = b.size();
+  } else if (*nb != 0) {
+    fail(ErrorCode::kCorrupt, "the tensor has " + std::to_string(numel) +
+                                  " elements but no data (no raw_data, typed field or external "
+                                  "data)");
+  } else {
+    place.how = "empty";
+    st.offset = base;  // nothing to read
+  }
+
+  TensorInfo t;
+  t.name = name;
+  t.dtype = *dt;
+  t.strides = contiguous_strides(dims);
+  t.shape = std::move(dims);
+  t.storage = m_->storages.size();
+  t.type = kind;
+  t.is_parameter = kind != "constant";
+  m_->root->entries().emplace_back(Value::string(name), Value::tensor(m_->tensors.size()));
+  m_->storages.push_back(std::move(st));
+  m_->tensors.push_back(std::move(t));
+  slots_.push_back(std::move(slot));
+  ext_->places.push_back(std::move(place));
+}
+
+std::shared_ptr<CheckpointModel> Parser::run() {
+  file_end_ = src_->size();
+  if (file_end_ > opt_.limits.max_metadata_bytes && !src_->memory())
+    throw Error(ErrorCode::kLimitExceeded,
+                "a " + std::to_string(file_end_) +
+                    "-byte .onnx read without a mapping exceeds Limits::max_metadata_bytes (" +
+                    std::to_string(opt_.limits.max_metadata_bytes) + ")",
+                src_->name(), {}, 0);
+  if (file_end_ > (uint64_t{1} << 31))
+    throw Error(ErrorCode::kCorrupt,
+                "a .onnx file over 2 GiB (protobuf's limit): large weights go to external data",
+                src_->name(), {}, 0);
+  Bytes all = src_->read(0, file_end_);
+  dir_ = onnx_model_dir(src_->name());
+  if (dir_.empty()) dir_ = ".";  // for the location checks; reading refuses (OnnxDecoder::file)
+  m_ = std::make_shared<CheckpointModel>();
+  m_->format = Format::kOnnx;
+  m_->source = src_;
+  m_->options = opt_;
+  m_->root = Value::dict();
+  ext_ = std::make_shared<OnnxExtension>();
+  try {
+    model(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(all.begin()), all.size()), 0);
+  } catch (Error& e) {
+    e.with_source(src_->name());
+    throw;
+  }
+  m_->properties["initializers"] = std::to_string(initializers_);
+  m_->properties["constants"] = std::to_string(constants_);
+  m_->properties["subgraphs"] = std::to_string(subgraphs_);
+  m_->properties["prepacked"] = std::to_string(ext_->prepacked.size());
+
+  bool any_decoded = false;
+  for (size_t i = 0; i < slots_.size(); ++i)
+    if (slots_[i].kind != Slot::kNone) any_decoded = true;
+  std::vector<std::string> names;
+  for (auto& t : m_->tensors) names.push_back(t.name);
+  auto decoder = std::make_shared<OnnxDecoder>(src_, std::move(slots_), std::move(names));
+  if (any_decoded) m_->decoder = decoder;
+  m_->extension = ext_;
+
+  // verify: every external range inside its file, no overlaps between tensors or pre-packed
+  // buffers in one file, SHA-1 `checksum`s of whole files, SHA-256 pre-pack checksums (ckpt's),
+  // and every storage decoded.
+  std::weak_ptr<CheckpointModel> weak = m_;
+  std::shared_ptr<OnnxExtension> ext = ext_;
+  m_->verify = [weak, ext, decoder](const ProgressFn&) -> size_t {
+    auto m = weak.lock();
+    if (!m) return 0;
+    size_t checked = 0;
+    struct Range {
+      uint64_t begin, end;
+      std::string what;
+    };
+    std::map<std::string, std::vector<Range>> by_file;
+    std::map<std::string, std::string> checksums;  // path → expected sha1
+    const auto& slots = decoder->slots();
+    for (size_t i = 0; i < m->tensors.size(); ++i) {
+      const Slot& s = slots[i];
+      const auto& place = ext->places[i];
+      if (s.kind == Slot::kExternal) {
+        SourcePtr f = decoder->file(s.path, m->tensors[i].name);
+        uint64_t n = m->storages[i].nbytes;
+        if (s.offset > f->size() || n > f->size() - s.offset)
+          throw Error(ErrorCode::kTruncated,
+                      "external data (" + std::to_string(n) + " bytes at " +
+                          std::to_string(s.offset) + ") passes the end of " + s.location + " (" +
+                          std::to_string(f->size()) + " bytes)",
+                      f->name(), m->tensors[i].name, s.offset);
+        if (n) by_file[s.path].push_back({s.offset, s.offset + n, "tensor " + m->tensors[i].name});
+        if (!place.checksum.empty()) {
+          auto [it, fresh] = checksums.emplace(s.path, place.checksum);
+          if (!fresh && it->second != place.checksum)
+            throw Error(ErrorCode::kCorrupt,
+                        "two different checksums given for " + s.location, f->name(),
+                        m->tensors[i].name);
+        }
+        ++checked;
+      } else if (s.kind == Slot::kTyped) {
+        std::vector<std::byte> tmp(m->storages[i].nbytes);
+        decoder->read(i, tmp, true);
+        ++checked;
+      }
+      // raw_data: inside the .onnx by construction, with nothing to check it against (not
+      // counted: verify says "not verified" for a model that has only those)
+    }
+    std::string dir = onnx_model_dir(m->source->name());
+    if (dir.empty()) dir = ".";
+    for (const auto& p : ext->prepacked) {
+      std::string path = onnx_external_path(dir, p.location, p.tensor);
+      SourcePtr f = decoder->file(path, p.tensor);
+      for (const auto& b : p.buffers) {
+        if (b.offset > f->size() || b.length > f->size() - b.offset)
+          throw Error(ErrorCode::kTruncated,
+                      "pre-packed buffer " + p.key + " (" + std::to_string(b.length) +
+                          " bytes at " + std::to_string(b.offset) + ") passes the end of " +
+                          p.location + " (" + std::to_string(f->size()) + " bytes)",
+                      f->name(), p.tensor, b.offset);
+        if (b.length)
+          by_file[path].push_back({b.offset, b.offset + b.length, "pre-pack " + p.key + " of " +
+                                                                      p.tensor});
+        if (b.checksum.size() == 64) {
+          std::string got = sha_hex(EVP_sha256(), *f, b.offset, b.length);
+          if (got != b.checksum)
+            throw Error(ErrorCode::kCorrupt,
+                        "pre-packed buffer " + p.key + " has SHA-256 " + got + ", expected " +
+                            b.checksum,
+                        f->name(), p.tensor, b.offset);
+          ++checked;
+        }
+      }
+    }
+    for (auto& [path, ranges] : by_file) {
+      std::sort(ranges.begin(), ranges.end(),
+                [](const Range& a, const Range& b) { return a.begin < b.begin; });
+      for (size_t i = 1; i < ranges.size(); ++i)
+        if (ranges[i].begin < ranges[i - 1].end)
+          throw Error(ErrorCode::kCorrupt,
+                      ranges[i].what + " (at " + std::to_string(ranges[i].begin) +
+                          ") overlaps " + ranges[i - 1].what + " (ending at " +
+                          std::to_string(ranges[i - 1].end) + ")",
+                      path, {}, ranges[i].begin);
+    }
+    for (auto& [path, want] : checksums) {
+      SourcePtr f = decoder->file(path, {});
+      std::string got = sha_hex(EVP_sha1(), *f, 0, f->size());
+      std::string w = want;
+      std::transform(w.begin(), w.end(), w.begin(), [](unsigned char c) { return std::tolower(c); });
+      if (got != w)
+        throw Error(ErrorCode::kCorrupt, "SHA-1 of the file is " + got + ", the model says " + want,
+                    path);
+      ++checked;
+    }
+    return checked;
+  };
+  return m_;
+}
+
+}  // namespace
+
+std::shared_ptr<CheckpointModel> open_onnx(SourcePtr source, const OpenOptions& options) {
+  return Parser(std::move(source), options).run();
+}
+
+}  // namespace ckpt::internal
