@@ -18,6 +18,7 @@
 #include "ckpt/error.h"
 #include "ckpt/format.h"
 #include "ckpt/options.h"
+#include "ckpt/remote.h"
 #include "ckpt/safetensors.h"
 #include "ckpt/sink.h"
 #include "ckpt/source.h"

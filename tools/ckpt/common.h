@@ -37,6 +37,12 @@ struct Common {
   uint64_t max_metadata_mb = Limits{}.max_metadata_bytes >> 20;
   uint64_t max_inflated_mb = Limits{}.max_inflated_bytes >> 20;
   Limits limits;
+  // URLs (http://, https://, s3://): OpenOptions::remote.
+  int connections = RemoteOptions{}.connections;
+  uint64_t chunk_mb = RemoteOptions{}.chunk_size >> 20;
+  int retries = RemoteOptions{}.retries;
+  double stall_timeout = RemoteOptions{}.low_speed_time_s;
+  double timeout = RemoteOptions{}.timeout_s;
 };
 void add_common(CLI::App& cmd, Common& c);
 // Limits from the --max-* options.

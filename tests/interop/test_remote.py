@@ -1,0 +1,254 @@
+"""Checkpoints read over HTTP (issue 11): nginx for real ranged GETs, a fault-injecting server
+of our own (faulty_http.py) for retries and errors.
+
+nginx starts once per session on 127.0.0.1 with a free port, serving a tmp folder; its access
+log counts the requests each command makes. Tensors read over HTTP are compared with torch.load
+of the local file.
+"""
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+
+import pytest
+
+import faulty_http
+
+NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Nginx:
+    def __init__(self, root):
+        self.root = root
+        self.www = os.path.join(root, "www")
+        os.makedirs(self.www)
+        os.makedirs(os.path.join(root, "tmp"))
+        self.port = free_port()
+        self.log = os.path.join(root, "access.log")
+        conf = os.path.join(root, "nginx.conf")
+        t = os.path.join(root, "tmp")
+        with open(conf, "w") as f:
+            # As root, nginx's workers would run as nobody and could not read pytest's tmp folder.
+            user = "user root;\n" if os.geteuid() == 0 else ""
+            f.write(f"""{user}daemon off;
+worker_processes 2;
+pid {root}/nginx.pid;
+error_log {root}/error.log;
+events {{ worker_connections 256; }}
+http {{
+  access_log {self.log};
+  client_body_temp_path {t}; proxy_temp_path {t}; fastcgi_temp_path {t};
+  uwsgi_temp_path {t}; scgi_temp_path {t};
+  sendfile on;
+  keepalive_requests 100000;
+  server {{ listen 127.0.0.1:{self.port}; root {self.www}; }}
+}}
+""")
+        self.proc = subprocess.Popen([NGINX, "-c", conf, "-p", root, "-e", f"{root}/error.log"],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
+                break
+            except OSError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    err = self.proc.stderr.read().decode(errors="replace") if self.proc.poll() is not None else ""
+                    self.stop()
+                    raise RuntimeError(f"nginx did not start: {err}")
+                time.sleep(0.05)
+
+    def url(self, name):
+        return f"http://127.0.0.1:{self.port}/{name}"
+
+    def put(self, src, name):
+        shutil.copyfile(src, os.path.join(self.www, name))
+        return self.url(name)
+
+    def requests(self):
+        if not os.path.exists(self.log):
+            return 0
+        with open(self.log) as f:
+            return sum(1 for _ in f)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+
+@pytest.fixture(scope="session")
+def nginx(tmp_path_factory):
+    if not os.path.exists(NGINX):
+        pytest.skip("nginx is not installed (Debian package nginx)")
+    try:
+        n = Nginx(str(tmp_path_factory.mktemp("nginx")))
+    except (RuntimeError, OSError) as e:
+        pytest.skip(f"nginx cannot run here: {e}")
+    yield n
+    n.stop()
+
+
+@pytest.fixture(scope="session")
+def model(tmp_path_factory, ckpt):
+    """A torch zip, and its safetensors and tensorizer conversions (local paths)."""
+    import torch
+    d = tmp_path_factory.mktemp("remote-model")
+    g = torch.Generator().manual_seed(11)
+    sd = {f"layer{i}.weight": torch.randn(64, 33 + i, generator=g) for i in range(40)}
+    sd["emb"] = torch.randn(3000, 256, generator=g)  # ~3 MB: several ranges at 1 MiB chunks
+    sd["ids"] = torch.arange(1000, dtype=torch.int64)
+    sd["half"] = torch.randn(17, 5, generator=g).half()
+    pt = str(d / "m.pt")
+    torch.save(sd, pt)
+    st, tz = str(d / "m.safetensors"), str(d / "m.tensors")
+    ckpt.ok("convert", pt, st)
+    ckpt.ok("convert", pt, tz)
+    return {"pt": pt, "safetensors": st, "tensors": tz, "sd": sd}
+
+
+def digests(ckpt, *args, timeout=60):
+    """`ckpt load --json --digest ...`: {tensor: digest} (the load's bytes, hashed)."""
+    import json
+    r = ckpt.run("load", "--json", "--digest", *args, timeout=timeout)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)["digests"]
+
+
+def assert_same(a, b):
+    import torch
+    assert set(a) == set(b)
+    for k in a:
+        assert a[k].dtype == b[k].dtype and a[k].shape == b[k].shape, k
+        assert torch.equal(a[k], b[k]), k
+
+
+@pytest.mark.parametrize("fmt", ["pt", "safetensors", "tensors"])
+def test_open_costs_at_most_three_requests(ckpt, nginx, model, fmt):
+    url = nginx.put(model[fmt], f"open.{fmt}")
+    local = ckpt.json("ls", model[fmt], "--json")
+    before = nginx.requests()
+    remote = ckpt.json("ls", url, "--json")
+    used = nginx.requests() - before
+    assert 1 <= used <= 3, f"ls {fmt} over HTTP made {used} requests"
+    assert remote == local or [t["name"] for t in remote["tensors"]] == [t["name"] for t in local["tensors"]]
+
+
+@pytest.mark.parametrize("fmt", ["pt", "safetensors", "tensors"])
+def test_load_over_http_matches_torch(ckpt, nginx, model, fmt, tmp_path):
+    import torch
+    url = nginx.put(model[fmt], f"load.{fmt}")
+    out = str(tmp_path / "out.pt")
+    ckpt.ok("convert", "--chunk-size", "1", "--connections", "4", url, out)
+    assert_same(torch.load(out), model["sd"])
+    # Eager and streaming loads read the same bytes as from the local file.
+    local = digests(ckpt, model[fmt])
+    for mode in ("eager", "stream"):
+        assert digests(ckpt, "--mode", mode, "--chunk-size", "1", url) == local, mode
+
+
+def test_reading_commands_take_urls(ckpt, nginx, model, tmp_path):
+    url = nginx.put(model["pt"], "cmds.pt")
+    ckpt.ok("info", url)
+    ckpt.ok("verify", url)
+    r = ckpt.ok("show", url, "ids")
+    assert "999" in r.stdout
+    assert ckpt.ok("digest", url).stdout == ckpt.ok("digest", model["pt"]).stdout.replace(model["pt"], url)
+    d = str(tmp_path / "x")
+    ckpt.ok("extract", url, d)
+    assert len(os.listdir(d)) >= len(model["sd"])
+
+
+def test_large_load_uses_few_large_requests(ckpt, nginx, model):
+    url = nginx.put(model["pt"], "big.pt")
+    size = os.path.getsize(model["pt"])
+    before = nginx.requests()
+    ckpt.ok("load", "--chunk-size", "1", url)
+    used = nginx.requests() - before
+    # open (<= 3) + one request per 1 MiB chunk of data
+    assert used <= 3 + size // (1 << 20) + 2, used
+
+
+def test_missing_object_is_not_found(ckpt, nginx):
+    r = ckpt.run("ls", nginx.url("nope.pt"))
+    assert r.returncode == 2, r.stderr
+    assert "nope.pt" in r.stderr and "404" in r.stderr
+
+
+def test_credentials_never_printed(ckpt, nginx):
+    r = ckpt.run("ls", f"http://user:hunter2secret@127.0.0.1:{nginx.port}/nope.pt?X-Amz-Signature=abcdef0123")
+    assert r.returncode == 2
+    assert "hunter2secret" not in r.stderr and "abcdef0123" not in r.stderr, r.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# Faults
+
+
+@pytest.fixture(scope="session")
+def faulty(model):
+    s = faulty_http.FaultyServer(os.path.dirname(model["pt"]))
+    yield s
+    s.stop()
+
+
+_token = [0]
+
+
+def fault_url(faulty, fault, k, name="m.pt"):
+    _token[0] += 1
+    path = f"/t{_token[0]}/{fault}{k}/{name}"
+    return faulty.base + path, path
+
+
+@pytest.mark.parametrize("fault", ["slow", "cut", "reset"])
+def test_faults_are_retried(ckpt, faulty, model, fault):
+    # Request 1 opens; request 2 is the first range of the load.
+    url, path = fault_url(faulty, fault, 2)
+    t0 = time.monotonic()
+    assert digests(ckpt, "--chunk-size", "1", url) == digests(ckpt, model["pt"])
+    reqs = faulty.requests_for(path)
+    assert len(reqs) >= 3
+    if fault == "slow":
+        assert time.monotonic() - t0 >= 1.0  # Retry-After: 1 honoured
+    if fault == "cut":
+        # The cut range resumed from the byte it reached, not from its start.
+        starts = [int(x.split("=")[1].split("-")[0]) for x in reqs[1:] if x and not x.startswith("bytes=-")]
+        assert len(set(starts)) == len(starts) or any(s % (1 << 20) for s in starts), reqs
+
+
+def test_stall_times_out_and_resumes(ckpt, faulty, model):
+    url, path = fault_url(faulty, "stall", 2)
+    t0 = time.monotonic()
+    got = digests(ckpt, "--stall-timeout", "2", url)
+    assert 1.5 <= time.monotonic() - t0 < 30
+    assert got == digests(ckpt, model["pt"])
+
+
+def test_server_down_fails_clearly(ckpt, faulty):
+    url, path = fault_url(faulty, "down", 2)
+    t0 = time.monotonic()
+    r = ckpt.run("load", "--retries", "3", url, timeout=60)
+    assert r.returncode == 3, r.stderr
+    assert time.monotonic() - t0 < 30
+    assert path in r.stderr and "HTTP 503" in r.stderr and "bytes " in r.stderr and "4 attempts" in r.stderr, r.stderr
+    assert len(faulty.requests_for(path)) == 1 + 4
+
+
+def test_object_changed_mid_load(ckpt, faulty):
+    url, path = fault_url(faulty, "etag", 2)
+    r = ckpt.run("load", url, timeout=60)
+    assert r.returncode == 3, r.stderr
+    assert "changed" in r.stderr and "412" in r.stderr, r.stderr
