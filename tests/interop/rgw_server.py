@@ -98,6 +98,23 @@ rgw frontends = beast endpoint=127.0.0.1:{self.rgw_port}
             self.stop()
             raise
 
+    def curl(self, method, path, *args, check=True):
+        """A signed request with the curl tool: (status, body)."""
+        cmd = ["curl", "-s", "-S", "-X", method, "--aws-sigv4", "aws:amz:us-east-1:s3",
+               "--user", f"{self.access_key}:{self.secret_key}",
+               "-H", "x-amz-content-sha256: UNSIGNED-PAYLOAD", "-o", "-", "-w", "\n%{http_code}",
+               *args, self.endpoint + path]
+        r = subprocess.run(cmd, capture_output=True, timeout=120)
+        body, _, code = r.stdout.rpartition(b"\n")
+        status = int(code or 0)
+        if check and not 200 <= status < 300:
+            raise RuntimeError(f"{method} {path}: HTTP {status}: {body[:300]!r}")
+        return status, body
+
+    def put_file(self, path, local, public=False):
+        extra = ["-H", "x-amz-acl: public-read"] if public else []
+        return self.curl("PUT", path, "-T", local, *extra)
+
     def _run(self, cmd, timeout=30):
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         if r.returncode != 0:
@@ -113,7 +130,7 @@ rgw frontends = beast endpoint=127.0.0.1:{self.rgw_port}
                 p.terminate()
         for p in reversed(self.procs):
             try:
-                p.wait(20)
+                p.wait(3)
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait(5)

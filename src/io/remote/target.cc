@@ -206,8 +206,6 @@ void apply_target(CURL* e, const Target& t, const std::string& url, const Remote
         headers = curl_slist_append(headers, ("x-amz-security-token: " + t.token).c_str());
     }
   }
-  // No "Expect: 100-continue" wait before a part's body.
-  headers = curl_slist_append(headers, "Expect:");
   curl_easy_setopt(e, CURLOPT_HTTPHEADER, headers);
 }
 
