@@ -349,3 +349,67 @@ def test_s3_profile_and_anonymous(ckpt, rgw, model, tmp_path):
     assert r.returncode == 9, r.stderr
     r = run_env(ckpt, env, "ls", "s3://ckpt/missing.pt")
     assert r.returncode == 2, r.stderr
+
+
+@pytest.fixture(scope="session")
+def big_model(tmp_path_factory):
+    """~13 MB: three 5 MiB parts."""
+    import torch
+    d = tmp_path_factory.mktemp("remote-big")
+    g = torch.Generator().manual_seed(5)
+    sd = {"w": torch.randn(3_200_000, generator=g), "b": torch.randn(100, generator=g),
+          "i": torch.arange(10, dtype=torch.int32)}
+    pt = str(d / "big.pt")
+    torch.save(sd, pt)
+    return {"pt": pt, "sd": sd}
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "pt", "tensors"])
+def test_s3_upload_multipart(ckpt, rgw, big_model, fmt, tmp_path):
+    import torch
+    url = f"s3://ckpt/up/out.{fmt}"
+    env = s3_env(rgw)
+    r = run_env(ckpt, env, "convert", "--chunk-size", "5", "--connections", "2", big_model["pt"], url)
+    assert r.returncode == 0, r.stderr
+    # The object is there, whole: ckpt reads it back, and so does torch (pt) after a plain GET.
+    r = run_env(ckpt, env, "load", "--json", "--digest", url)
+    assert r.returncode == 0, r.stderr
+    local = str(tmp_path / f"local.{fmt}")
+    ckpt.ok("convert", big_model["pt"], local)
+    import json
+    assert json.loads(r.stdout)["digests"] == digests(ckpt, local)
+    status, body = rgw.curl("GET", f"/ckpt/up/out.{fmt}")
+    assert status == 200
+    if fmt == "pt":
+        p = tmp_path / "got.pt"
+        p.write_bytes(body)
+        assert_same(torch.load(str(p)), big_model["sd"])
+    else:
+        assert body == open(local, "rb").read()
+    # Multipart: the ETag of a completed multipart upload ends in -<parts>.
+    if fmt != "tensors":
+        out = subprocess.run(["curl", "-s", "-I", "--aws-sigv4", "aws:amz:us-east-1:s3", "--user",
+                              f"{rgw.access_key}:{rgw.secret_key}", "-H",
+                              "x-amz-content-sha256: UNSIGNED-PAYLOAD",
+                              f"{rgw.endpoint}/ckpt/up/out.{fmt}"], capture_output=True, text=True)
+        assert '-3"' in out.stdout or "-3\"" in out.stdout, out.stdout
+
+
+def test_s3_small_upload_and_failures(ckpt, rgw, model):
+    env = s3_env(rgw)
+    r = run_env(ckpt, env, "convert", model["pt"], "s3://ckpt/small.safetensors")
+    assert r.returncode == 0, r.stderr
+    assert rgw.curl("GET", "/ckpt/small.safetensors")[0] == 200
+    # No such bucket: a clean error, nothing written.
+    r = run_env(ckpt, env, "convert", model["pt"], "s3://no-such-bucket/x.safetensors")
+    assert r.returncode == 2, r.stderr
+    assert "s3://no-such-bucket/x.safetensors" in r.stderr
+    # A wrong secret: auth error, no object, the secret never printed.
+    bad = s3_env(rgw, AWS_SECRET_ACCESS_KEY="not-the-secret-42")
+    r = run_env(ckpt, bad, "convert", model["pt"], "s3://ckpt/denied.safetensors")
+    assert r.returncode == 9, r.stderr
+    assert "not-the-secret-42" not in r.stderr
+    assert rgw.curl("GET", "/ckpt/denied.safetensors", check=False)[0] == 404
+    # No multipart upload was left behind by any of these.
+    status, body = rgw.curl("GET", "/ckpt?uploads=")
+    assert b"<Upload>" not in body, body[:500]

@@ -105,6 +105,7 @@ void add_convert(CLI::App& app) {
     co.encryption.key_file = o->encrypt_key;
     co.encryption.password_file = o->encrypt_password_file;
     co.limits = limits_of(o->common);
+    co.remote = remote_options(o->common);
     if (!o->max_shard_size.empty()) {
       try {
         co.max_shard_size = parse_byte_size(o->max_shard_size);

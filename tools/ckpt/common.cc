@@ -187,16 +187,22 @@ std::string files_name(const std::vector<std::string>& paths) {
          (paths.size() == 2 ? "" : "s");
 }
 
+RemoteOptions remote_options(const Common& c) {
+  RemoteOptions r;
+  r.connections = c.connections;
+  r.chunk_size = c.chunk_mb << 20;
+  r.retries = c.retries;
+  r.low_speed_time_s = c.stall_timeout;
+  r.timeout_s = c.timeout;
+  return r;
+}
+
 OpenOptions open_options(const Common& c) {
   OpenOptions o;
   o.strict = c.strict;
   o.mmap = !c.no_mmap;
   o.limits = limits_of(c);
-  o.remote.connections = c.connections;
-  o.remote.chunk_size = c.chunk_mb << 20;
-  o.remote.retries = c.retries;
-  o.remote.low_speed_time_s = c.stall_timeout;
-  o.remote.timeout_s = c.timeout;
+  o.remote = remote_options(c);
   if (!c.key_file.empty()) {
     std::string k = slurp(c.key_file);
     while (!k.empty() && (k.back() == '\n' || k.back() == '\r' || k.back() == ' ')) k.pop_back();

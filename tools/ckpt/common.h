@@ -57,6 +57,8 @@ LoadedCheckpoint load_set(const std::vector<std::string>& paths, const Common& c
 std::string files_name(const std::vector<std::string>& paths);
 // The OpenOptions those flags ask for (mmap, limits, decryption key or password).
 OpenOptions open_options(const Common& c);
+// The RemoteOptions of the --connections, --chunk-size, --retries, --stall-timeout, --timeout flags.
+RemoteOptions remote_options(const Common& c);
 // The line the tool prints for an error: its text, and for kLimitExceeded the option that raises
 // the limit it names ("raise it with --max-tensors").
 std::string error_line(const Error& e);
