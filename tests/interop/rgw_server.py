@@ -71,7 +71,16 @@ rgw frontends = beast endpoint=127.0.0.1:{self.rgw_port}
             self._run(["ceph-mon", *c, "--mkfs", "-i", "a", "--monmap", f"{root}/monmap",
                        "--keyring", f"{root}/keyring"])
             self._spawn(["ceph-mon", *c, "-i", "a", "-f"])
-            self._run(["ceph", *c, "osd", "create"], timeout=60)
+            # The monitor takes a moment to answer: retry for up to 30 s.
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    self._run(["ceph", *c, "osd", "create"], timeout=30)
+                    break
+                except RuntimeError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.5)
             self._run(["ceph-osd", *c, "-i", "0", "--mkfs"], timeout=60)
             self._spawn(["ceph-osd", *c, "-i", "0", "-f"])
             self._run(["ceph", *c, "osd", "crush", "add", "osd.0", "1.0", "host=localhost",
