@@ -413,3 +413,14 @@ def test_s3_small_upload_and_failures(ckpt, rgw, model):
     # No multipart upload was left behind by any of these.
     status, body = rgw.curl("GET", "/ckpt?uploads=")
     assert b"<Upload>" not in body, body[:500]
+
+
+def test_sharded_checkpoint_over_http(ckpt, nginx, model, tmp_path):
+    d = tmp_path / "sh"
+    d.mkdir()
+    ckpt.ok("convert", "--max-shard-size", "1MB", model["pt"], str(d / "model.safetensors"))
+    os.makedirs(os.path.join(nginx.www, "sh"), exist_ok=True)
+    for f in os.listdir(d):
+        shutil.copyfile(d / f, os.path.join(nginx.www, "sh", f))
+    url = nginx.url("sh/model.safetensors.index.json")
+    assert digests(ckpt, url) == digests(ckpt, str(d / "model.safetensors.index.json"))
