@@ -424,3 +424,28 @@ def test_sharded_checkpoint_over_http(ckpt, nginx, model, tmp_path):
         shutil.copyfile(d / f, os.path.join(nginx.www, "sh", f))
     url = nginx.url("sh/model.safetensors.index.json")
     assert digests(ckpt, url) == digests(ckpt, str(d / "model.safetensors.index.json"))
+
+
+def test_s3_upload_interrupted_is_aborted(ckpt, rgw, tmp_path):
+    import signal
+    import torch
+    src = str(tmp_path / "huge.pt")
+    torch.save({"w": torch.ones(96 * 1024 * 1024)}, src)  # 384 MiB: a few seconds of upload
+    env = s3_env(rgw)
+    p = subprocess.Popen([ckpt.path, "convert", "--chunk-size", "8", "--connections", "2", src,
+                          "s3://ckpt/interrupted.safetensors"], env=env, stderr=subprocess.PIPE,
+                         text=True)
+    # Wait until the multipart upload has started, then interrupt.
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and p.poll() is None:
+        if b"<Upload>" in rgw.curl("GET", "/ckpt?uploads=")[1]:
+            break
+        time.sleep(0.05)
+    if p.poll() is not None:
+        pytest.skip("the upload ended before it could be interrupted")
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 130, err
+    assert "aborting the upload" in err
+    assert rgw.curl("GET", "/ckpt/interrupted.safetensors", check=False)[0] == 404
+    assert b"<Upload>" not in rgw.curl("GET", "/ckpt?uploads=")[1]

@@ -24,6 +24,11 @@ CLI::Validator at_least(double bound);
 inline constexpr int kNotVerifiedExit = 10;
 // SIGINT, SIGTERM, SIGHUP: remove the temporaries (ckpt::remove_temporaries_now), exit 128 + sig.
 void install_interrupt_cleanup();
+// An upload (convert to s3://): the first signal only sets a flag that interrupted_by() returns
+// (the command then throws ExitStatus{128 + sig}, and unwinding aborts the multipart upload); a
+// second one ends the process as usual.
+void defer_interrupts();
+int interrupted_by();
 // Thrown by a command that has printed what it has to say and must end with this status.
 struct ExitStatus {
   int code;
