@@ -23,7 +23,7 @@ PY := /usr/bin/python3
 DEMO_DIR ?= demo-out
 
 DEB_PACKAGES := cmake ninja-build g++ pkg-config libgtest-dev libgmock-dev libbenchmark-dev \
-  libdeflate-dev libisal-dev zlib1g-dev libsodium-dev libssl-dev libcurl4-openssl-dev nginx \
+  libdeflate-dev libisal-dev zlib1g-dev libsodium-dev libssl-dev libcurl4-openssl-dev curl nginx \
   radosgw ceph-mon ceph-osd nlohmann-json3-dev libcli11-dev \
   python3 python3-torch python3-numpy python3-pytest
 # libFuzzer and the sanitizer runtimes come with clang; Debian 12 splits them into libclang-rt-14-dev.
