@@ -68,6 +68,7 @@ def main():
         subprocess.run([sys.executable, "-c", f"import torch; torch.save({expr}, {path!r})"],
                        check=True)
     work = tempfile.mkdtemp(prefix="ckpt-bench-remote-")
+    nginx = None
     try:
         nginx = Nginx(os.path.join(work, "nginx"))
         big = os.path.join(nginx.www, "big.pt")
@@ -128,8 +129,9 @@ def main():
                 row("rgw", "s3://bench/big.pt", env, sig)
             finally:
                 g.stop()
-        nginx.stop()
     finally:
+        if nginx is not None:
+            nginx.stop()
         shutil.rmtree(work, ignore_errors=True)
 
 
