@@ -25,7 +25,8 @@ PY := /usr/bin/python3
 DEMO_DIR ?= demo-out
 
 DEB_PACKAGES := cmake ninja-build g++ pkg-config libgtest-dev libgmock-dev libbenchmark-dev \
-  libdeflate-dev libisal-dev zlib1g-dev libsodium-dev libssl-dev nlohmann-json3-dev libcli11-dev \
+  libdeflate-dev libisal-dev zlib1g-dev libsodium-dev libssl-dev libcurl4-openssl-dev curl nginx \
+  radosgw ceph-mon ceph-osd nlohmann-json3-dev libcli11-dev \
   python3 python3-torch python3-numpy python3-pytest python3-onnx nodejs \
   python3-dev pybind11-dev python3-pip python3-setuptools python3-wheel
 # libFuzzer and the sanitizer runtimes come with clang; Debian 12 splits them into libclang-rt-14-dev.

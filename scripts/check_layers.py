@@ -60,6 +60,7 @@ PUBLIC_HEADERS = {
     "source.h": 0,
     "sink.h": 0,
     "options.h": 0,
+    "remote.h": 0,  # URL sources and the S3 sink (src/io/remote)
     "format.h": 0,
     # one format's entry points
     "safetensors.h": 4,

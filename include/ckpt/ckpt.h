@@ -21,6 +21,7 @@
 #include "ckpt/onnx_types.h"
 #include "ckpt/options.h"
 #include "ckpt/prepack.h"
+#include "ckpt/remote.h"
 #include "ckpt/safetensors.h"
 #include "ckpt/sink.h"
 #include "ckpt/source.h"

@@ -151,6 +151,11 @@ struct ConvertOptions {
   // end (nothing appears under the output's name unless the conversion succeeds), and fsync.
   bool atomic = true;
   bool fsync = true;
+  // The path overload with an "s3://bucket/key" output: an S3 upload (create_s3_sink,
+  // include/ckpt/remote.h) with these options. pt and safetensors stream as they are written;
+  // tensorizer (its writer patches headers already written) is written to a temporary file in
+  // $TMPDIR first and then uploaded. The object appears only when complete. Not with shards.
+  RemoteOptions remote;
   // How tensor bytes are read from the checkpoint. A mapped checkpoint is written from views of
   // the mapping (no copy; `verify` checks each storage's CRC32 first); an unmapped one, or with
   // `copy`, is loaded first with Checkpoint::load_all (`threads` readers).

@@ -22,8 +22,38 @@ struct Limits {
   uint64_t max_records = 16ull << 20;        // zip entries
 };
 
+// Reading (and, for S3, writing) objects named by URL: http://, https://, s3://bucket/key
+// (include/ckpt/remote.h). Plain values; the defaults were measured on loopback (docs/benchmarks.md).
+struct RemoteOptions {
+  int connections = 8;                // ranged GETs in flight per read (and parts per upload)
+  uint64_t chunk_size = 8ull << 20;   // bytes per ranged GET (and per multipart part, >= 5 MiB)
+  double connect_timeout_s = 10;      // TCP + TLS connect
+  // A transfer slower than low_speed_bytes per second for low_speed_time_s is abandoned (and
+  // retried): a stalled socket never hangs a load.
+  uint64_t low_speed_bytes = 1024;
+  double low_speed_time_s = 15;
+  // Retries of one range (5xx, 408, 429, resets, cut bodies; a cut range resumes from the byte it
+  // reached), with full-jitter exponential backoff from retry_base_s, capped at retry_max_s
+  // (a Retry-After header is honoured up to that cap), all within timeout_s per range.
+  int retries = 6;
+  double retry_base_s = 0.1;
+  double retry_max_s = 10;
+  double timeout_s = 300;
+  // S3. Empty fields come from the environment: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
+  // AWS_SESSION_TOKEN, AWS_REGION / AWS_DEFAULT_REGION, AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL,
+  // AWS_PROFILE with ~/.aws/credentials and ~/.aws/config (AWS_SHARED_CREDENTIALS_FILE,
+  // AWS_CONFIG_FILE). No credentials anywhere, or `unsigned_requests`: anonymous requests.
+  std::string endpoint;  // e.g. http://127.0.0.1:7480 (path-style addressing)
+  std::string region;
+  std::string access_key_id, secret_access_key, session_token;
+  std::string profile;
+  bool unsigned_requests = false;
+};
+
 struct OpenOptions {
   bool mmap = true;  // map the file (zero-copy views); false: pread into owned memory
+  // For a path that is a URL (http://, https://, s3://): how to reach it. `mmap` is ignored there.
+  RemoteOptions remote;
   Limits limits;
   // torch pickles: refuse classes ckpt does not know (Error{kUnsupported} naming the global), as
   // torch.load(weights_only=True) does. Off: they are kept as opaque objects (Value::foreign),

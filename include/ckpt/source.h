@@ -34,6 +34,8 @@ struct ReadRequest {
 struct SourceStats {
   std::atomic<uint64_t> reads{0};
   std::atomic<uint64_t> bytes{0};
+  // Network requests made (remote sources; retries included). 0 for local sources.
+  std::atomic<uint64_t> requests{0};
 };
 
 class ByteSource {
@@ -72,6 +74,11 @@ class ByteSource {
   // replaced since is not read), for copies that should not make the mapping's pages resident.
   // Null for other sources.
   virtual std::shared_ptr<const ByteSource> pread_twin() const { return nullptr; }
+
+  // The read size that keeps the source busy: a remote source answers its connections times its
+  // chunk size, and loaders then read in pieces of that size (one read = several parallel
+  // requests) instead of 1 MiB slices. 0 (local sources): the loaders' own sizes.
+  virtual uint64_t preferred_read_size() const { return 0; }
 
   SourceStats& stats() const { return stats_; }
 

@@ -1,6 +1,7 @@
 // Checkpoint: the public handle over an opened model. Opening detects the format
 // (formats/open.h); every load builds a LoadPlan (load/plan.h) and runs one of its executors.
 
+#include "ckpt/remote.h"
 #include "ckpt/checkpoint.h"
 
 #include <sys/mman.h>
@@ -110,14 +111,16 @@ Checkpoint::Impl::Impl(std::shared_ptr<const CheckpointModel> m,
 Checkpoint::Checkpoint(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
 
 Checkpoint Checkpoint::open(const std::string& path, const OpenOptions& options) {
-  return open(options.mmap ? open_mmap_source(path) : open_file_source(path), options);
+  return open(open_source(path, options.mmap, options.remote), options);
 }
 
 Checkpoint Checkpoint::open(SourcePtr source, const OpenOptions& options) {
   try {
     return internal::CheckpointAccess::make(internal::open_model(source, options));
-  } catch (const Error&) {
+  } catch (const Error& e) {
     // Not a checkpoint: a sharded checkpoint's index (JSON) opens as its set of shards.
+    // A read that failed (a remote source after its retries) is no format's refusal.
+    if (e.code() == ErrorCode::kIo || e.code() == ErrorCode::kAuth) throw;
     if (!internal::looks_like_json(*source)) throw;
   }
   return internal::open_index(source, std::filesystem::path(source->name()).parent_path().string(),

@@ -12,6 +12,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "ckpt/remote.h"
 #include "api/checkpoint_impl.h"
 #include "formats/open.h"
 
@@ -26,7 +27,7 @@ std::string file_name(const std::string& path) {
 Checkpoint open_shard(const std::string& path, const OpenOptions& options, size_t k, size_t n,
                       const std::string& set_name) {
   try {
-    SourcePtr s = options.mmap ? open_mmap_source(path) : open_file_source(path);
+    SourcePtr s = open_source(path, options.mmap, options.remote);
     return CheckpointAccess::make(open_model(std::move(s), options));
   } catch (Error& e) {
     e.with_source(path);

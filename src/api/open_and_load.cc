@@ -11,6 +11,7 @@
 
 #include <algorithm>
 
+#include "ckpt/remote.h"
 #include "api/checkpoint_impl.h"
 #include "formats/open.h"
 #include "load/plan.h"
@@ -21,7 +22,7 @@ namespace ckpt {
 
 LoadedCheckpoint Checkpoint::open_and_load(const std::string& path, const OpenOptions& open_options,
                                            const LoadOptions& load_options) {
-  SourcePtr source = open_options.mmap ? open_mmap_source(path) : open_file_source(path);
+  SourcePtr source = open_source(path, open_options.mmap, open_options.remote);
   // Copies go through pread, as every eager load's do: reading out of a mapping would make the
   // file's pages resident beside the copy.
   SourcePtr copy = source->pread_twin() ? source->pread_twin() : source;
@@ -44,7 +45,9 @@ LoadedCheckpoint Checkpoint::open_and_load(const std::string& path, const OpenOp
   std::shared_ptr<internal::CheckpointModel> model;
   try {
     model = internal::open_model(source, open_options, hooks);
-  } catch (const Error&) {
+  } catch (const Error& e) {
+    // A read that failed (a remote source after its retries) is no format's refusal.
+    if (e.code() == ErrorCode::kIo || e.code() == ErrorCode::kAuth) throw;
     if (!internal::looks_like_json(*source)) throw;
   }
   if (!model) {

@@ -1,6 +1,10 @@
 // convert(): a checkpoint of any format to a torch zip, safetensors or tensorizer file.
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -13,6 +17,7 @@
 #include "ckpt/convert.h"
 #include "ckpt/digest.h"
 #include "ckpt/error.h"
+#include "ckpt/remote.h"
 #include "ckpt/safetensors.h"
 #include "ckpt/tensorizer.h"
 #include "ckpt/torchscript.h"
@@ -297,6 +302,40 @@ ConvertReport run(const Checkpoint& c, const ConvertOptions& o, const OpenSink& 
 
 }  // namespace
 
+namespace {
+
+// An upload (ConvertOptions::remote): streamed where the writer only appends, else through a
+// local temporary file.
+ConvertReport convert_to_url(const Checkpoint& c, const std::string& url, ConvertOptions o) {
+  if (o.max_shard_size)
+    throw Error(ErrorCode::kInvalidArgument, "shards are written to local files only",
+                redact_url(url));
+  if (o.archive_name.empty()) o.archive_name = archive_name_for(url);
+  std::unique_ptr<ByteSink> sink = create_s3_sink(url, o.remote);
+  if (o.to != ConvertFormat::kTensorizer)
+    return run(c, o, [&]() -> ByteSink& { return *sink; });
+  const char* dir = std::getenv("TMPDIR");
+  const std::string tmp = std::string(dir && *dir ? dir : "/tmp") + "/.ckpt-upload-" +
+                          std::to_string(::getpid()) + "-" +
+                          std::to_string(reinterpret_cast<uintptr_t>(sink.get())) + ".tensors";
+  struct Remove {
+    std::string path;
+    ~Remove() { std::remove(path.c_str()); }
+  } remove{tmp};
+  ConvertReport r = convert(c, tmp, o);
+  SourcePtr local = open_file_source(tmp);
+  std::vector<std::byte> buf(std::min<uint64_t>(local->size(), 8 << 20));
+  for (uint64_t done = 0; done < local->size(); done += buf.size()) {
+    const uint64_t n = std::min<uint64_t>(buf.size(), local->size() - done);
+    local->read_into(done, std::span<std::byte>(buf.data(), n));
+    sink->write(std::span<const std::byte>(buf.data(), n));
+  }
+  sink->commit();
+  return r;
+}
+
+}  // namespace
+
 ConvertReport convert(const Checkpoint& c, const std::string& out_path,
                       const ConvertOptions& options) {
   ConvertOptions o = options;
@@ -308,6 +347,7 @@ ConvertReport convert(const Checkpoint& c, const std::string& out_path,
       named.resize(named.size() - 11);
     o.to = convert_format_for_path(named);
   }
+  if (is_url(out_path)) return convert_to_url(c, out_path, o);
   if (o.max_shard_size) return internal::convert_sharded(c, out_path, o);
   if (o.archive_name.empty()) o.archive_name = archive_name_for(out_path);
   std::unique_ptr<ByteSink> file;

@@ -18,6 +18,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "ckpt/remote.h"
 #include "ckpt/convert.h"
 #include "ckpt/digest.h"
 #include "ckpt/error.h"
@@ -226,7 +227,7 @@ FileDigest file_digest(const ByteSource& source) {
   return f;
 }
 
-FileDigest file_digest(const std::string& path) { return file_digest(*open_file_source(path)); }
+FileDigest file_digest(const std::string& path) { return file_digest(*open_source(path, false)); }
 
 std::vector<TensorDigest> tensor_digests(const Checkpoint& c, const DigestOptions& options) {
   const FlatStateDict flat = flatten_state_dict(c);

@@ -102,6 +102,8 @@ std::shared_ptr<CheckpointModel> open_model(SourcePtr source, const OpenOptions&
     try {
       data = open_torch_zip(source, options, hooks);
     } catch (const Error& e) {
+      // A read that failed (a remote source after its retries) is no format's refusal.
+      if (e.code() == ErrorCode::kIo || e.code() == ErrorCode::kAuth) throw;
       zip_error = e;
     }
     if (!data) source->read_into(0, std::span<std::byte>(head, n));

@@ -97,7 +97,7 @@ void load_into(const LoadPlan& plan, const PlannedStorage& p, std::byte* dst) {
       return;
     case Route::kView:
     case Route::kRead: {
-      constexpr uint64_t kPiece = 1 << 20;
+      const uint64_t kPiece = std::max<uint64_t>(1 << 20, plan.copy->preferred_read_size());
       uint32_t crc = 0;
       for (uint64_t done = 0; done < si.nbytes; done += kPiece) {
         uint64_t n = std::min(kPiece, si.nbytes - done);

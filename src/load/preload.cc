@@ -34,9 +34,12 @@ Preload::Preload(SourcePtr source, std::vector<PreloadRange> ranges, bool crc, i
     reach_.push_back(last);
   }
   if (n) first = ranges_[order_.front()].offset;
+  // A remote source reads in pieces of its own size (each one several parallel requests).
+  const uint64_t chunk = std::max(kChunk, source_->preferred_read_size());
+  slice_ = std::max(kSlice, source_->preferred_read_size());
   auto add = [&](uint64_t file_off, uint64_t arena_off, uint64_t len, size_t range) {
-    for (uint64_t done = 0; done < len; done += kChunk)
-      chunks_.push_back({file_off + done, arena_off + done, std::min(kChunk, len - done), range});
+    for (uint64_t done = 0; done < len; done += chunk)
+      chunks_.push_back({file_off + done, arena_off + done, std::min(chunk, len - done), range});
   };
   uint64_t size = 0;
   // Mirror when dense (the gaps cost less than a 16th of the data, plus 1 MiB, to read along)
@@ -90,8 +93,8 @@ void Preload::work() noexcept {
   try {
     for (size_t c; (c = next_.fetch_add(1)) < chunks_.size();) {
       const Chunk& ch = chunks_[c];
-      for (uint64_t done = 0; done < ch.len; done += kSlice) {
-        const uint64_t n = std::min(kSlice, ch.len - done);
+      for (uint64_t done = 0; done < ch.len; done += slice_) {
+        const uint64_t n = std::min(slice_, ch.len - done);
         const uint64_t f0 = ch.file_off + done, f1 = f0 + n;
         std::byte* dst = base_ + ch.arena_off + done;
         source_->read_into(f0, std::span<std::byte>(dst, n));

@@ -81,6 +81,7 @@ class Preload {
   std::vector<uint64_t> reach_;  // max end of the ranges order_[0..i]
   bool want_crc_;
   bool mirror_ = false;
+  uint64_t slice_ = 1 << 20;  // bytes per read_into (a remote source: its preferred read size)
   std::vector<uint64_t> arena_off_;
   uint64_t extra_off_ = 0;
   std::shared_ptr<std::byte> arena_;

@@ -105,6 +105,7 @@ void add_convert(CLI::App& app) {
     co.encryption.key_file = o->encrypt_key;
     co.encryption.password_file = o->encrypt_password_file;
     co.limits = limits_of(o->common);
+    co.remote = remote_options(o->common);
     if (!o->max_shard_size.empty()) {
       try {
         co.max_shard_size = parse_byte_size(o->max_shard_size);
@@ -120,6 +121,15 @@ void add_convert(CLI::App& app) {
     Checkpoint c = open_checkpoint(o->in, o->common);
     ProgressLine line(o->progress);
     co.progress = line.fn();
+    if (is_url(o->out)) {
+      // A signal aborts the upload: the writer polls the flag through the progress callback.
+      defer_interrupts();
+      co.progress = [draw = co.progress](uint64_t done, uint64_t total) {
+        if (int sig = interrupted_by()) throw ExitStatus{128 + sig};
+        if (draw) draw(done, total);
+      };
+      co.progress_interval = std::chrono::milliseconds(50);
+    }
     ConvertReport r = convert(c, o->out, co);
     line.finish(r.bytes_written);
 

@@ -642,7 +642,8 @@ void add_show(CLI::App& app) {
   add_common(*cmd, o->common);
   cmd->callback([o] {
     // FILE... NAME: a last argument that is no file is the tensor's name.
-    if (o->name.empty() && o->files.size() > 1 && !std::filesystem::exists(o->files.back())) {
+    if (o->name.empty() && o->files.size() > 1 && !is_url(o->files.back()) &&
+        !std::filesystem::exists(o->files.back())) {
       o->name = o->files.back();
       o->files.pop_back();
     }

@@ -19,6 +19,28 @@ void add_common(CLI::App& cmd, Common& c) {
   cmd.add_option("--decrypt-key", c.key_file, "tensorizer: file with the raw key (hex or binary)");
   cmd.add_option("--decrypt-password-file", c.password_file,
                  "tensorizer: file whose first line is the password");
+  cmd.add_option("--connections", c.connections,
+                 "a URL: ranged requests in flight per read")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64))
+      ->group("Remote");
+  cmd.add_option("--chunk-size", c.chunk_mb, "a URL: MiB per ranged request")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1024))
+      ->group("Remote");
+  cmd.add_option("--retries", c.retries, "a URL: retries of a failed range (5xx, resets, cuts)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 100))
+      ->group("Remote");
+  cmd.add_option("--stall-timeout", c.stall_timeout,
+                 "a URL: seconds under 1 KiB/s before a transfer is abandoned and retried")
+      ->capture_default_str()
+      ->check(CLI::Range(1.0, 3600.0))
+      ->group("Remote");
+  cmd.add_option("--timeout", c.timeout, "a URL: seconds one range may take, retries included")
+      ->capture_default_str()
+      ->check(CLI::Range(1.0, 86400.0))
+      ->group("Remote");
   // Limits (docs/security.md): what an untrusted file may make ckpt allocate or walk. The
   // defaults open real models (1 TB, 1M tensors); raise one when a file is refused for it.
   cmd.add_option("--max-metadata-mb", c.max_metadata_mb,
@@ -165,11 +187,22 @@ std::string files_name(const std::vector<std::string>& paths) {
          (paths.size() == 2 ? "" : "s");
 }
 
+RemoteOptions remote_options(const Common& c) {
+  RemoteOptions r;
+  r.connections = c.connections;
+  r.chunk_size = c.chunk_mb << 20;
+  r.retries = c.retries;
+  r.low_speed_time_s = c.stall_timeout;
+  r.timeout_s = c.timeout;
+  return r;
+}
+
 OpenOptions open_options(const Common& c) {
   OpenOptions o;
   o.strict = c.strict;
   o.mmap = !c.no_mmap;
   o.limits = limits_of(c);
+  o.remote = remote_options(c);
   if (!c.key_file.empty()) {
     std::string k = slurp(c.key_file);
     while (!k.empty() && (k.back() == '\n' || k.back() == '\r' || k.back() == ' ')) k.pop_back();

@@ -24,6 +24,11 @@ CLI::Validator at_least(double bound);
 inline constexpr int kNotVerifiedExit = 10;
 // SIGINT, SIGTERM, SIGHUP: remove the temporaries (ckpt::remove_temporaries_now), exit 128 + sig.
 void install_interrupt_cleanup();
+// An upload (convert to s3://): the first signal only sets a flag that interrupted_by() returns
+// (the command then throws ExitStatus{128 + sig}, and unwinding aborts the multipart upload); a
+// second one ends the process as usual.
+void defer_interrupts();
+int interrupted_by();
 // Thrown by a command that has printed what it has to say and must end with this status.
 struct ExitStatus {
   int code;
@@ -37,6 +42,12 @@ struct Common {
   uint64_t max_metadata_mb = Limits{}.max_metadata_bytes >> 20;
   uint64_t max_inflated_mb = Limits{}.max_inflated_bytes >> 20;
   Limits limits;
+  // URLs (http://, https://, s3://): OpenOptions::remote.
+  int connections = RemoteOptions{}.connections;
+  uint64_t chunk_mb = RemoteOptions{}.chunk_size >> 20;
+  int retries = RemoteOptions{}.retries;
+  double stall_timeout = RemoteOptions{}.low_speed_time_s;
+  double timeout = RemoteOptions{}.timeout_s;
 };
 void add_common(CLI::App& cmd, Common& c);
 // Limits from the --max-* options.
@@ -51,6 +62,8 @@ LoadedCheckpoint load_set(const std::vector<std::string>& paths, const Common& c
 std::string files_name(const std::vector<std::string>& paths);
 // The OpenOptions those flags ask for (mmap, limits, decryption key or password).
 OpenOptions open_options(const Common& c);
+// The RemoteOptions of the --connections, --chunk-size, --retries, --stall-timeout, --timeout flags.
+RemoteOptions remote_options(const Common& c);
 // The line the tool prints for an error: its text, and for kLimitExceeded the option that raises
 // the limit it names ("raise it with --max-tensors").
 std::string error_line(const Error& e);

@@ -13,8 +13,17 @@ namespace ckpt::cli {
 namespace {
 
 bool g_stderr_tty = false;
+volatile sig_atomic_t g_defer = 0, g_deferred = 0;
 
 extern "C" void on_interrupt(int sig) {
+  if (g_defer && !g_deferred) {
+    // An upload in progress: let the command abort it (interrupted_by() is polled), once.
+    g_deferred = sig;
+    const char* m = "\nckpt: interrupted; aborting the upload (again to end at once)\n";
+    ssize_t ignored = ::write(STDERR_FILENO, g_stderr_tty ? m : m + 1, std::strlen(m) - 1);
+    (void)ignored;
+    return;
+  }
   remove_temporaries_now();
   const char* name = sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "SIGHUP";
   // write(2) only: async-signal-safe. On a terminal, first end a progress line or the "^C".
@@ -28,6 +37,9 @@ extern "C" void on_interrupt(int sig) {
 }
 
 }  // namespace
+
+void defer_interrupts() { g_defer = 1; }
+int interrupted_by() { return g_deferred; }
 
 void install_interrupt_cleanup() {
   g_stderr_tty = ::isatty(STDERR_FILENO) == 1;
