@@ -48,6 +48,10 @@ struct RemoteOptions {
   std::string access_key_id, secret_access_key, session_token;
   std::string profile;
   bool unsigned_requests = false;
+  // HTTPS: a PEM file of certificate authorities to trust instead of the system's (a private CA,
+  // a self-signed endpoint). Empty: AWS_CA_BUNDLE, CURL_CA_BUNDLE or SSL_CERT_FILE from the
+  // environment, in that order, else the system store. Certificates are always verified.
+  std::string ca_file;
 };
 
 struct OpenOptions {

@@ -6,6 +6,7 @@ log counts the requests each command makes. Tensors read over HTTP are compared 
 of the local file.
 """
 
+import json
 import os
 import shutil
 import socket
@@ -32,7 +33,15 @@ class Nginx:
         os.makedirs(self.www)
         os.makedirs(os.path.join(root, "tmp"))
         self.port = free_port()
+        self.tls_port = free_port()
         self.log = os.path.join(root, "access.log")
+        # A self-signed certificate for 127.0.0.1 (the HTTPS server beside the HTTP one).
+        self.cert = os.path.join(root, "cert.pem")
+        key = os.path.join(root, "key.pem")
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+                        "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                        "-keyout", key, "-out", self.cert],
+                       check=True, capture_output=True, timeout=60)
         conf = os.path.join(root, "nginx.conf")
         t = os.path.join(root, "tmp")
         with open(conf, "w") as f:
@@ -50,6 +59,8 @@ http {{
   sendfile on;
   keepalive_requests 100000;
   server {{ listen 127.0.0.1:{self.port}; root {self.www}; }}
+  server {{ listen 127.0.0.1:{self.tls_port} ssl; root {self.www};
+           ssl_certificate {self.cert}; ssl_certificate_key {key}; }}
 }}
 """)
         self.proc = subprocess.Popen([NGINX, "-c", conf, "-p", root, "-e", f"{root}/error.log"],
@@ -68,6 +79,9 @@ http {{
 
     def url(self, name):
         return f"http://127.0.0.1:{self.port}/{name}"
+
+    def https_url(self, name):
+        return f"https://127.0.0.1:{self.tls_port}/{name}"
 
     def put(self, src, name):
         shutil.copyfile(src, os.path.join(self.www, name))
@@ -179,6 +193,23 @@ def test_large_load_uses_few_large_requests(ckpt, nginx, model):
     used = nginx.requests() - before
     # open (<= 3) + one request per 1 MiB chunk of data
     assert used <= 3 + size // (1 << 20) + 2, used
+
+
+def test_https_verifies_the_certificate(ckpt, nginx, model):
+    nginx.put(model["safetensors"], "tls.safetensors")
+    url = nginx.https_url("tls.safetensors")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("AWS_CA_BUNDLE", "CURL_CA_BUNDLE", "SSL_CERT_FILE")}
+    # an unknown issuer is refused: never read without verification
+    r = subprocess.run([ckpt.path, "ls", url], capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode != 0 and "127.0.0.1" in r.stderr, r.stderr
+    # trusted through --ca-bundle, or the environment as curl and the AWS tools take it
+    want = digests(ckpt, model["safetensors"])
+    assert digests(ckpt, url, "--ca-bundle", nginx.cert) == want
+    r = subprocess.run([ckpt.path, "load", "--json", "--digest", url], capture_output=True,
+                       text=True, timeout=60, env={**env, "AWS_CA_BUNDLE": nginx.cert})
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["digests"] == want
 
 
 def test_missing_object_is_not_found(ckpt, nginx):

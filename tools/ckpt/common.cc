@@ -37,6 +37,10 @@ void add_common(CLI::App& cmd, Common& c) {
       ->capture_default_str()
       ->check(CLI::Range(1.0, 3600.0))
       ->group("Remote");
+  cmd.add_option("--ca-bundle", c.ca_bundle,
+                 "a URL: PEM file of certificate authorities to trust (default: AWS_CA_BUNDLE, "
+                 "CURL_CA_BUNDLE, SSL_CERT_FILE, else the system's)")
+      ->group("Remote");
   cmd.add_option("--timeout", c.timeout, "a URL: seconds one range may take, retries included")
       ->capture_default_str()
       ->check(CLI::Range(1.0, 86400.0))
@@ -193,6 +197,7 @@ RemoteOptions remote_options(const Common& c) {
   r.chunk_size = c.chunk_mb << 20;
   r.retries = c.retries;
   r.low_speed_time_s = c.stall_timeout;
+  r.ca_file = c.ca_bundle;
   r.timeout_s = c.timeout;
   return r;
 }

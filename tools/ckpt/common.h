@@ -47,6 +47,7 @@ struct Common {
   uint64_t chunk_mb = RemoteOptions{}.chunk_size >> 20;
   int retries = RemoteOptions{}.retries;
   double stall_timeout = RemoteOptions{}.low_speed_time_s;
+  std::string ca_bundle;
   double timeout = RemoteOptions{}.timeout_s;
 };
 void add_common(CLI::App& cmd, Common& c);

@@ -45,6 +45,13 @@ std::string env(const char* name) {
   return v ? std::string(v) : std::string();
 }
 
+std::string ca_file_of(const RemoteOptions& o) {
+  if (!o.ca_file.empty()) return o.ca_file;
+  for (const char* name : {"AWS_CA_BUNDLE", "CURL_CA_BUNDLE", "SSL_CERT_FILE"})
+    if (std::string v = env(name); !v.empty()) return v;
+  return {};
+}
+
 std::string trim(std::string s) {
   size_t a = 0, b = s.size();
   while (a < b && std::isspace(static_cast<unsigned char>(s[a]))) ++a;
@@ -114,6 +121,7 @@ Target resolve_target(const std::string& url, const RemoteOptions& o) {
     if (url.size() <= lower.size() + 3)
       throw Error(ErrorCode::kInvalidArgument, "a URL without a host", t.name);
     t.url = url;
+    t.ca_file = ca_file_of(o);
     return t;
   }
   if (lower != "s3")
@@ -176,6 +184,7 @@ Target resolve_target(const std::string& url, const RemoteOptions& o) {
   }
   t.url = t.bucket_url + "/" + s3_encode_key(key);
   t.sign = !o.unsigned_requests && !t.key_id.empty();
+  t.ca_file = ca_file_of(o);
   t.sigv4 = "aws:amz:" + region + ":s3";
   return t;
 }
@@ -196,6 +205,7 @@ void apply_target(CURL* e, const Target& t, const std::string& url, const Remote
   curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, t.s3 ? 0L : 1L);
   curl_easy_setopt(e, CURLOPT_MAXREDIRS, 5L);
   curl_easy_setopt(e, CURLOPT_USERAGENT, "ckpt");
+  if (!t.ca_file.empty()) curl_easy_setopt(e, CURLOPT_CAINFO, t.ca_file.c_str());
   if (t.s3) {
     headers = curl_slist_append(headers, "x-amz-content-sha256: UNSIGNED-PAYLOAD");
     if (t.sign) {

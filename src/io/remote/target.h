@@ -19,6 +19,7 @@ struct Target {
   std::string sigv4;  // "aws:amz:REGION:s3"
   std::string key_id, secret, token;
   std::string bucket_url;  // s3: the bucket's URL without the key (multipart uploads)
+  std::string ca_file;     // CURLOPT_CAINFO when not empty (RemoteOptions::ca_file or env)
 };
 
 // Parses `url`; throws Error{kInvalidArgument} for a URL ckpt cannot use.
