@@ -112,3 +112,36 @@ def test_huge_page_alignment(ckpt, ckpt_file, tmp_path):
     data = open(e["path"], "rb").read()
     off, n = struct.unpack("<QQ", data[8:24])
     assert off % (2 << 20) == 0 and data[off:] == ref_transpose(t["b"])
+
+
+@pytest.mark.parametrize("sig", ["KILL", "TERM"])
+def test_killed_writer_leaves_no_half_entry(ckpt, tmp_path, sig):
+    # A writer killed while it packs or stores never leaves an entry under its final name (an
+    # entry appears by rename when complete); SIGTERM also removes its temporary. The next run
+    # packs again and stores a correct entry.
+    import signal
+    import time
+    rng = np.random.default_rng(5)
+    big = {"w": rng.standard_normal((2048, 8192)).astype(np.float32)}  # 64 MiB
+    p = tmp_path / "big.safetensors"
+    write_safetensors(p, big)
+    cache = tmp_path / "cache"
+    killed = 0
+    for delay in (0.02, 0.1, 0.25, 0.5):
+        proc = subprocess.Popen([ckpt.path, "prepack", str(p), "--cache-dir", str(cache), "--json"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        time.sleep(delay)
+        proc.send_signal(getattr(signal, "SIG" + sig))
+        proc.communicate(timeout=60)
+        if proc.returncode == 0:
+            break  # it finished first: the entry is complete
+        killed += 1
+        files = os.listdir(cache) if cache.exists() else []
+        for f in files:
+            if f.endswith(".blob"):
+                assert blob(cache / f) == ref_transpose(big["w"])  # complete, never half
+        if sig == "TERM":
+            assert not [f for f in files if ".tmp-" in f], files
+    assert killed >= 1
+    e = ckpt.json("prepack", p, "--cache-dir", cache, "--json")["tensors"][0]
+    assert blob(e["path"]) == ref_transpose(big["w"])
