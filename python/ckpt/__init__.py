@@ -67,7 +67,14 @@ def _check_cpu(map_location):
                     "supported (move the tensors afterwards)")
 
 
+def _is_url(path):
+    return path.split("://", 1)[0].lower() in ("http", "https", "s3") and "://" in path
+
+
 def _open_path(path, private_map, strict, key, password):
+    # A URL (http://, https://, s3://bucket/key) is read with ranged requests: nothing to map.
+    if _is_url(path):
+        private_map = False
     return _ckpt.Checkpoint.open(path, private_map, strict, _key(key), password or "")
 
 
@@ -89,7 +96,9 @@ def load(f, *, map_location="cpu", mmap=False, verify=False, strict=False, key=N
          password=None, weights_only=None):
     """Load a checkpoint: returns what ``torch.load(f)`` returns, without running any code.
 
-    f: a path (str or os.PathLike) or a binary file object (read whole into memory).
+    f: a path (str or os.PathLike), a URL (http://, https://, s3://bucket/key: ranged requests,
+      configured by the AWS_* environment as the ckpt command documents; mmap does not apply),
+      or a binary file object (read whole into memory).
       Any format ckpt reads: torch.save zip and legacy files, TorchScript archives (their state
       dict), safetensors (an OrderedDict of name -> tensor), tensorizer.
     map_location: only "cpu" (None and torch.device("cpu") too).
@@ -114,7 +123,7 @@ def load(f, *, map_location="cpu", mmap=False, verify=False, strict=False, key=N
     fw = _framework(None)
     if isinstance(f, (str, bytes, os.PathLike)):
         path = os.fsdecode(f)
-        if mmap:
+        if mmap and not _is_url(path):
             ck = _open_path(path, True, strict, key, password)
             if verify:
                 ck.verify()
