@@ -167,3 +167,23 @@ def test_sharded_index(tmp_path):
             sd = ckpt.load(tmp_path / "m.safetensors.index.json", mmap=mmap)
         assert list(sd) == ["a", "b"] and torch.equal(sd["a"], torch.ones(3))
         sd["a"][0] = 5  # writable: a shard's read-only mapping is never handed out
+
+
+def test_load_restores_the_garbage_collector(tmp_path):
+    # ckpt.load pauses the cyclic collector while it makes its objects (speed) and restores the
+    # caller's setting, also after an error.
+    p = tmp_path / "sd.pt"
+    torch.save({"a": torch.arange(4)}, p)
+    assert gc.isenabled()
+    ckpt.load(p)
+    ckpt.load(p, mmap=True)
+    assert gc.isenabled()
+    with pytest.raises(ckpt.NotFoundError):
+        ckpt.load(tmp_path / "missing.pt")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        ckpt.load(p)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
