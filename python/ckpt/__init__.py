@@ -153,7 +153,9 @@ def _load(f, mmap, verify, strict, key, password):
             ck = _open_path(path, True, strict, key, password)
             if verify:
                 ck.verify()
-            bufs = ck.storages(list(range(len(ck.storage_infos()))), verify)
+            b = Builder(ck, fw, ck.name)
+            b.add_buffers(ck.storages(list(range(len(b.sinfos))), verify))
+            return _result(ck, b, b.all())
         else:
             ck, bufs = _ckpt.Checkpoint.open_and_load(path, strict, _key(key), password or "",
                                                       verify, 0)

@@ -75,14 +75,24 @@ class Builder:
         # small tensors this loop is most of the Python side's time. The rest goes to tensor().
         torch = self.torch
         frombuffer, empty, Tensor = torch.frombuffer, torch.empty, torch.Tensor
-        storages, sinfos, tensors, dtypes = self.storages, self.sinfos, self.tensors, self._dtypes
+        storages, sinfos, tensors = self.storages, self.sinfos, self.tensors
+        # dtype name -> (torch dtype, element size), looked up once per dtype, not per tensor
+        dtypes = {}
+        for dt, d in self._dtypes.items():
+            if dt.startswith("q"):
+                continue  # quantized (qint8...): tensor() makes them
+            try:
+                dtypes[dt] = (d, self._itemsize(d))
+            except RuntimeError:
+                pass  # tensor() makes (or reports) them
         for i, (name, dt, shape, strides, offset, si, rg, is_param, q, _, dense) in \
                 enumerate(self.infos):
             if q is not None or rg or is_param or sinfos[si][3]:
                 continue
-            dtype = dtypes.get(dt)
-            if dtype is None:
+            ds = dtypes.get(dt)
+            if ds is None:
                 continue
+            dtype, size = ds
             s = storages[si]
             if isinstance(s, Tensor):
                 if s.dtype is not dtype:
@@ -93,7 +103,6 @@ class Builder:
                     continue  # tensor() reports it
             else:
                 n = len(s)
-                size = self._itemsize(dtype)
                 if not n or n % size:
                     continue
                 t = frombuffer(s, dtype=dtype)
