@@ -5,6 +5,7 @@ in the file stay shared) or, without torch, numpy arrays."""
 import collections
 import sys
 
+from . import _ckpt
 from ._errors import CorruptError, UnsupportedError, error
 
 _NP_TYPES = {
@@ -64,10 +65,11 @@ class Builder:
         n = len(self.infos)
         if self.framework == "torch":
             self._plain_tensors()
-        order = [i for i in range(n) if self.infos[i][8] is None] + \
-                [i for i in range(n) if self.infos[i][8] is not None]
-        for i in order:
-            self.tensor(i)
+        if len(self.tensors) < n:
+            order = [i for i in range(n) if self.infos[i][8] is None] + \
+                    [i for i in range(n) if self.infos[i][8] is not None]
+            for i in order:
+                self.tensor(i)
         return [self.tensors.get(i) for i in range(n)]
 
     def _plain_tensors(self):
@@ -85,9 +87,15 @@ class Builder:
                 dtypes[dt] = (d, self._itemsize(d))
             except RuntimeError:
                 pass  # tensor() makes (or reports) them
+        if isinstance(self.ck, _ckpt.Checkpoint):
+            # The same loop in C++ (module.cc plain_tensors), for tensors that are the first of
+            # their storage; this one makes what it left (shared storages...).
+            if _ckpt.plain_tensors(self.ck, storages, tensors, dtypes, frombuffer) == \
+                    len(self.infos):
+                return
         for i, (name, dt, shape, strides, offset, si, rg, is_param, q, _, dense) in \
                 enumerate(self.infos):
-            if q is not None or rg or is_param or sinfos[si][3]:
+            if q is not None or i in tensors or rg or is_param or sinfos[si][3]:
                 continue
             ds = dtypes.get(dt)
             if ds is None:
