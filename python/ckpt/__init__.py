@@ -154,7 +154,7 @@ def _load(f, mmap, verify, strict, key, password):
             if verify:
                 ck.verify()
             b = Builder(ck, fw, ck.name)
-            b.add_buffers(ck.storages(list(range(len(b.sinfos))), verify))
+            b.add_buffers(ck.storages(list(range(b.storage_count())), verify))
             return _result(ck, b, b.all())
         else:
             ck, bufs = _ckpt.Checkpoint.open_and_load(path, strict, _key(key), password or "",

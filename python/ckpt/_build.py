@@ -32,8 +32,7 @@ class Builder:
     def __init__(self, ck, framework, source_name=""):
         self.ck = ck
         self.framework = framework
-        self.infos = ck.tensor_infos()
-        self.sinfos = ck.storage_infos()
+        self._infos = self._sinfos = None  # made when first needed (20,000 tuples: ~6 ms)
         self.source = source_name
         self._dtypes = {}
         self._sizes = {}
@@ -42,13 +41,35 @@ class Builder:
         if framework == "torch":
             import torch
             self.torch = torch
-            for dt in {info[1] for info in self.infos}:
+            used = ck.dtype_names() if hasattr(ck, "dtype_names") else \
+                {info[1] for info in self.infos}
+            for dt in used:
                 d = getattr(torch, dt, None)
                 if isinstance(d, torch.dtype):
                     self._dtypes[dt] = d
         else:
             import numpy
             self.np = numpy
+
+    @property
+    def infos(self):
+        if self._infos is None:
+            self._infos = self.ck.tensor_infos()
+        return self._infos
+
+    @property
+    def sinfos(self):
+        if self._sinfos is None:
+            self._sinfos = self.ck.storage_infos()
+        return self._sinfos
+
+    def tensor_count(self):
+        return self.ck.tensor_count() if self._infos is None and \
+            hasattr(self.ck, "tensor_count") else len(self.infos)
+
+    def storage_count(self):
+        return self.ck.storage_count() if self._sinfos is None and \
+            hasattr(self.ck, "storage_count") else len(self.sinfos)
 
     def add_buffers(self, bufs):
         for i, b in enumerate(bufs):
@@ -62,7 +83,7 @@ class Builder:
 
     def all(self):
         """Every tensor, as a list in table order (quantization parameters first)."""
-        n = len(self.infos)
+        n = self.tensor_count()
         if self.framework == "torch":
             self._plain_tensors()
         if len(self.tensors) < n:
@@ -77,7 +98,7 @@ class Builder:
         # small tensors this loop is most of the Python side's time. The rest goes to tensor().
         torch = self.torch
         frombuffer, empty, Tensor = torch.frombuffer, torch.empty, torch.Tensor
-        storages, sinfos, tensors = self.storages, self.sinfos, self.tensors
+        storages, tensors = self.storages, self.tensors
         # dtype name -> (torch dtype, element size), looked up once per dtype, not per tensor
         dtypes = {}
         for dt, d in self._dtypes.items():
@@ -91,8 +112,9 @@ class Builder:
             # The same loop in C++ (module.cc plain_tensors), for tensors that are the first of
             # their storage; this one makes what it left (shared storages...).
             if _ckpt.plain_tensors(self.ck, storages, tensors, dtypes, frombuffer) == \
-                    len(self.infos):
+                    self.tensor_count():
                 return
+        sinfos = self.sinfos
         for i, (name, dt, shape, strides, offset, si, rg, is_param, q, _, dense) in \
                 enumerate(self.infos):
             if q is not None or i in tensors or rg or is_param or sinfos[si][3]:

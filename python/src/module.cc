@@ -344,6 +344,20 @@ PYBIND11_MODULE(_ckpt, m) {
                                           text(s.device)));
              return out;
            })
+      .def("tensor_count", [](const PyCheckpoint& p) { return p.c.tensors().size(); })
+      .def("storage_count", [](const PyCheckpoint& p) { return p.c.storages().size(); })
+      .def("dtype_names",
+           [](const PyCheckpoint& p) {
+             // The dtypes its tensors use, without a tuple per tensor (tensor_infos).
+             bool seen[kNumDTypes] = {};
+             pyb::list out;
+             for (auto& t : p.c.tensors())
+               if (!seen[static_cast<int>(t.dtype)]) {
+                 seen[static_cast<int>(t.dtype)] = true;
+                 out.append(dtype_str(t.dtype));
+               }
+             return out;
+           })
       .def("find",
            [](const PyCheckpoint& p, const std::string& name) { return opt_index(p.c.find(name)); })
       .def("load_all",
