@@ -221,7 +221,12 @@ size_t plain_tensors(const PyCheckpoint& p, const pyb::dict& storages, const pyb
       continue;
     }
     if (Py_TYPE(s) != reinterpret_cast<PyTypeObject*>(buffer_type.ptr())) continue;  // shared
-    const size_t n = pyb::handle(s).cast<const Buffer&>().size;
+    // Exactly a Buffer (checked above): its value without pybind11's cast and type lookup.
+    const Buffer* buf = reinterpret_cast<pyb::detail::instance*>(s)
+                            ->get_value_and_holder()
+                            .value_ptr<Buffer>();
+    if (!buf) continue;
+    const size_t n = buf->size;
     if (n == 0 || n % static_cast<size_t>(size)) continue;
     PyObject* args[] = {s, dtype};
     auto tensor = pyb::reinterpret_steal<pyb::object>(
@@ -290,7 +295,11 @@ PYBIND11_MODULE(_ckpt, m) {
     type->tp_as_buffer->bf_getbuffer = [](PyObject* obj, Py_buffer* view, int flags) -> int {
       const Buffer* b = nullptr;
       try {
-        b = pyb::handle(obj).cast<const Buffer*>();
+        // Only instances of Buffer (or a subclass) reach this slot: its value, without
+        // pybind11's cast and its type lookup.
+        b = reinterpret_cast<pyb::detail::instance*>(obj)
+                ->get_value_and_holder()
+                .value_ptr<Buffer>();
       } catch (...) {
         b = nullptr;
       }
