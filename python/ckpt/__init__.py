@@ -13,6 +13,7 @@ Errors are :class:`ckpt.Error` subclasses naming the file, record and byte offse
 """
 
 import collections
+import gc
 import os
 import threading
 
@@ -84,6 +85,36 @@ def _key(key):
     return key.hex() if isinstance(key, (bytes, bytearray)) else str(key)
 
 
+class _NoGC:
+    """The cyclic garbage collector paused while a load makes its objects.
+
+    A load makes a few objects per tensor (tensors, tuples, dict entries) and none of them forms
+    a cycle the load leaves behind; with the collector on, 20,000 tensors trigger full
+    collections over every object of the interpreter (torch's included), ~40 ms of a 70 ms mmap
+    load. Paused (gc.disable) by the first of concurrent loads and restored by the last one, and
+    only if the collector was on when the first began: never re-enabled behind a caller that
+    disabled it.
+    """
+
+    _lock = threading.Lock()
+    _depth = 0
+    _was_enabled = False
+
+    def __enter__(self):
+        with _NoGC._lock:
+            if _NoGC._depth == 0:
+                _NoGC._was_enabled = gc.isenabled()
+                gc.disable()
+            _NoGC._depth += 1
+
+    def __exit__(self, *exc):
+        with _NoGC._lock:
+            _NoGC._depth -= 1
+            if _NoGC._depth == 0 and _NoGC._was_enabled:
+                gc.enable()
+        return False
+
+
 def _result(ck, builder, tensors):
     _tree._MODE["torch"] = builder.framework == "torch"
     if ck.format == "torchscript":
@@ -119,7 +150,11 @@ def load(f, *, map_location="cpu", mmap=False, verify=False, strict=False, key=N
     Raises ckpt.Error subclasses (NotFoundError, CorruptError, TruncatedError, ...).
     """
     _check_cpu(map_location)
-    strict = bool(strict or weights_only)
+    with _NoGC():
+        return _load(f, mmap, verify, bool(strict or weights_only), key, password)
+
+
+def _load(f, mmap, verify, strict, key, password):
     fw = _framework(None)
     if isinstance(f, (str, bytes, os.PathLike)):
         path = os.fsdecode(f)
@@ -127,7 +162,9 @@ def load(f, *, map_location="cpu", mmap=False, verify=False, strict=False, key=N
             ck = _open_path(path, True, strict, key, password)
             if verify:
                 ck.verify()
-            bufs = ck.storages(list(range(len(ck.storage_infos()))), verify)
+            b = Builder(ck, fw, ck.name)
+            b.add_buffers(ck.storages(list(range(b.storage_count())), verify))
+            return _result(ck, b, b.all())
         else:
             ck, bufs = _ckpt.Checkpoint.open_and_load(path, strict, _key(key), password or "",
                                                       verify, 0)
@@ -223,11 +260,13 @@ def load_file(filename, device="cpu"):
     """safetensors.torch.load_file: a dict of name -> tensor, from any format ckpt reads (a
     torch checkpoint: its flattened state dict, dotted names)."""
     _check_cpu(device)
-    ck, bufs = _ckpt.Checkpoint.open_and_load(os.fsdecode(filename), False, "", "", False, 0)
-    b = Builder(ck, backend(), ck.name)
-    b.add_buffers(bufs)
-    tensors = b.all()
-    return {n: tensors[i] for n, i in ck.state_dict_entries()}
+    with _NoGC():
+        ck, bufs = _ckpt.Checkpoint.open_and_load(os.fsdecode(filename), False, "", "", False,
+                                                  0)
+        b = Builder(ck, backend(), ck.name)
+        b.add_buffers(bufs)
+        tensors = b.all()
+        return {n: tensors[i] for n, i in ck.state_dict_entries()}
 
 
 # --- safe_open ------------------------------------------------------------------------------
@@ -362,9 +401,10 @@ class Checkpoint:
 
     def load(self, *, verify=False):
         """The whole object tree, eagerly loaded (like ckpt.load(path))."""
-        b = Builder(self._ck, backend(), self._ck.name)
-        b.add_buffers(self._ck.load_all(verify, 0))
-        return _result(self._ck, b, b.all())
+        with _NoGC():
+            b = Builder(self._ck, backend(), self._ck.name)
+            b.add_buffers(self._ck.load_all(verify, 0))
+            return _result(self._ck, b, b.all())
 
     def verify(self):
         """Checks every stored CRC32; returns the number of records checked. Raises

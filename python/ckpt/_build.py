@@ -5,6 +5,7 @@ in the file stay shared) or, without torch, numpy arrays."""
 import collections
 import sys
 
+from . import _ckpt
 from ._errors import CorruptError, UnsupportedError, error
 
 _NP_TYPES = {
@@ -31,8 +32,7 @@ class Builder:
     def __init__(self, ck, framework, source_name=""):
         self.ck = ck
         self.framework = framework
-        self.infos = ck.tensor_infos()
-        self.sinfos = ck.storage_infos()
+        self._infos = self._sinfos = None  # made when first needed (20,000 tuples: ~6 ms)
         self.source = source_name
         self._dtypes = {}
         self._sizes = {}
@@ -41,13 +41,35 @@ class Builder:
         if framework == "torch":
             import torch
             self.torch = torch
-            for dt in {info[1] for info in self.infos}:
+            used = ck.dtype_names() if hasattr(ck, "dtype_names") else \
+                {info[1] for info in self.infos}
+            for dt in used:
                 d = getattr(torch, dt, None)
                 if isinstance(d, torch.dtype):
                     self._dtypes[dt] = d
         else:
             import numpy
             self.np = numpy
+
+    @property
+    def infos(self):
+        if self._infos is None:
+            self._infos = self.ck.tensor_infos()
+        return self._infos
+
+    @property
+    def sinfos(self):
+        if self._sinfos is None:
+            self._sinfos = self.ck.storage_infos()
+        return self._sinfos
+
+    def tensor_count(self):
+        return self.ck.tensor_count() if self._infos is None and \
+            hasattr(self.ck, "tensor_count") else len(self.infos)
+
+    def storage_count(self):
+        return self.ck.storage_count() if self._sinfos is None and \
+            hasattr(self.ck, "storage_count") else len(self.sinfos)
 
     def add_buffers(self, bufs):
         for i, b in enumerate(bufs):
@@ -61,13 +83,14 @@ class Builder:
 
     def all(self):
         """Every tensor, as a list in table order (quantization parameters first)."""
-        n = len(self.infos)
+        n = self.tensor_count()
         if self.framework == "torch":
             self._plain_tensors()
-        order = [i for i in range(n) if self.infos[i][8] is None] + \
-                [i for i in range(n) if self.infos[i][8] is not None]
-        for i in order:
-            self.tensor(i)
+        if len(self.tensors) < n:
+            order = [i for i in range(n) if self.infos[i][8] is None] + \
+                    [i for i in range(n) if self.infos[i][8] is not None]
+            for i in order:
+                self.tensor(i)
         return [self.tensors.get(i) for i in range(n)]
 
     def _plain_tensors(self):
@@ -75,14 +98,31 @@ class Builder:
         # small tensors this loop is most of the Python side's time. The rest goes to tensor().
         torch = self.torch
         frombuffer, empty, Tensor = torch.frombuffer, torch.empty, torch.Tensor
-        storages, sinfos, tensors, dtypes = self.storages, self.sinfos, self.tensors, self._dtypes
+        storages, tensors = self.storages, self.tensors
+        # dtype name -> (torch dtype, element size), looked up once per dtype, not per tensor
+        dtypes = {}
+        for dt, d in self._dtypes.items():
+            if dt.startswith("q"):
+                continue  # quantized (qint8...): tensor() makes them
+            try:
+                dtypes[dt] = (d, self._itemsize(d))
+            except RuntimeError:
+                pass  # tensor() makes (or reports) them
+        if isinstance(self.ck, _ckpt.Checkpoint):
+            # The same loop in C++ (module.cc plain_tensors), for tensors that are the first of
+            # their storage; this one makes what it left (shared storages...).
+            if _ckpt.plain_tensors(self.ck, storages, tensors, dtypes, frombuffer) == \
+                    self.tensor_count():
+                return
+        sinfos = self.sinfos
         for i, (name, dt, shape, strides, offset, si, rg, is_param, q, _, dense) in \
                 enumerate(self.infos):
-            if q is not None or rg or is_param or sinfos[si][3]:
+            if q is not None or i in tensors or rg or is_param or sinfos[si][3]:
                 continue
-            dtype = dtypes.get(dt)
-            if dtype is None:
+            ds = dtypes.get(dt)
+            if ds is None:
                 continue
+            dtype, size = ds
             s = storages[si]
             if isinstance(s, Tensor):
                 if s.dtype is not dtype:
@@ -93,7 +133,6 @@ class Builder:
                     continue  # tensor() reports it
             else:
                 n = len(s)
-                size = self._itemsize(dtype)
                 if not n or n % size:
                     continue
                 t = frombuffer(s, dtype=dtype)

@@ -62,6 +62,13 @@ class ToPython {
       default:
         break;
     }
+    if (v.kind() == Kind::kTensor && !v.origin()) {
+      // The list entry itself (one object per tensor already): no memo entry, which on a
+      // 20,000-tensor state dict was a hash-map insert per tensor.
+      size_t i = v.tensor_index();
+      if (i >= tensors_.size()) throw Error(ErrorCode::kCorrupt, "tensor reference out of range");
+      return pyb::reinterpret_borrow<pyb::object>(PyList_GET_ITEM(tensors_.ptr(), i));
+    }
     if (auto it = memo_.find(&v); it != memo_.end()) return it->second;
     pyb::object out;
     switch (v.kind()) {

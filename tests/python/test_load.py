@@ -167,3 +167,52 @@ def test_sharded_index(tmp_path):
             sd = ckpt.load(tmp_path / "m.safetensors.index.json", mmap=mmap)
         assert list(sd) == ["a", "b"] and torch.equal(sd["a"], torch.ones(3))
         sd["a"][0] = 5  # writable: a shard's read-only mapping is never handed out
+
+
+def test_load_restores_the_garbage_collector(tmp_path):
+    # ckpt.load pauses the cyclic collector while it makes its objects (speed) and restores the
+    # caller's setting, also after an error.
+    p = tmp_path / "sd.pt"
+    torch.save({"a": torch.arange(4)}, p)
+    assert gc.isenabled()
+    ckpt.load(p)
+    ckpt.load(p, mmap=True)
+    assert gc.isenabled()
+    with pytest.raises(ckpt.NotFoundError):
+        ckpt.load(tmp_path / "missing.pt")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        ckpt.load(p)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+@pytest.mark.parametrize("mmap", [False, True])
+def test_many_tensors_own_storages_and_lifetime(tmp_path, mmap):
+    # The C++ fast path (plain tensors, one frombuffer per storage): each tensor has a storage
+    # of its own, as large as torch.load's (torch.save of one writes only its bytes), views and
+    # shared storages stay shared, and a tensor kept alone outlives the rest and the file.
+    torch.manual_seed(0)
+    base = torch.randn(6, 5)
+    sd = collections.OrderedDict()
+    for i in range(300):
+        sd[f"w{i}"] = torch.randn(3, 4) if i % 3 else torch.arange(7, dtype=torch.int64)
+    sd["view"] = base[1:, 2:]
+    sd["base"] = base
+    sd["half"] = torch.randn(5).half()
+    p = tmp_path / "many.pt"
+    torch.save(sd, p)
+    expected = torch.load(p)
+    got = ckpt.load(p, mmap=mmap)
+    assert_same(got, expected)
+    for k in expected:
+        assert got[k].storage().nbytes() == expected[k].storage().nbytes(), k
+    keep, keep_view = got["w5"], got["view"]
+    del got
+    gc.collect()
+    os.replace(tmp_path / "many.pt", tmp_path / "gone.pt")
+    (tmp_path / "gone.pt").unlink()
+    assert torch.equal(keep, expected["w5"])
+    assert torch.equal(keep_view, expected["view"])
