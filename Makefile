@@ -66,10 +66,11 @@ interop: build
 	CKPT_BIN=$(abspath $(BUILD))/ckpt $(PY) -m pytest -q tests/interop
 
 asan: deps
-	cmake -S . -B $(BUILD_ASAN) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCKPT_SANITIZE=ON
+	cmake -S . -B $(BUILD_ASAN) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCKPT_SANITIZE=ON -DCKPT_BUILD_PYTHON=ON
 	cmake --build $(BUILD_ASAN) -j $(JOBS)
 	cd $(BUILD_ASAN) && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j $(JOBS)
 	$(MAKE) --no-print-directory interop-asan
+	$(MAKE) --no-print-directory python-asan
 
 # The interop suite against the CLI built with ASan+UBSan (a sanitizer report makes ckpt exit
 # non-zero, which fails the test that ran it). Torch itself runs uninstrumented.
@@ -109,7 +110,8 @@ python: deps $(BUILD)/build.ninja
 
 # The module and the library built with ASan+UBSan, the suite run under them (the runtimes are
 # preloaded into the uninstrumented interpreter; Python's own allocations are not leak-checked).
-# Not yet part of `test`: untested here (the helpers' shared machine may not run sanitizer builds).
+# Part of `make asan` (so of `make test`): the lifetime tests (a tensor read after its checkpoint
+# is closed and its file deleted or replaced) run under ASan here.
 python-asan: deps
 	cmake -S . -B $(BUILD_ASAN) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCKPT_SANITIZE=ON -DCKPT_BUILD_PYTHON=ON
 	cmake --build $(BUILD_ASAN) -j $(JOBS) --target ckpt_python ckpt_python_files
