@@ -547,10 +547,14 @@ void Parser::tensor(std::span<const uint8_t> b, uint64_t base, const std::string
                                       " (" + onnx_type_name(data_type) +
                                       ") has no ckpt dtype");
   uint64_t numel = 1;
+  // The product of the non-zero dims bounds every contiguous stride (int64): a zero dim makes
+  // the tensor empty but its strides still multiply the others.
+  uint64_t extent = 1;
   for (int64_t d : dims) {
     if (d < 0) fail(ErrorCode::kCorrupt, "negative dimension " + std::to_string(d));
-    if (d != 0 && numel > UINT64_MAX / static_cast<uint64_t>(d))
+    if (d != 0 && extent > static_cast<uint64_t>(INT64_MAX) / static_cast<uint64_t>(d))
       fail(ErrorCode::kCorrupt, "element count overflows");
+    if (d != 0) extent *= static_cast<uint64_t>(d);
     numel *= static_cast<uint64_t>(d);
   }
   auto nb = dtype_nbytes(*dt, numel);
