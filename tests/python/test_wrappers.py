@@ -6,45 +6,15 @@ cls.__new__(cls, *args, **kwargs) comes back as ckpt.Opaque of copyreg.__newobj_
 """
 
 import sys
-import textwrap
 
 import pytest
 
 torch = pytest.importorskip("torch")
 import ckpt  # noqa: E402
 
-SRC = textwrap.dedent("""
-    import collections
-    import torch
-    import torch._utils
-
-    class Tagged(torch.Tensor):
-        pass
-
-    class Point:
-        def __new__(cls, *args, **kwargs):
-            self = object.__new__(cls)
-            self.args, self.kwargs = args, kwargs
-            return self
-
-        def __getnewargs_ex__(self):
-            return self.args, self.kwargs
-
-    def _rebuild_parameter_with_state(data, requires_grad, backward_hooks, state):
-        p = torch.nn.Parameter(data, requires_grad)
-        for k, v in state.items():
-            setattr(p, k, v)
-        return p
-
-    _rebuild_parameter_with_state.__module__ = "torch._utils"
-    _rebuild_parameter_with_state.__qualname__ = "_rebuild_parameter_with_state"
-    torch._utils._rebuild_parameter_with_state = _rebuild_parameter_with_state
-
-    class Torch2Parameter(torch.nn.Parameter):
-        def __reduce_ex__(self, proto):
-            return (torch._utils._rebuild_parameter_with_state,
-                    (self.data, self.requires_grad, collections.OrderedDict(), dict(self.__dict__)))
-""")
+# The same user module the CLI's interop test saves with (a subclass, torch 2's Parameter form,
+# a class with __getnewargs_ex__), under this module's own name.
+from test_real_wrappers import USER_SRC as SRC  # noqa: E402  (tests/interop, on sys.path)
 
 
 @pytest.fixture(scope="module")
