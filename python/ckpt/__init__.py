@@ -12,6 +12,7 @@ Files are read by a C++ library (no pickle code is ever run: unknown classes com
 Errors are :class:`ckpt.Error` subclasses naming the file, record and byte offset.
 """
 
+import atexit
 import collections
 import gc
 import os
@@ -22,6 +23,9 @@ from ._build import Builder, backend
 from ._errors import (AuthError, CorruptError, Error, InvalidArgumentError, IoError,
                       LimitExceededError, NotFoundError, TruncatedError, UnsupportedError, error)
 from ._tree import Global, Opaque, OpaqueDict
+
+# Large checkpoints are freed on a background thread (module.cc, reap); wait for them at exit.
+atexit.register(_ckpt.drain_reaped)
 
 __version__ = "0.1.0"
 __all__ = [

@@ -28,6 +28,27 @@ struct Buffer {
   bool writable = false;
 };
 
+// Span (span.cc): the Python object a load hands out per storage, exporting `data`/`size`
+// through the buffer protocol and holding a capsule of the shared owner of its memory.
+void add_span_type(pyb::module_& m);  // registers ckpt._ckpt.Span; call once at import
+PyTypeObject* span_type();
+// The bytes of a Span (and *size), or nullptr when `o` is not exactly a Span.
+const std::byte* span_data(PyObject* o, size_t* size);
+// Makes Spans, one capsule per distinct owner (the arena or mapping most storages share).
+class SpanMaker {
+ public:
+  SpanMaker() = default;
+  SpanMaker(const SpanMaker&) = delete;
+  SpanMaker& operator=(const SpanMaker&) = delete;
+  ~SpanMaker();
+  // A new reference; throws pyb::error_already_set.
+  PyObject* make(const std::byte* data, size_t size, const std::shared_ptr<const void>& owner,
+                 bool writable);
+
+ private:
+  std::unordered_map<const void*, PyObject*> owners_;
+};
+
 // A source over a private (MAP_PRIVATE, PROT_READ|PROT_WRITE) mapping of a file: views into it
 // are writable copy-on-write memory, so torch accepts them without a read-only warning and a
 // write never reaches the file. The mapping lives while any view's owner does. Throws Error

@@ -6,8 +6,15 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <unistd.h>
+
+#include <chrono>
+#include <condition_variable>
 #include <map>
+#include <mutex>
 #include <optional>
+#include <system_error>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -16,10 +23,70 @@
 namespace ckpt::py {
 namespace {
 
+// Checkpoints whose last Python reference went away are destroyed on a thread of their own:
+// freeing a 20,000-tensor model (its object tree, tensor and record tables) takes ~3 ms, which
+// ckpt.load would otherwise spend after its tensors are made. drain_reaped() (atexit) waits
+// for them; a forked child never waits for its parent's threads.
+struct Reaped {
+  std::mutex mu;
+  std::condition_variable done;
+  size_t running = 0;
+  pid_t pid = 0;
+};
+Reaped& reaped() {
+  static Reaped* r = new Reaped;  // never destroyed: a reaping thread may outlive static dtors
+  return *r;
+}
+
+void reap(Checkpoint&& c) {
+  Reaped& r = reaped();
+  {
+    std::lock_guard<std::mutex> lock(r.mu);
+    if (r.pid != getpid()) {  // first use, or a forked child: its parent's threads are not here
+      r.pid = getpid();
+      r.running = 0;
+    }
+    ++r.running;
+  }
+  auto* doomed = new Checkpoint(std::move(c));
+  try {
+    std::thread([doomed] {
+      delete doomed;
+      Reaped& r = reaped();
+      std::lock_guard<std::mutex> lock(r.mu);
+      if (r.pid == getpid() && r.running > 0) --r.running;
+      r.done.notify_all();
+    }).detach();
+  } catch (const std::system_error&) {  // no thread to be had: free it here
+    delete doomed;
+    std::lock_guard<std::mutex> lock(r.mu);
+    --r.running;
+  }
+}
+
+void drain_reaped() {
+  pyb::gil_scoped_release nogil;
+  Reaped& r = reaped();
+  std::unique_lock<std::mutex> lock(r.mu);
+  if (r.pid != getpid()) return;
+  r.done.wait_for(lock, std::chrono::seconds(30), [&] { return r.running == 0; });
+}
+
 // A Checkpoint and whether its source is a private writable mapping (open_private_map).
 struct PyCheckpoint {
   Checkpoint c;
   bool private_map = false;
+
+  PyCheckpoint(Checkpoint ck, bool pm) : c(std::move(ck)), private_map(pm) {}
+  PyCheckpoint(PyCheckpoint&& o) noexcept : c(std::move(o.c)), private_map(o.private_map) {
+    o.moved = true;
+  }
+  PyCheckpoint(const PyCheckpoint&) = default;
+  PyCheckpoint& operator=(const PyCheckpoint&) = delete;
+  ~PyCheckpoint() {
+    if (!moved && c.tensors().size() >= 1000) reap(std::move(c));
+  }
+  bool moved = false;  // `c` was moved out: nothing to free
 
   // Memory torch may write: owned by the storage, or inside our private mapping (not a
   // shard's read-only library mapping, which a sharded set opens by itself).
@@ -28,9 +95,6 @@ struct PyCheckpoint {
     if (!private_map) return false;
     const std::byte* base = c.source().memory();
     return base && st->data >= base && st->data + st->info.nbytes <= base + c.source().size();
-  }
-  Buffer buffer(const StoragePtr& st) const {
-    return Buffer{st->data, static_cast<size_t>(st->info.nbytes), st, writable(st)};
   }
 };
 
@@ -106,20 +170,29 @@ LoadOptions load_options(bool verify, int threads) {
   return o;
 }
 
-// Buffers of every storage a tensor uses, from loaded tensors (in checkpoint.tensors() order).
+// The owner that keeps a storage's bytes alive (the storage itself when it names none).
+std::shared_ptr<const void> owner_of(const StoragePtr& st) {
+  return st->owner ? st->owner : std::shared_ptr<const void>(st);
+}
+
+// Spans of every storage a tensor uses, from loaded tensors (in checkpoint.tensors() order).
 pyb::list storage_buffers(const PyCheckpoint& pc, const std::vector<Tensor>& loaded) {
   const auto& infos = pc.c.tensors();
-  std::vector<StoragePtr> by_storage(pc.c.storages().size());
+  std::vector<const StoragePtr*> by_storage(pc.c.storages().size(), nullptr);
   for (size_t i = 0; i < loaded.size() && i < infos.size(); ++i)
-    if (!by_storage[infos[i].storage]) by_storage[infos[i].storage] = loaded[i].storage();
-  pyb::list out;
-  for (auto& st : by_storage) {
-    if (st)
-      out.append(pyb::cast(pc.buffer(st)));
-    else
-      out.append(pyb::none());
+    if (!by_storage[infos[i].storage]) by_storage[infos[i].storage] = &loaded[i].storage();
+  PyObject* out = PyList_New(static_cast<Py_ssize_t>(by_storage.size()));
+  if (!out) throw pyb::error_already_set();
+  auto list = pyb::reinterpret_steal<pyb::list>(out);
+  SpanMaker spans;
+  for (size_t i = 0; i < by_storage.size(); ++i) {
+    const StoragePtr* st = by_storage[i];
+    PyObject* o = st && *st ? spans.make((*st)->data, static_cast<size_t>((*st)->info.nbytes),
+                                         owner_of(*st), pc.writable(*st))
+                            : Py_NewRef(Py_None);
+    PyList_SET_ITEM(out, static_cast<Py_ssize_t>(i), o);
   }
-  return out;
+  return list;
 }
 
 const char* kErrorsModule = "ckpt._errors";
@@ -191,7 +264,6 @@ void set_item(PyObject* d, PyObject* k, PyObject* v) {
 // dtypes: torch dtype name -> (torch.dtype, element size).
 size_t plain_tensors(const PyCheckpoint& p, const pyb::dict& storages, const pyb::dict& tensors,
                      const pyb::dict& dtypes, const pyb::object& frombuffer) {
-  const pyb::handle buffer_type = pyb::type::of<Buffer>();
   const auto& infos = p.c.tensors();
   const auto& sinfos = p.c.storages();
   pyb::tuple kwnames = pyb::make_tuple(pyb::str("dtype"));
@@ -220,13 +292,8 @@ size_t plain_tensors(const PyCheckpoint& p, const pyb::dict& storages, const pyb
       if (PyErr_Occurred()) throw pyb::error_already_set();
       continue;
     }
-    if (Py_TYPE(s) != reinterpret_cast<PyTypeObject*>(buffer_type.ptr())) continue;  // shared
-    // Exactly a Buffer (checked above): its value without pybind11's cast and type lookup.
-    const Buffer* buf = reinterpret_cast<pyb::detail::instance*>(s)
-                            ->get_value_and_holder()
-                            .value_ptr<Buffer>();
-    if (!buf) continue;
-    const size_t n = buf->size;
+    size_t n = 0;
+    if (!span_data(s, &n)) continue;  // not a Span: a tensor already (a shared storage)
     if (n == 0 || n % static_cast<size_t>(size)) continue;
     PyObject* args[] = {s, dtype};
     auto tensor = pyb::reinterpret_steal<pyb::object>(
@@ -279,6 +346,7 @@ PYBIND11_MODULE(_ckpt, m) {
     }
   });
 
+  add_span_type(m);
   pyb::class_<Buffer> buffer_class(m, "Buffer", pyb::buffer_protocol());
   buffer_class
       .def_buffer([](Buffer& b) {
@@ -417,14 +485,17 @@ PYBIND11_MODULE(_ckpt, m) {
                    }
                  }
              }
-             pyb::list out;
-             for (auto& s : st) {
-               if (s)
-                 out.append(pyb::cast(p.buffer(s)));
-               else
-                 out.append(pyb::none());
+             PyObject* out = PyList_New(static_cast<Py_ssize_t>(st.size()));
+             if (!out) throw pyb::error_already_set();
+             auto list = pyb::reinterpret_steal<pyb::list>(out);
+             SpanMaker spans;
+             for (size_t i = 0; i < st.size(); ++i) {
+               PyObject* o = st[i] ? spans.make(st[i]->data, static_cast<size_t>(st[i]->info.nbytes),
+                                                owner_of(st[i]), p.writable(st[i]))
+                                   : Py_NewRef(Py_None);
+               PyList_SET_ITEM(out, static_cast<Py_ssize_t>(i), o);
              }
-             return out;
+             return list;
            })
       .def("tree",
            [](const PyCheckpoint& p, const pyb::list& tensors, const pyb::module_& helpers,
@@ -514,6 +585,8 @@ PYBIND11_MODULE(_ckpt, m) {
                  load_options(verify, 0));
            });
 
+  m.def("drain_reaped", &drain_reaped,
+        "Waits (up to 30 s) until checkpoints freed on background threads are gone (atexit).");
   m.def("plain_tensors", &plain_tensors, pyb::arg("checkpoint"), pyb::arg("storages"),
         pyb::arg("tensors"), pyb::arg("dtypes"), pyb::arg("frombuffer"));
   m.def("save_torch", [](const std::string& path, pyb::handle obj, const pyb::module_& helpers,
