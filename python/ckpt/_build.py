@@ -37,7 +37,7 @@ class Builder:
         self._dtypes = {}
         self._sizes = {}
         self.storages = {}  # storage index -> buffer, then torch tensor / UntypedStorage
-        self.tensors = {}
+        self.tensors = [None] * self.tensor_count()  # made when first asked for
         if framework == "torch":
             import torch
             self.torch = torch
@@ -72,6 +72,9 @@ class Builder:
             hasattr(self.ck, "storage_count") else len(self.sinfos)
 
     def add_buffers(self, bufs):
+        if not self.storages:
+            self.storages = {i: b for i, b in enumerate(bufs) if b is not None}
+            return
         for i, b in enumerate(bufs):
             if b is not None and i not in self.storages:
                 self.storages[i] = self._storage(b)
@@ -83,15 +86,14 @@ class Builder:
 
     def all(self):
         """Every tensor, as a list in table order (quantization parameters first)."""
-        n = self.tensor_count()
-        if self.framework == "torch":
-            self._plain_tensors()
-        if len(self.tensors) < n:
+        n = len(self.tensors)
+        made = self._plain_tensors() if self.framework == "torch" else 0
+        if made < n:
             order = [i for i in range(n) if self.infos[i][8] is None] + \
                     [i for i in range(n) if self.infos[i][8] is not None]
             for i in order:
                 self.tensor(i)
-        return [self.tensors.get(i) for i in range(n)]
+        return self.tensors
 
     def _plain_tensors(self):
         # The common case (a plain tensor over a storage's buffer) inlined: on a file of many
@@ -108,16 +110,17 @@ class Builder:
                 dtypes[dt] = (d, self._itemsize(d))
             except RuntimeError:
                 pass  # tensor() makes (or reports) them
+        made = 0
         if isinstance(self.ck, _ckpt.Checkpoint):
             # The same loop in C++ (module.cc plain_tensors), for tensors that are the first of
             # their storage; this one makes what it left (shared storages...).
-            if _ckpt.plain_tensors(self.ck, storages, tensors, dtypes, frombuffer) == \
-                    self.tensor_count():
-                return
+            made = _ckpt.plain_tensors(self.ck, storages, tensors, dtypes, frombuffer)
+            if made == len(tensors):
+                return made
         sinfos = self.sinfos
         for i, (name, dt, shape, strides, offset, si, rg, is_param, q, _, dense) in \
                 enumerate(self.infos):
-            if q is not None or i in tensors or rg or is_param or sinfos[si][3]:
+            if q is not None or tensors[i] is not None or rg or is_param or sinfos[si][3]:
                 continue
             ds = dtypes.get(dt)
             if ds is None:
@@ -145,6 +148,8 @@ class Builder:
                     continue  # tensor() reports it
                 storages[si] = t
             tensors[i] = t
+            made += 1
+        return made
 
     def need_storages(self, indices):
         """Storage indices (not yet made) that tensors `indices` need, qparams included."""
@@ -160,7 +165,7 @@ class Builder:
         return sorted(s for s in need if s not in self.storages and not self.sinfos[s][3])
 
     def tensor(self, i):
-        t = self.tensors.get(i)
+        t = self.tensors[i]
         if t is None:
             try:
                 t = self._torch_tensor(i) if self.framework == "torch" else self._np_array(i)

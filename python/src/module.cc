@@ -262,15 +262,17 @@ void set_item(PyObject* d, PyObject* k, PyObject* v) {
 // not make (other dtypes, shared storages, anything torch refuses) are left to
 // ckpt._build.Builder, which makes or reports them. Returns how many it made.
 // dtypes: torch dtype name -> (torch.dtype, element size).
-size_t plain_tensors(const PyCheckpoint& p, const pyb::dict& storages, const pyb::dict& tensors,
+size_t plain_tensors(const PyCheckpoint& p, const pyb::dict& storages, const pyb::list& tensors,
                      const pyb::dict& dtypes, const pyb::object& frombuffer) {
   const auto& infos = p.c.tensors();
   const auto& sinfos = p.c.storages();
   pyb::tuple kwnames = pyb::make_tuple(pyb::str("dtype"));
   pyb::str resize = "resize_", as_strided = "as_strided_";
   size_t made = 0;
-  for (size_t i = 0; i < infos.size(); ++i) {
+  const size_t n_out = static_cast<size_t>(PyList_GET_SIZE(tensors.ptr()));
+  for (size_t i = 0; i < infos.size() && i < n_out; ++i) {
     const TensorInfo& t = infos[i];
+    if (PyList_GET_ITEM(tensors.ptr(), i) != Py_None) continue;  // made already
     if (t.quantization || t.requires_grad || t.is_parameter || t.storage >= sinfos.size() ||
         sinfos[t.storage].meta)
       continue;
@@ -324,7 +326,7 @@ size_t plain_tensors(const PyCheckpoint& p, const pyb::dict& storages, const pyb
     }
     Py_DECREF(r);
     set_item(storages.ptr(), si.ptr(), tensor.ptr());
-    set_item(tensors.ptr(), pyb::int_(i).ptr(), tensor.ptr());
+    PyList_SetItem(tensors.ptr(), static_cast<Py_ssize_t>(i), tensor.release().ptr());
     ++made;
   }
   return made;
