@@ -7,6 +7,7 @@
 #   make install-check - install into a temporary prefix and build consumers against it
 #   make python        - build the Python module (build/python) and run its tests (tests/python)
 #   make python-install - install the Python module for /usr/bin/python3 (pip, no index)
+#   make bench-peers   - Debian packages the benchmarks' peers import (tensorizer's dependencies)
 # Both install missing Debian packages first (apt-get, non-interactive).
 
 BUILD ?= build
@@ -29,16 +30,23 @@ DEB_PACKAGES := cmake ninja-build g++ pkg-config libgtest-dev libgmock-dev libbe
   radosgw ceph-mon ceph-osd nlohmann-json3-dev libcli11-dev \
   python3 python3-torch python3-numpy python3-pytest python3-onnx nodejs \
   python3-dev pybind11-dev python3-pip python3-setuptools python3-wheel
+# What the tensorizer peer of bench/python.py imports (tensorizer itself is a checkout of its
+# public repository that the benchmark is pointed at, never fetched by the build: docs/benchmarks.md).
+BENCH_PACKAGES := python3-boto3 python3-redis python3-libnacl python3-psutil python3-protobuf
 # libFuzzer and the sanitizer runtimes come with clang; Debian 12 splits them into libclang-rt-14-dev.
 FUZZ_PACKAGES := clang libclang-rt-14-dev
 
 .PHONY: all deps build demo test unit interop asan interop-asan tsan fuzz-build fuzz fuzz-smoke \
-  layers install-check python python-install python-asan clean
+  layers install-check python python-install python-asan bench-peers clean
 
 all: build
 
 deps:
 	@./scripts/install-deps.sh $(DEB_PACKAGES)
+
+# Debian packages the benchmarks' peers need (not the tests): tensorizer's imports.
+bench-peers: deps
+	@./scripts/install-deps.sh $(BENCH_PACKAGES)
 
 $(BUILD)/build.ninja: CMakeLists.txt
 	cmake -S . -B $(BUILD) -G Ninja $(CMAKE_FLAGS)

@@ -12,7 +12,8 @@ load, then the median of --repeat loads:
   ckpt.load(f.tensors)                  the same tensors from the tensorizer file
   tensorizer TensorDeserializer         only with a local checkout of tensorizer's public
                                         repository (--tensorizer DIR or $TENSORIZER_SRC; never
-                                        fetched, never committed): else the row says "skipped"
+                                        fetched, never committed) and its Python dependencies
+                                        (`make bench-peers`): else the row says "skipped" and why
 and, in fresh processes: peak RSS of an eager ckpt.load over the interpreter's own (after
 importing torch and ckpt), and the time of `import ckpt` alone (median of 5 processes).
 
@@ -106,14 +107,22 @@ def main():
                         ("ckpt", tpath)):
             key = what if p == path else "ckpt-tensors"
             t[key] = json.loads(run([py, "-c", TIME, p, str(a.repeat), what, a.pythonpath]))
+        tz_skip = "skipped (no local tensorizer checkout)"
         if tz:
-            t["tensorizer"] = json.loads(run([py, "-c", TIME, tpath, str(a.repeat), "tensorizer",
-                                              a.pythonpath, tz]))
+            r = subprocess.run([py, "-c", TIME, tpath, str(a.repeat), "tensorizer", a.pythonpath,
+                                tz], capture_output=True, text=True)
+            if r.returncode == 0:
+                t["tensorizer"] = json.loads(r.stdout)
+            else:  # e.g. its Python dependencies are missing: `make bench-peers`
+                last = (r.stderr.strip().splitlines() or ["?"])[-1]
+                tz_skip = f"skipped (tensorizer in {tz} failed: {last})"
+                print(f"tensorizer row skipped: {r.stderr.strip()[-2000:]}", file=sys.stderr)
         rss = json.loads(run([py, "-c", TIME, path, "1", "rss", a.pythonpath]))
         tl = t["torch"]["median"]
         ms = lambda k: f"{t[k]['median'] * 1000:.1f} ms"  # noqa: E731
-        tzc = ms("tensorizer") if tz else "skipped (no local tensorizer checkout)"
-        tzr = f"{t['tensorizer']['median'] / t['ckpt-tensors']['median']:.1f}x" if tz else "-"
+        have_tz = "tensorizer" in t
+        tzc = ms("tensorizer") if have_tz else tz_skip
+        tzr = f"{t['tensorizer']['median'] / t['ckpt-tensors']['median']:.1f}x" if have_tz else "-"
         over = (rss["peak"] - rss["base"]) / 2**20
         size = os.path.getsize(path) / 2**20
         print(f"| {label} | {ms('torch')} | {ms('ckpt')} | {tl / t['ckpt']['median']:.1f}x | "
