@@ -5,8 +5,12 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 namespace ckpt {
+
+class Checkpoint;
+class Tensor;
 
 // Every length, count and size read from a file is checked against these before anything is
 // allocated. Defaults fit real models (a 1 TB checkpoint with 1M tensors opens); an error that
@@ -81,6 +85,14 @@ struct LoadOptions {
   // Bytes of the loaded storages (load_all, open_and_load, stream; Checkpoint::verify(progress)
   // counts the bytes it checks). Not called for zero-copy views, which read nothing.
   ProgressFn progress;
+  // Eager loads of one file (load_all, open_and_load; not a sharded set): called once, on the
+  // calling thread, when every tensor the load will return has its storage's final address
+  // while reader threads may still be filling the bytes, with the checkpoint and those tensors.
+  // For a caller that builds its own objects over the memory meanwhile (the Python module makes
+  // its torch tensors there, overlapping them with the reads). It must not read the bytes, nor
+  // let anything made over them out, before the load returns; if the load then throws, drop
+  // what it made. An exception it throws fails the load.
+  std::function<void(const Checkpoint&, const std::vector<Tensor>&)> on_placed;
 };
 
 struct SaveOptions {

@@ -170,14 +170,25 @@ def _load(f, mmap, verify, strict, key, password):
             b.add_buffers(ck.storages(list(range(b.storage_count())), verify))
             return _result(ck, b, b.all())
         else:
-            ck, bufs = _ckpt.Checkpoint.open_and_load(path, strict, _key(key), password or "",
-                                                      verify, 0)
+            # The tensors and the tree are made while the reader threads still fill the memory
+            # (module.cc, open_and_load): none of that reads a tensor's bytes.
+            ck, bufs, built = _ckpt.Checkpoint.open_and_load(
+                path, strict, _key(key), password or "", verify, 0,
+                lambda c, placed: _build_result(c, placed, fw))
+            if built is not None:
+                return built
     else:
         data = f.read()
         name = getattr(f, "name", "<stream>")
         ck = _ckpt.Checkpoint.open_bytes(bytes(data), str(name), strict, _key(key),
                                          password or "")
         bufs = ck.load_all(verify, 0)
+    return _build_result(ck, bufs, fw)
+
+
+def _build_result(ck, bufs, fw):
+    """The object tree of checkpoint `ck` over storage buffers `bufs`. May run while the bytes
+    are still arriving (an eager load's on_placed): it must never read a tensor's bytes."""
     b = Builder(ck, fw, ck.name)
     b.add_buffers(bufs)
     return _result(ck, b, b.all())
@@ -265,12 +276,14 @@ def load_file(filename, device="cpu"):
     torch checkpoint: its flattened state dict, dotted names)."""
     _check_cpu(device)
     with _NoGC():
-        ck, bufs = _ckpt.Checkpoint.open_and_load(os.fsdecode(filename), False, "", "", False,
-                                                  0)
-        b = Builder(ck, backend(), ck.name)
-        b.add_buffers(bufs)
-        tensors = b.all()
-        return {n: tensors[i] for n, i in ck.state_dict_entries()}
+        def flat(ck, bufs):
+            b = Builder(ck, backend(), ck.name)
+            b.add_buffers(bufs)
+            tensors = b.all()
+            return {n: tensors[i] for n, i in ck.state_dict_entries()}
+        ck, bufs, built = _ckpt.Checkpoint.open_and_load(os.fsdecode(filename), False, "", "",
+                                                         False, 0, flat)
+        return built if built is not None else flat(ck, bufs)
 
 
 # --- safe_open ------------------------------------------------------------------------------

@@ -409,16 +409,42 @@ PYBIND11_MODULE(_ckpt, m) {
       .def_static(
           "open_and_load",
           [](const std::string& path, bool strict, const std::string& key,
-             const std::string& password, bool verify, int threads) {
+             const std::string& password, bool verify, int threads, const pyb::object& build) {
+            // build(checkpoint, buffers) -> result, called while the reader threads still fill
+            // the buffers (LoadOptions::on_placed): the Python side makes its tensors and tree
+            // meanwhile, never reading the bytes. Returns (checkpoint, buffers, result), result
+            // None when build was not called (a sharded set); a Python error raised by build is
+            // raised once the load has stopped.
+            pyb::object result = pyb::none();
+            std::optional<pyb::error_already_set> build_error;
+            LoadOptions lo = load_options(verify, threads);
+            if (!build.is_none()) {
+              lo.on_placed = [&](const Checkpoint& c, const std::vector<Tensor>& tensors) {
+                pyb::gil_scoped_acquire gil;
+                try {
+                  PyCheckpoint pc{c, false};
+                  pyb::list bufs = storage_buffers(pc, tensors);
+                  result = build(pyb::cast(pc), bufs);
+                } catch (pyb::error_already_set& e) {
+                  build_error.emplace(std::move(e));
+                  throw Error(ErrorCode::kInvalidArgument, "building the Python objects failed");
+                }
+              };
+            }
             std::optional<LoadedCheckpoint> l;
-            {
+            try {
               pyb::gil_scoped_release nogil;
               l.emplace(Checkpoint::open_and_load(path, open_options(strict, key, password, true),
-                                                  load_options(verify, threads)));
+                                                  lo));
+            } catch (const Error&) {
+              result = pyb::none();  // made over bytes that never all arrived
+              if (build_error) throw std::move(*build_error);
+              throw;
             }
+            if (!result.is_none()) return pyb::make_tuple(pyb::none(), pyb::none(), result);
             PyCheckpoint pc{l->checkpoint, false};
             pyb::list bufs = storage_buffers(pc, l->tensors);
-            return pyb::make_tuple(pyb::cast(pc), bufs);
+            return pyb::make_tuple(pyb::cast(pc), bufs, pyb::none());
           })
       .def_property_readonly("format",
                              [](const PyCheckpoint& p) { return format_name(p.c.format()); })

@@ -210,8 +210,10 @@ std::vector<Tensor> Checkpoint::load_all(const LoadOptions& options,
     const CheckpointModel& m = *impl_->model;
     const std::vector<uint8_t> sel = select(m, filter);
     std::vector<Tensor> out;
-    for_each_selected_shard(m, *set, sel, options, [&](size_t k, const LoadOptions& o) {
+    for_each_selected_shard(m, *set, sel, options, [&](size_t k, const LoadOptions& shard_opt) {
       const Checkpoint& shard = set->shards[k];
+      LoadOptions o = shard_opt;
+      o.on_placed = nullptr;  // one file's hook; a set's tensors are placed shard by shard
       std::vector<Tensor> part = shard.load_all(o, shard_filter(shard, *set, k, sel));
       // The plan keeps table order: the selected tensors of this shard, in order.
       size_t i = set->tensor_base[k];
@@ -223,7 +225,10 @@ std::vector<Tensor> Checkpoint::load_all(const LoadOptions& options,
     return out;
   }
   internal::LoadPlan plan = internal::make_plan(*impl_->model, impl_->copy, options, filter, false);
-  return internal::execute_eager(plan);
+  internal::PlacedFn placed;
+  if (options.on_placed)
+    placed = [&](const std::vector<Tensor>& tensors) { options.on_placed(*this, tensors); };
+  return internal::execute_eager(plan, {}, {}, placed);
 }
 
 void Checkpoint::stream(uint64_t budget, const std::function<void(const Tensor&)>& fn,

@@ -59,7 +59,10 @@ LoadedCheckpoint Checkpoint::open_and_load(const std::string& path, const OpenOp
   Checkpoint c = internal::CheckpointAccess::make(std::move(model));
   internal::LoadPlan plan =
       internal::make_plan(*c.impl_->model, c.impl_->copy, load_options, {}, false);
-  std::vector<Tensor> tensors = internal::execute_eager(plan, std::move(pre), started);
+  internal::PlacedFn placed;
+  if (load_options.on_placed)
+    placed = [&](const std::vector<Tensor>& t) { load_options.on_placed(c, t); };
+  std::vector<Tensor> tensors = internal::execute_eager(plan, std::move(pre), started, placed);
   return {std::move(c), std::move(tensors)};
 }
 

@@ -38,7 +38,8 @@ std::vector<size_t> match_ranges(const LoadPlan& plan, const std::vector<ByteRan
 }  // namespace
 
 std::vector<Tensor> execute_eager(const LoadPlan& plan, std::unique_ptr<Preload> started,
-                                  const std::vector<ByteRange>& started_ranges) {
+                                  const std::vector<ByteRange>& started_ranges,
+                                  const PlacedFn& placed) {
   const CheckpointModel& m = *plan.model;
   // Raw storages go through the Preload's ranges; the others into "extra" bytes.
   std::vector<size_t> range_of;
@@ -123,6 +124,18 @@ std::vector<Tensor> execute_eager(const LoadPlan& plan, std::unique_ptr<Preload>
   std::vector<std::thread> pool;
   if (!had_started || !decoded.empty())
     for (int t = 1; t < plan.threads; ++t) pool.emplace_back(worker);
+  if (placed) {
+    // The caller's own work over the placed tensors, while the readers fill them.
+    try {
+      placed(out);
+    } catch (...) {
+      {
+        std::lock_guard<std::mutex> lock(failure_mu);
+        if (!failure) failure = std::current_exception();
+      }
+      next = decoded.size();
+    }
+  }
   worker();
   for (auto& t : pool) t.join();
   if (failure) std::rethrow_exception(failure);

@@ -75,9 +75,13 @@ StoragePtr load_one(const LoadPlan& plan, const PlannedStorage& p);
 // Eager: every planned storage into one huge-page arena (raw ones through a Preload: parallel
 // positional reads, CRC fused), decoded and meta ones by the same threads. `started`, if given,
 // is a Preload already reading `started_ranges` (ascending offsets): it is used when it covers
-// every raw storage of the plan, else dropped. Returns the plan's tensors.
+// every raw storage of the plan, else dropped. `placed`, if set, is called (on this thread) with
+// the tensors once their addresses are fixed and the reader threads are running, before this
+// thread joins them (LoadOptions::on_placed). Returns the plan's tensors.
+using PlacedFn = std::function<void(const std::vector<Tensor>&)>;
 std::vector<Tensor> execute_eager(const LoadPlan& plan, std::unique_ptr<Preload> started = {},
-                                  const std::vector<ByteRange>& started_ranges = {});
+                                  const std::vector<ByteRange>& started_ranges = {},
+                                  const PlacedFn& placed = {});
 
 // Streaming: the planned storages in file order through a ring of `budget` bytes, each handed to
 // `fn` with the selected tensors that view it, while a reader thread fills the ring. Throws

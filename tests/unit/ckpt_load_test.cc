@@ -94,6 +94,53 @@ TEST(Load, OpenAndLoadEqualsOpenThenLoadAll) {
     }
 }
 
+// LoadOptions::on_placed: called once, on the calling thread, with the tensors the load then
+// returns (same storages, same addresses), for open_and_load and load_all of every format; an
+// exception it throws fails the load (and stops it) and reaches the caller.
+TEST(Load, OnPlacedSeesTheTensorsBeforeTheLoadReturns) {
+  Fixture f(6, 200000);
+  std::string st = f.dir.file("p.safetensors");
+  save_safetensors(st, std::vector<Tensor>(f.tensors.begin(), f.tensors.begin() + 6));
+  for (const std::string& path : {f.path, st})
+    for (int threads : {1, 2, 4})
+      for (bool both : {true, false}) {
+        int calls = 0;
+        std::vector<const std::byte*> seen;
+        size_t seen_tensors = 0;
+        const std::thread::id me = std::this_thread::get_id();
+        LoadOptions lo;
+        lo.threads = threads;
+        lo.on_placed = [&](const Checkpoint& c, const std::vector<Tensor>& ts) {
+          ++calls;
+          EXPECT_EQ(std::this_thread::get_id(), me);
+          seen_tensors = c.tensors().size();
+          for (const Tensor& t : ts) seen.push_back(t.storage()->data);
+        };
+        std::vector<Tensor> got;
+        if (both) {
+          got = Checkpoint::open_and_load(path, {}, lo).tensors;
+        } else {
+          got = Checkpoint::open(path).load_all(lo);
+        }
+        ASSERT_EQ(calls, 1) << path;
+        ASSERT_EQ(seen.size(), got.size());
+        EXPECT_EQ(seen_tensors, got.size());
+        for (size_t i = 0; i < got.size(); ++i) {
+          EXPECT_EQ(seen[i], got[i].storage()->data) << got[i].name();
+          EXPECT_TRUE(f.same(got[i])) << got[i].name();
+        }
+      }
+  LoadOptions lo;
+  lo.on_placed = [](const Checkpoint&, const std::vector<Tensor>&) {
+    throw Error(ErrorCode::kInvalidArgument, "refused by the hook");
+  };
+  Error e = test::capture_error([&] { Checkpoint::open_and_load(f.path, {}, lo); });
+  EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(std::string(e.what()).find("refused by the hook"), std::string::npos);
+  e = test::capture_error([&] { Checkpoint::open(st).load_all(lo); });
+  EXPECT_NE(std::string(e.what()).find("refused by the hook"), std::string::npos);
+}
+
 TEST(Load, OpenAndLoadVerifiesEveryRecordAndNamesTheBadOne) {
   Fixture f(8, 300000);  // 1.2 MB records: CRCs span several 1 MiB slices
   auto bytes = test::read_file(f.path);
