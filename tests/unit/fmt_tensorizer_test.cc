@@ -492,7 +492,7 @@ uint64_t first_header(const CheckpointModel& d) {
   return first - 1;
 }
 
-TEST(TensorizerLazyHeaders, RemoteOpenReadsNoHeaderAndVerifiesThroughTheDecoder) {
+TEST(TensorizerLazyHeaders, ConcurrentVerifiedReadsShareOneHeaderRead) {
   auto es = lazy_entries();
   MemorySink sink;
   save_tensorizer(sink, es);
@@ -540,7 +540,7 @@ TEST(TensorizerLazyHeaders, RemoteOpenReadsNoHeaderAndVerifiesThroughTheDecoder)
   EXPECT_EQ(internal::route_of(*e, 0, verified, true), internal::Route::kView);
 }
 
-TEST(TensorizerLazyHeaders, DamageIsFoundAtFirstUseAndReportedToEveryCaller) {
+TEST(TensorizerLazyHeaders, ConcurrentReadersAllSeeDamageFoundAtFirstUse) {
   auto es = lazy_entries();
   MemorySink sink;
   save_tensorizer(sink, es);
