@@ -21,6 +21,9 @@ Route route_of(const CheckpointModel& m, size_t s, const LoadOptions& options, b
     case StorageKind::kRaw:
       break;
   }
+  // Hashes the format keeps out of StorageInfo::crc32 (tensorizer headers read lazily over the
+  // network): a verified load reads the bytes through the decoder, which checks them.
+  if (options.verify && m.hashes_in_decoder && m.decoder) return Route::kDecode;
   const bool mapped = m.source->memory() != nullptr;
   return allow_view && mapped && !m.storages[s].byteswap && !options.copy ? Route::kView
                                                                           : Route::kRead;

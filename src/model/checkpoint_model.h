@@ -74,6 +74,10 @@ struct CheckpointModel {
   // whose offset is kNoOffset, or for all of them when `decode_all`.
   std::shared_ptr<const StorageDecoder> decoder;
   bool decode_all = false;
+  // With verify, read every non-meta storage through the decoder, which checks the format's
+  // hashes: set when the format knows them only after open (tensorizer headers read lazily from
+  // a remote source), so StorageInfo::crc32 is absent although the bytes are hashed.
+  bool hashes_in_decoder = false;
   // Format-specific verification (tensorizer hashes, every zip record); null = CRC32 of the
   // storages that have one. Returns the number of items checked; throws Error{kCorrupt}.
   // Reports the bytes it checks to the ProgressFn (which may be empty).

@@ -185,6 +185,113 @@ def test_reading_commands_take_urls(ckpt, nginx, model, tmp_path):
     assert len(os.listdir(d)) >= len(model["sd"])
 
 
+# ---------------------------------------------------------------------------------------------
+# tensorizer over HTTP: the per-tensor headers sit between the tensors' data, so they are read
+# lazily, by the first decode or verify that needs them (docs/formats.md, "Over the network").
+
+
+@pytest.fixture(scope="session")
+def spread(tmp_path_factory, ckpt):
+    """A tensorizer file whose headers lie 2 MiB apart (24 tensors of 2 MiB, small ones between),
+    a copy with one data byte flipped, and the same tensors encrypted with a key and a password."""
+    import torch
+    d = tmp_path_factory.mktemp("remote-spread")
+    g = torch.Generator().manual_seed(24)
+    sd = {"embed.bias": torch.randn(10, generator=g)}
+    for i in range(24):
+        sd[f"block{i}.weight"] = torch.randn(512, 1024, generator=g)  # 2 MiB
+        if i % 6 == 0:
+            sd[f"block{i}.scale"] = torch.randn(7, generator=g).half()
+    sd["ids"] = torch.arange(100, dtype=torch.int64)
+    pt = str(d / "spread.pt")
+    torch.save(sd, pt)
+    tz = str(d / "spread.tensors")
+    ckpt.ok("convert", pt, tz)
+    # One byte of block5.weight's data flipped: the hashes no longer match.
+    bad = str(d / "flipped.tensors")
+    shutil.copyfile(tz, bad)
+    off = next(t["offset"] for t in ckpt.json("ls", tz, "--json")["tensors"]
+               if t["name"] == "block5.weight")
+    with open(bad, "r+b") as f:
+        f.seek(off + 1000)
+        b = f.read(1)
+        f.seek(off + 1000)
+        f.write(bytes([b[0] ^ 0x10]))
+    key = str(d / "spread.key")  # written by convert (a new random key, mode 0600)
+    enc_key = str(d / "key.tensors")
+    ckpt.ok("convert", pt, enc_key, "--encrypt-key", key)
+    pw = d / "spread.password"
+    pw.write_text("lazy headers, eager keys\n")
+    pw.chmod(0o600)
+    enc_pw = str(d / "password.tensors")
+    ckpt.ok("convert", pt, enc_pw, "--encrypt-password-file", str(pw))
+    return {"pt": pt, "tensors": tz, "flipped": bad, "key": key, "enc_key": enc_key,
+            "password": str(pw), "enc_pw": enc_pw, "sd": sd}
+
+
+def test_tensorizer_open_reads_no_headers(ckpt, nginx, spread):
+    url = nginx.put(spread["tensors"], "spread.tensors")
+    local = ckpt.json("ls", spread["tensors"], "--json")
+    before = nginx.requests()
+    remote = ckpt.json("ls", url, "--json")
+    used = nginx.requests() - before
+    assert 1 <= used <= 3, f"ls of a tensorizer file with spread headers made {used} requests"
+    assert remote == local
+    before = nginx.requests()
+    ckpt.ok("info", url)
+    used = nginx.requests() - before
+    assert 1 <= used <= 3, f"info made {used} requests"
+    # Encrypted: names, dtypes and shapes need neither key nor headers.
+    enc = nginx.put(spread["enc_key"], "spread-key.tensors")
+    before = nginx.requests()
+    assert ckpt.json("ls", enc, "--json") == ckpt.json("ls", spread["enc_key"], "--json")
+    assert nginx.requests() - before <= 3
+
+
+def test_tensorizer_loads_over_http_with_lazy_headers(ckpt, nginx, spread):
+    url = nginx.put(spread["tensors"], "spread-load.tensors")
+    local = digests(ckpt, spread["tensors"])
+    assert local == digests(ckpt, spread["pt"])
+    for mode in ("eager", "stream"):
+        assert digests(ckpt, "--mode", mode, url) == local, mode
+        assert digests(ckpt, "--mode", mode, "--verify", url) == local, mode
+
+
+def test_tensorizer_verify_over_http(ckpt, nginx, spread):
+    url = nginx.put(spread["tensors"], "spread-verify.tensors")
+    r = ckpt.ok("verify", url)
+    assert r.stdout.startswith("OK"), r.stdout
+    bad = nginx.put(spread["flipped"], "spread-flipped.tensors")
+    local = ckpt.run("verify", spread["flipped"])
+    assert local.returncode == 5 and "block5.weight" in local.stderr, local.stderr
+    r = ckpt.run("verify", bad)
+    assert r.returncode == 5, r.stderr
+    assert "block5.weight" in r.stderr, r.stderr
+    # A verified load checks the hashes too (the headers are read at the first tensor); a plain
+    # load does not look at them.
+    for mode in ("eager", "stream"):
+        r = ckpt.run("load", "--mode", mode, "--verify", bad)
+        assert r.returncode == 5, f"{mode}: {r.stderr}"
+        assert "block5.weight" in r.stderr, r.stderr
+    ckpt.ok("load", bad)
+
+
+@pytest.mark.parametrize("how", ["key", "password"])
+def test_encrypted_tensorizer_over_http(ckpt, nginx, spread, how):
+    path = spread["enc_key" if how == "key" else "enc_pw"]
+    opt = ["--decrypt-key", spread["key"]] if how == "key" else \
+        ["--decrypt-password-file", spread["password"]]
+    url = nginx.put(path, f"spread-enc-{how}.tensors")
+    want = digests(ckpt, spread["pt"])
+    assert digests(ckpt, *opt, path) == want
+    for mode in ("eager", "stream"):
+        assert digests(ckpt, "--mode", mode, *opt, url) == want, mode
+    assert ckpt.ok("verify", *opt, url).stdout.startswith("OK")
+    # Without the key: listing works, reading the data is an auth error (exit 9).
+    r = ckpt.run("load", url)
+    assert r.returncode == 9, r.stderr
+
+
 def test_large_load_uses_few_large_requests(ckpt, nginx, model):
     url = nginx.put(model["pt"], "big.pt")
     size = os.path.getsize(model["pt"])

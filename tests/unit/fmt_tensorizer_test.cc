@@ -6,11 +6,14 @@
 
 #include <filesystem>
 #include <fstream>
+#include <mutex>
+#include <thread>
 #include <nlohmann/json.hpp>
 
 #include "ckpt/sink.h"
 #include "ckpt/tensorizer.h"
 #include "formats/open.h"
+#include "load/plan.h"
 #include "test_util.h"
 #include "util/bytes.h"
 #include "util/crc32.h"
@@ -426,6 +429,194 @@ TEST(TensorizerWriter, RefusesBadInput) {
   r.encryption = TensorizerEncryption::kRandomKey;
   EXPECT_CKPT_ERROR(save_tensorizer(dir.file("x.tensors"), std::vector<Tensor>{a.tensor}, r),
                     ErrorCode::kInvalidArgument);
+}
+
+// A source that says it is remote (preferred_read_size() > 0, no mapping) and records its reads.
+class RemoteLike final : public ByteSource {
+ public:
+  explicit RemoteLike(std::vector<std::byte> b) : bytes_(std::move(b)) {}
+  uint64_t size() const override { return bytes_.size(); }
+  const std::string& name() const override { return name_; }
+  uint64_t preferred_read_size() const override { return 8 << 20; }
+  void read_into(uint64_t offset, std::span<std::byte> dst) const override {
+    check_range(offset, dst.size());
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      reads_.emplace_back(offset, dst.size());
+    }
+    if (!dst.empty()) std::memcpy(dst.data(), bytes_.data() + offset, dst.size());
+  }
+  void read_batch(std::span<const ReadRequest> requests) const override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++batches_;
+    }
+    for (const ReadRequest& r : requests) read_into(r.offset, r.dst);
+  }
+  // Reads that touch [from, to).
+  size_t reads_in(uint64_t from, uint64_t to) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    size_t n = 0;
+    for (auto [off, len] : reads_) n += off < to && off + len > from;
+    return n;
+  }
+  size_t batches() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return batches_;
+  }
+
+ private:
+  std::vector<std::byte> bytes_;
+  std::string name_ = "remote";
+  mutable std::mutex mu_;
+  mutable std::vector<std::pair<uint64_t, uint64_t>> reads_;
+  mutable size_t batches_ = 0;
+};
+
+std::vector<TensorizerEntry> lazy_entries() {
+  std::vector<TensorizerEntry> es;
+  for (int i = 0; i < 6; ++i) {
+    TensorizerEntry e;
+    e.tensor = Tensor::copy_of("w" + std::to_string(i), DType::kFloat32, {256, 1024},
+                               pattern(1 << 20, 10 + i));  // 1 MiB each
+    es.push_back(std::move(e));
+  }
+  return es;
+}
+
+// The last byte of the first tensor's header (it ends where the first tensor's data starts);
+// every other header lies after it.
+uint64_t first_header(const CheckpointModel& d) {
+  uint64_t first = UINT64_MAX;
+  for (const auto& s : d.storages) first = std::min(first, s.offset);
+  return first - 1;
+}
+
+TEST(TensorizerLazyHeaders, ConcurrentVerifiedReadsShareOneHeaderRead) {
+  auto es = lazy_entries();
+  MemorySink sink;
+  save_tensorizer(sink, es);
+  auto src = std::make_shared<RemoteLike>(sink.bytes());
+  auto d = open_tensorizer(src, {});
+  ASSERT_EQ(d->tensors.size(), es.size());
+  EXPECT_TRUE(d->hashes_in_decoder);
+  // Names, shapes and offsets from the index; no CRC32 (it is in the headers) and no read at all
+  // past the index.
+  for (size_t i = 0; i < es.size(); ++i) {
+    EXPECT_EQ(d->tensors[i].name, es[i].tensor.name());
+    EXPECT_NE(d->storages[i].offset, kNoOffset);
+    EXPECT_FALSE(d->storages[i].crc32.has_value());
+  }
+  EXPECT_EQ(src->reads_in(first_header(*d), src->size()), 0u);
+  EXPECT_EQ(src->batches(), 0u);
+  EXPECT_FALSE(d->properties.count("key_derivation"));
+
+  // A plain load stays raw; a verified one goes through the decoder.
+  LoadOptions plain, verified;
+  verified.verify = true;
+  EXPECT_EQ(internal::route_of(*d, 0, plain, false), internal::Route::kRead);
+  EXPECT_EQ(internal::route_of(*d, 0, verified, false), internal::Route::kDecode);
+
+  // Many threads at once: the headers are read once, in one batch.
+  std::vector<std::thread> pool;
+  std::atomic<int> ok{0};
+  for (int t = 0; t < 8; ++t)
+    pool.emplace_back([&, t] {
+      size_t i = static_cast<size_t>(t) % es.size();
+      std::vector<std::byte> out(d->storages[i].nbytes);
+      d->decoder->read(i, out, true);
+      if (out == es[i].tensor.contiguous_bytes()) ++ok;
+    });
+  for (auto& th : pool) th.join();
+  EXPECT_EQ(ok.load(), 8);
+  EXPECT_EQ(src->batches(), 1u);
+  EXPECT_EQ(d->verify({}), es.size());
+  EXPECT_EQ(src->batches(), 1u);
+
+  // The same bytes from memory: eager, with the data CRC32 in every storage.
+  auto e = open_tensorizer(memory_source(sink.bytes()), {});
+  EXPECT_FALSE(e->hashes_in_decoder);
+  for (const auto& s : e->storages) EXPECT_TRUE(s.crc32.has_value());
+  EXPECT_EQ(internal::route_of(*e, 0, verified, true), internal::Route::kView);
+}
+
+TEST(TensorizerLazyHeaders, ConcurrentReadersAllSeeDamageFoundAtFirstUse) {
+  auto es = lazy_entries();
+  MemorySink sink;
+  save_tensorizer(sink, es);
+  std::vector<std::byte> bytes = sink.bytes();
+  auto eager = open_tensorizer(memory_source(bytes), {});
+  // A flipped data byte of w3: a plain read does not notice, a verified read does.
+  {
+    std::vector<std::byte> b = bytes;
+    b[eager->storages[3].offset + 100] ^= std::byte{1};
+    auto d = open_tensorizer(std::make_shared<RemoteLike>(b), {});
+    std::vector<std::byte> out(d->storages[3].nbytes);
+    d->decoder->read(3, out, false);
+    Error err = test::capture_error([&] { d->decoder->read(3, out, true); });
+    EXPECT_EQ(err.code(), ErrorCode::kCorrupt);
+    EXPECT_EQ(err.record(), "w3");
+    EXPECT_CKPT_ERROR(d->verify({}), ErrorCode::kCorrupt);
+  }
+  // A header that disagrees with the index (w2's dtype string, "<f4" -> "<i4", in its header):
+  // a local open fails; a remote open succeeds, and every use of the headers fails, from one read.
+  {
+    std::vector<std::byte> b = bytes;
+    const uint64_t data = eager->storages[2].offset;
+    const uint64_t header = eager->storages[1].offset + eager->storages[1].nbytes;
+    std::string_view h(reinterpret_cast<const char*>(b.data()) + header, data - header);
+    size_t at = h.find("<f4");
+    ASSERT_NE(at, std::string_view::npos);
+    b[header + at + 1] = std::byte{'i'};
+    EXPECT_CKPT_ERROR(open_tensorizer(memory_source(b), {}), ErrorCode::kCorrupt);
+    auto src = std::make_shared<RemoteLike>(b);
+    auto d = open_tensorizer(src, {});
+    std::vector<std::thread> pool;
+    std::atomic<int> corrupt{0};
+    for (int t = 0; t < 4; ++t)
+      pool.emplace_back([&] {
+        std::vector<std::byte> out(d->storages[0].nbytes);
+        Error err = test::capture_error([&] { d->decoder->read(0, out, true); });
+        if (err.code() == ErrorCode::kCorrupt && err.record() == "w2") ++corrupt;
+      });
+    for (auto& th : pool) th.join();
+    EXPECT_EQ(corrupt.load(), 4);
+    EXPECT_CKPT_ERROR(d->verify({}), ErrorCode::kCorrupt);
+    EXPECT_EQ(src->batches(), 1u);
+  }
+}
+
+TEST(TensorizerLazyHeaders, EncryptedRemoteDecryptsWithKeyOrPassword) {
+  auto es = lazy_entries();
+  es.resize(3);
+  TensorizerSaveOptions o;
+  o.encryption = TensorizerEncryption::kPassword;
+  o.password = "hunter2";
+  o.pwhash_opslimit = 1;
+  o.pwhash_memlimit = 8192;
+  MemorySink sink;
+  save_tensorizer(sink, es, o);
+  OpenOptions ro;
+  ro.decrypt_password = "hunter2";
+  auto src = std::make_shared<RemoteLike>(sink.bytes());
+  auto d = open_tensorizer(src, ro);
+  EXPECT_EQ(d->properties.at("encrypted"), "true");
+  EXPECT_FALSE(d->properties.count("key_derivation"));  // in the headers, not read yet
+  EXPECT_EQ(d->storages[0].offset, kNoOffset);
+  EXPECT_EQ(src->batches(), 0u);
+  expect_read_back(d, es);
+  EXPECT_EQ(src->batches(), 1u);
+  // Eagerly, the property is there.
+  EXPECT_EQ(open_tensorizer(memory_source(sink.bytes()), ro)->properties.at("key_derivation"),
+            "argon2");
+  // No password: listing works, reading is an auth error.
+  auto none = open_tensorizer(std::make_shared<RemoteLike>(sink.bytes()), {});
+  std::vector<std::byte> out(none->storages[0].nbytes);
+  EXPECT_CKPT_ERROR(none->decoder->read(0, out, false), ErrorCode::kAuth);
+  OpenOptions wrong;
+  wrong.decrypt_password = "hunter3";
+  auto w = open_tensorizer(std::make_shared<RemoteLike>(sink.bytes()), wrong);
+  EXPECT_CKPT_ERROR(w->verify({}), ErrorCode::kAuth);
 }
 
 }  // namespace

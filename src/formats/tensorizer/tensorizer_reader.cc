@@ -3,10 +3,22 @@
 // the tensorizer 2.11.1 files listed under **Fixtures** there.
 //
 // Reads: one read for the prologue and the index (the first 73 + 256 KiB, the index size every
-// tensorizer writer reserves; a second read only when the index is larger), then every
-// per-tensor header in one batched read whose ranges come from the index (headers interleave
-// with data in v1-4, so they cannot be one contiguous read; a batch lets a remote source fetch
-// them in parallel, and a mapped source hands out views). Tensor bytes are read only on demand.
+// tensorizer writer reserves; a second read only when the index is larger). The index alone
+// gives every tensor's name, type, dtype, shape and data range, which is all that listing,
+// plans and plain loads need; a per-tensor header adds only its hashes (and the header bytes
+// they cover) and, in an encrypted file, its cipher parameters and key-derivation parameters.
+// Headers interleave with data in v1-4, so they cannot be one contiguous read: they are read
+// in one batched read whose ranges come from the index (a remote source fetches them in
+// parallel, a mapped source hands out views), either
+//   - eagerly, at open, for local sources (pread, mmap): a damaged header fails the open, and
+//     plaintext storages carry their data CRC32 for the load plan to check; or
+//   - lazily, for remote sources (ByteSource::preferred_read_size() > 0, no mapping), where
+//     each range is a request and headers of large tensors are one range each: TzrState reads
+//     them once (std::call_once) when a decode, a verified load or verify first needs them.
+//     The model then has no CRC32 in its StorageInfo (it is immutable after open), so it sets
+//     CheckpointModel::hashes_in_decoder and verified loads read through TzrDecoder, which
+//     checks CRC32 and SHA-256; the "key_derivation" property is absent (it is in the headers).
+// Tensor bytes are read only on demand.
 //
 // Names: a structured name (0x1E + JSON path) becomes its components joined with '.', and the
 // root object is the nested dict/list tree it describes. write_module labels tensors of the root
@@ -17,7 +29,10 @@
 
 #include <algorithm>
 #include <cstring>
+#include <exception>
 #include <map>
+#include <mutex>
+#include <optional>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -43,40 +58,190 @@ struct IndexEntry {
   uint64_t header_off = 0, data_off = 0, data_len = 0;
 };
 
+// What the index says of a tensor: known at open.
 struct TzrTensor {
   uint64_t data_off = 0, data_len = 0;
+  bool meta = false;
+};
+
+// What a tensor's header adds to its index entry: the hashes and the bytes they cover, and
+// the encryption parameters.
+struct TzrHeader {
   std::string hashable;
   std::optional<uint32_t> crc;
   std::optional<Sha256> sha;
   std::optional<CipherParams> cipher;
-  int key = -1;  // index into TzrState::keys, -1 when no key is available
-  bool meta = false;
+  int key = -1;  // index into TzrHeaders::keys, -1 when no key is available
 };
 
-struct TzrState {
-  SourcePtr src;
-  std::vector<TzrTensor> tensors;
-  std::vector<std::string> names;
+struct TzrHeaders {
+  std::vector<TzrHeader> tensors;
   std::vector<Key> keys;
   std::string no_key_reason;
+  bool any_kdf = false;
+};
+
+// Shared by the decoder and verify. The per-tensor headers are read either at open (eager:
+// set_headers) or by the first call that needs them (lazy: headers(), once, one read_batch).
+struct TzrState {
+  SourcePtr src;
+  std::string source;  // src->name()
+  bool encrypted = false;
+  std::optional<Key> given_key;  // OpenOptions::decrypt_key, parsed at open
+  std::string password;          // OpenOptions::decrypt_password
+  std::vector<TzrTensor> tensors;
+  std::vector<std::string> names;
 
   [[noreturn]] void fail(ErrorCode code, size_t i, const std::string& msg,
                          std::optional<uint64_t> off = std::nullopt) const {
-    throw Error(code, msg, src->name(), names[i], off);
+    throw Error(code, msg, source, names[i], off);
+  }
+
+  // Parses tensor i's header and checks it against its index entry.
+  TensorHeader parse_header(size_t i, std::span<const std::byte> bytes) const {
+    const IndexEntry& e = index_[i];
+    TensorHeader h = parse_tensor_header(bytes, encrypted, source, names[i], e.header_off);
+    if (h.name != e.name || h.type != e.type || h.dtype != e.dtype || h.shape != e.shape ||
+        h.data_length < 0 || static_cast<uint64_t>(h.data_length) != e.data_len)
+      fail(ErrorCode::kCorrupt, i, "tensor header disagrees with the index", e.header_off);
+    return h;
+  }
+
+  // Takes tensor i's hashes and encryption parameters from its parsed header.
+  void take_header(size_t i, TensorHeader&& h, TzrHeaders& out,
+                   std::vector<std::optional<KdfParams>>& kdfs) const {
+    const TzrTensor& t = tensors[i];
+    TzrHeader& th = out.tensors[i];
+    th.crc = h.crc32;
+    th.sha = h.sha256;
+    th.hashable = std::move(h.hashable);
+    if (!h.crypt) return;
+    kdfs[i] = h.crypt->kdf;
+    out.any_kdf |= kdfs[i].has_value();
+    if (h.crypt->cipher && !t.meta) {
+      th.cipher = std::move(h.crypt->cipher);
+      if (th.cipher->macs.size() != chunk_count(*th.cipher, t.data_len))
+        fail(ErrorCode::kCorrupt, i,
+             std::to_string(th.cipher->macs.size()) + " MACs for " +
+                 std::to_string(chunk_count(*th.cipher, t.data_len)) + " encrypted chunks",
+             index_[i].header_off);
+    } else if (!t.meta && t.data_len > 0) {
+      fail(ErrorCode::kCorrupt, i, "encrypted file without encryption parameters for a tensor",
+           index_[i].header_off);
+    }
+  }
+
+  // The keys for encrypted tensors: the given key, or one derived per distinct set of key
+  // derivation parameters from the password.
+  void resolve_keys(TzrHeaders& h, const std::vector<std::optional<KdfParams>>& kdfs) const {
+    if (given_key) {
+      h.keys.push_back(*given_key);
+      for (auto& t : h.tensors) t.key = 0;
+      return;
+    }
+    if (password.empty()) {
+      h.no_key_reason =
+          "tensor is encrypted: give the key or password (ckpt: --decrypt-key FILE or "
+          "--decrypt-password-file FILE; library: OpenOptions::decrypt_key or decrypt_password)";
+      return;
+    }
+    h.no_key_reason =
+        "tensor stores no key derivation parameters, so a password cannot decrypt it: pass "
+        "OpenOptions::decrypt_key";
+    std::vector<KdfParams> seen;
+    for (size_t i = 0; i < h.tensors.size(); ++i) {
+      if (!kdfs[i] || !h.tensors[i].cipher) continue;
+      auto it = std::find(seen.begin(), seen.end(), *kdfs[i]);
+      if (it == seen.end()) {
+        try {
+          h.keys.push_back(derive_key(password, *kdfs[i]));
+        } catch (Error& e) {
+          e.with_source(source).with_record(names[i]);
+          throw;
+        }
+        seen.push_back(*kdfs[i]);
+        it = seen.end() - 1;
+      }
+      h.tensors[i].key = static_cast<int>(it - seen.begin());
+    }
+  }
+
+  // Reads every header (views of a mapped source, else one read_batch) and parses them.
+  TzrHeaders read_headers() const {
+    const size_t count = index_.size();
+    std::vector<std::span<const std::byte>> headers(count);
+    std::vector<std::byte> buf;
+    if (const std::byte* base = src->memory()) {
+      for (size_t i = 0; i < count; ++i)
+        headers[i] = {base + index_[i].header_off, index_[i].data_off - index_[i].header_off};
+    } else {
+      uint64_t total = 0;
+      for (const auto& e : index_) total += e.data_off - e.header_off;
+      buf.resize(total);
+      std::vector<ReadRequest> reqs(count);
+      uint64_t pos = 0;
+      for (size_t i = 0; i < count; ++i) {
+        uint64_t len = index_[i].data_off - index_[i].header_off;
+        reqs[i] = {index_[i].header_off, {buf.data() + pos, len}};
+        headers[i] = {buf.data() + pos, len};
+        pos += len;
+      }
+      src->read_batch(reqs);
+    }
+    TzrHeaders out;
+    out.tensors.resize(count);
+    std::vector<std::optional<KdfParams>> kdfs(count);
+    for (size_t i = 0; i < count; ++i) take_header(i, parse_header(i, headers[i]), out, kdfs);
+    if (encrypted) resolve_keys(out, kdfs);
+    return out;
+  }
+
+  void set_index(std::vector<IndexEntry> index) { index_ = std::move(index); }
+  const std::vector<IndexEntry>& index() const { return index_; }
+
+  // Eager: the headers as parsed at open.
+  void set_headers(TzrHeaders h) {
+    std::call_once(once_, [&] { headers_ = std::move(h); });
+    index_.clear();
+    index_.shrink_to_fit();
+  }
+
+  // The headers, read now if they are not yet. Thread-safe; a failure is kept and thrown
+  // (as a copy) to this and every later caller, so a bad header costs one read, not one per
+  // thread.
+  const TzrHeaders& headers() const {
+    std::call_once(once_, [this] {
+      try {
+        headers_ = read_headers();
+        index_.clear();
+        index_.shrink_to_fit();
+      } catch (...) {
+        error_ = std::current_exception();
+      }
+    });
+    if (error_) {
+      try {
+        std::rethrow_exception(error_);
+      } catch (const Error& e) {
+        throw Error(e);  // each caller its own copy (callers may add context to it)
+      }
+    }
+    return headers_;
   }
 
   // Throws Error{kCorrupt} when `data` does not match the tensor's stored hashes.
   void check_hashes(size_t i, std::span<const std::byte> data) const {
-    const TzrTensor& t = tensors[i];
+    const TzrHeader& t = headers().tensors[i];
+    const uint64_t off = tensors[i].data_off;
     if (t.crc) {
       uint32_t c = crc32_update(crc32(as_bytes(t.hashable)), data);
-      if (c != *t.crc) throw crc_mismatch(src->name(), names[i], t.data_off, *t.crc, c);
+      if (c != *t.crc) throw crc_mismatch(source, names[i], off, *t.crc, c);
     }
     if (t.sha) {
       Sha256Hasher h;
       h.update(t.hashable);
       h.update(data);
-      if (h.finish() != *t.sha) fail(ErrorCode::kCorrupt, i, "SHA-256 mismatch", t.data_off);
+      if (h.finish() != *t.sha) fail(ErrorCode::kCorrupt, i, "SHA-256 mismatch", off);
     }
   }
 
@@ -92,9 +257,12 @@ struct TzrState {
       if (verify) check_hashes(i, {});
       return;
     }
-    if (t.cipher && t.key < 0) fail(ErrorCode::kAuth, i, no_key_reason);
+    // A plaintext tensor read without verification needs nothing from its header.
+    const TzrHeaders* hs = encrypted || verify ? &headers() : nullptr;
+    const TzrHeader* h = hs ? &hs->tensors[i] : nullptr;
+    if (h && h->cipher && h->key < 0) fail(ErrorCode::kAuth, i, hs->no_key_reason);
     src->read_into(t.data_off, dst);
-    if (t.cipher && !decrypt_in_place(keys[t.key], *t.cipher, dst))
+    if (h && h->cipher && !decrypt_in_place(hs->keys[h->key], *h->cipher, dst))
       fail(ErrorCode::kAuth, i,
            "decryption failed: wrong key or password, or the data or its MACs were altered",
            t.data_off);
@@ -104,23 +272,26 @@ struct TzrState {
   // Streams a plaintext tensor through the hashes without holding it whole.
   void verify_raw(size_t i, ProgressMeter& meter) const {
     const TzrTensor& t = tensors[i];
+    const TzrHeader& th = headers().tensors[i];
     constexpr uint64_t kBlock = 16 << 20;
-    uint32_t c = crc32(as_bytes(t.hashable));
+    uint32_t c = crc32(as_bytes(th.hashable));
     Sha256Hasher h;
-    h.update(t.hashable);
+    h.update(th.hashable);
     for (uint64_t done = 0; done < t.data_len;) {
       uint64_t n = std::min(kBlock, t.data_len - done);
       Bytes b = src->read(t.data_off + done, n);
-      if (t.crc) c = crc32_update(c, b.data);
-      if (t.sha) h.update(b.data);
+      if (th.crc) c = crc32_update(c, b.data);
+      if (th.sha) h.update(b.data);
       done += n;
       meter.add(n);
     }
-    if (t.crc && c != *t.crc) throw crc_mismatch(src->name(), names[i], t.data_off, *t.crc, c);
-    if (t.sha && h.finish() != *t.sha) fail(ErrorCode::kCorrupt, i, "SHA-256 mismatch", t.data_off);
+    if (th.crc && c != *th.crc) throw crc_mismatch(source, names[i], t.data_off, *th.crc, c);
+    if (th.sha && h.finish() != *th.sha)
+      fail(ErrorCode::kCorrupt, i, "SHA-256 mismatch", t.data_off);
   }
 
   size_t verify_all(const ProgressFn& progress) const {
+    const TzrHeaders& hs = headers();
     uint64_t total = 0;
     if (progress)
       for (const TzrTensor& t : tensors)
@@ -130,7 +301,7 @@ struct TzrState {
       const TzrTensor& t = tensors[i];
       if (t.meta) {
         check_hashes(i, {});
-      } else if (t.cipher) {
+      } else if (hs.tensors[i].cipher) {
         std::vector<std::byte> buf(t.data_len);
         read(i, buf, true);
         meter.add(t.data_len);
@@ -141,6 +312,12 @@ struct TzrState {
     meter.finish();
     return tensors.size();
   }
+
+ private:
+  mutable std::vector<IndexEntry> index_;  // until the headers are read
+  mutable std::once_flag once_;
+  mutable TzrHeaders headers_;
+  mutable std::exception_ptr error_;
 };
 
 class TzrDecoder final : public StorageDecoder {
@@ -226,7 +403,6 @@ class Reader {
     throw Error(code, msg, name_, tensor, off);
   }
   std::vector<IndexEntry> parse_index(std::span<const std::byte> index, uint64_t count);
-  void resolve_keys(TzrState& st, const std::vector<std::optional<KdfParams>>& kdfs);
 
   SourcePtr src_;
   const OpenOptions& opt_;
@@ -279,43 +455,6 @@ std::vector<IndexEntry> Reader::parse_index(std::span<const std::byte> index, ui
   return out;
 }
 
-void Reader::resolve_keys(TzrState& st, const std::vector<std::optional<KdfParams>>& kdfs) {
-  if (!opt_.decrypt_key.empty()) {
-    auto key = parse_key(opt_.decrypt_key);
-    if (!key)
-      throw Error(ErrorCode::kInvalidArgument,
-                  "decryption key must be 32 raw bytes or 64 hex digits", name_);
-    st.keys.push_back(*key);
-    for (auto& t : st.tensors) t.key = 0;
-    return;
-  }
-  if (opt_.decrypt_password.empty()) {
-    st.no_key_reason =
-        "tensor is encrypted: give the key or password (ckpt: --decrypt-key FILE or "
-        "--decrypt-password-file FILE; library: OpenOptions::decrypt_key or decrypt_password)";
-    return;
-  }
-  st.no_key_reason =
-      "tensor stores no key derivation parameters, so a password cannot decrypt it: pass "
-      "OpenOptions::decrypt_key";
-  std::vector<KdfParams> seen;
-  for (size_t i = 0; i < st.tensors.size(); ++i) {
-    if (!kdfs[i] || !st.tensors[i].cipher) continue;
-    auto it = std::find(seen.begin(), seen.end(), *kdfs[i]);
-    if (it == seen.end()) {
-      try {
-        st.keys.push_back(derive_key(opt_.decrypt_password, *kdfs[i]));
-      } catch (Error& e) {
-        e.with_source(name_).with_record(st.names[i]);
-        throw;
-      }
-      seen.push_back(*kdfs[i]);
-      it = seen.end() - 1;
-    }
-    st.tensors[i].key = static_cast<int>(it - seen.begin());
-  }
-}
-
 std::shared_ptr<CheckpointModel> Reader::run() {
   const uint64_t size = src_->size();
   const uint64_t first_len = std::min<uint64_t>(size, kPrologueBytes + kIndexReserve);
@@ -363,7 +502,11 @@ std::shared_ptr<CheckpointModel> Reader::run() {
                           : src_->read(kPrologueBytes, index_len);
   std::vector<IndexEntry> index = parse_index(index_bytes.data, count);
 
-  // All headers in one batch (or as views of a mapped source).
+  // The per-tensor headers hold only hashes and encryption parameters (everything else is in
+  // the index). Eager (a local file): read and checked now, all in one batch (or as views of a
+  // mapped source). Lazy (a remote source, where each range is a request and the headers sit
+  // between the tensors' data): read by the first decode or verify that needs them.
+  const bool lazy = src_->memory() == nullptr && src_->preferred_read_size() > 0;
   uint64_t header_total = 0;
   for (const auto& e : index) {
     header_total += e.data_off - e.header_off;
@@ -371,29 +514,47 @@ std::shared_ptr<CheckpointModel> Reader::run() {
       fail(ErrorCode::kLimitExceeded, "tensor headers exceed Limits::max_metadata_bytes", e.name,
            e.header_off);
   }
-  std::vector<std::span<const std::byte>> headers(count);
-  std::vector<std::byte> header_buf;
-  if (const std::byte* base = src_->memory()) {
-    for (uint64_t i = 0; i < count; ++i)
-      headers[i] = {base + index[i].header_off, index[i].data_off - index[i].header_off};
-  } else {
-    header_buf.resize(header_total);
-    std::vector<ReadRequest> reqs(count);
-    uint64_t pos = 0;
-    for (uint64_t i = 0; i < count; ++i) {
-      uint64_t len = index[i].data_off - index[i].header_off;
-      reqs[i] = {index[i].header_off, {header_buf.data() + pos, len}};
-      headers[i] = {header_buf.data() + pos, len};
-      pos += len;
-    }
-    src_->read_batch(reqs);
-  }
 
   auto state = std::make_shared<TzrState>();
   state->src = src_;
+  state->source = name_;
+  state->encrypted = encrypted;
   state->tensors.resize(count);
   state->names.resize(count);
-  std::vector<std::optional<KdfParams>> kdfs(count);
+  if (encrypted && !opt_.decrypt_key.empty()) {
+    state->given_key = parse_key(opt_.decrypt_key);
+    if (!state->given_key)
+      throw Error(ErrorCode::kInvalidArgument,
+                  "decryption key must be 32 raw bytes or 64 hex digits", name_);
+  }
+  if (encrypted) state->password = opt_.decrypt_password;
+  state->set_index(std::move(index));
+  const std::vector<IndexEntry>& entries = state->index();
+
+  std::vector<std::span<const std::byte>> headers(lazy ? 0 : count);
+  std::vector<std::byte> header_buf;
+  TzrHeaders parsed;
+  std::vector<std::optional<KdfParams>> kdfs;
+  if (!lazy) {
+    if (const std::byte* base = src_->memory()) {
+      for (uint64_t i = 0; i < count; ++i)
+        headers[i] = {base + entries[i].header_off, entries[i].data_off - entries[i].header_off};
+    } else {
+      header_buf.resize(header_total);
+      std::vector<ReadRequest> reqs(count);
+      uint64_t pos = 0;
+      for (uint64_t i = 0; i < count; ++i) {
+        uint64_t len = entries[i].data_off - entries[i].header_off;
+        reqs[i] = {entries[i].header_off, {header_buf.data() + pos, len}};
+        headers[i] = {header_buf.data() + pos, len};
+        pos += len;
+      }
+      src_->read_batch(reqs);
+    }
+    parsed.tensors.resize(count);
+    kdfs.resize(count);
+  }
+
   auto data = std::make_shared<CheckpointModel>();
   data->format = Format::kTensorizer;
   data->source = src_;
@@ -402,10 +563,9 @@ std::shared_ptr<CheckpointModel> Reader::run() {
   data->storages.resize(count);
   TreeBuilder tree;
   std::unordered_set<std::string> names;
-  bool any_kdf = false;
 
   for (uint64_t i = 0; i < count; ++i) {
-    const IndexEntry& e = index[i];
+    const IndexEntry& e = entries[i];
     std::vector<PathComponent> path;
     try {
       path = parse_tensor_name(e.name);
@@ -417,10 +577,8 @@ std::shared_ptr<CheckpointModel> Reader::run() {
       path[0] = std::get<std::string>(path[0]).substr(1);
     std::string display = dotted_name(path);
     state->names[i] = display;
-    TensorHeader h = parse_tensor_header(headers[i], encrypted, name_, display, e.header_off);
-    if (h.name != e.name || h.type != e.type || h.dtype != e.dtype || h.shape != e.shape ||
-        h.data_length < 0 || static_cast<uint64_t>(h.data_length) != e.data_len)
-      fail(ErrorCode::kCorrupt, "tensor header disagrees with the index", display, e.header_off);
+    std::optional<TensorHeader> h;
+    if (!lazy) h = state->parse_header(i, headers[i]);
 
     auto dt = parse_dtype_string(e.dtype);
     std::string shown(e.dtype);
@@ -451,23 +609,11 @@ std::shared_ptr<CheckpointModel> Reader::run() {
            "shape and dtype need " + std::to_string(*nbytes) + " bytes but the tensor stores " +
                std::to_string(e.data_len),
            display, e.data_off);
-    t.crc = h.crc32;
-    t.sha = h.sha256;
-    t.hashable = std::move(h.hashable);
-    if (h.crypt) {
-      kdfs[i] = h.crypt->kdf;
-      any_kdf |= kdfs[i].has_value();
-      if (h.crypt->cipher && !t.meta) {
-        t.cipher = std::move(h.crypt->cipher);
-        if (t.cipher->macs.size() != chunk_count(*t.cipher, t.data_len))
-          fail(ErrorCode::kCorrupt,
-               std::to_string(t.cipher->macs.size()) + " MACs for " +
-                   std::to_string(chunk_count(*t.cipher, t.data_len)) + " encrypted chunks",
-               display, e.header_off);
-      } else if (!t.meta && t.data_len > 0) {
-        fail(ErrorCode::kCorrupt, "encrypted file without encryption parameters for a tensor",
-             display, e.header_off);
-      }
+    // Lazy: every non-meta tensor of an encrypted file is decoded (the cipher is in its header).
+    bool decoded = encrypted && !t.meta;
+    if (h) {
+      state->take_header(i, std::move(*h), parsed, kdfs);
+      decoded = parsed.tensors[i].cipher.has_value();
     }
 
     StorageInfo& s = data->storages[i];
@@ -476,11 +622,14 @@ std::shared_ptr<CheckpointModel> Reader::run() {
     s.nbytes = t.meta ? *nbytes : e.data_len;
     s.byteswap = dt->byteswap;
     s.meta = t.meta;
-    if (!t.meta && !t.cipher) {
+    if (!t.meta && !decoded) {
       s.offset = e.data_off;
       // The stored CRC covers header + data; dividing out the header leaves the CRC of the data
-      // alone, which a loader can check while it copies.
-      if (t.crc) s.crc32 = *t.crc ^ crc32_shift(crc32(as_bytes(t.hashable)), t.data_len);
+      // alone, which a loader can check while it copies. (Lazy: unknown at open; a verified
+      // load reads through the decoder instead, see hashes_in_decoder.)
+      if (h && parsed.tensors[i].crc)
+        s.crc32 = *parsed.tensors[i].crc ^
+                  crc32_shift(crc32(as_bytes(parsed.tensors[i].hashable)), t.data_len);
     }
     TensorInfo& ti = data->tensors[i];
     ti.name = display;
@@ -499,16 +648,23 @@ std::shared_ptr<CheckpointModel> Reader::run() {
       throw;
     }
   }
-  if (encrypted) resolve_keys(*state, kdfs);
+  bool any_kdf = false;
+  if (!lazy) {
+    if (encrypted) state->resolve_keys(parsed, kdfs);
+    any_kdf = parsed.any_kdf;
+    state->set_headers(std::move(parsed));
+  }
 
   data->root = tree.build();
   data->properties["version"] = std::to_string(version);
   data->properties["encrypted"] = encrypted ? "true" : "false";
   data->properties["index_bytes"] = std::to_string(index_len);
   if (encrypted) data->properties["encryption"] = "xsalsa20-poly1305";
+  // Known from the headers only: absent when they are read lazily (a remote source).
   if (any_kdf) data->properties["key_derivation"] = "argon2";
   std::shared_ptr<const TzrState> cstate = state;
   data->decoder = std::make_shared<TzrDecoder>(cstate);
+  data->hashes_in_decoder = lazy;
   data->verify = [cstate](const ProgressFn& progress) { return cstate->verify_all(progress); };
   return data;
 }
