@@ -1,6 +1,9 @@
 """Tensors from the buffers the C++ core hands over: torch tensors (one torch storage per
 checkpoint storage, tensors set onto it with their offset, shape and strides, so storages shared
-in the file stay shared) or, without torch, numpy arrays."""
+in the file stay shared) or, without torch, numpy arrays.
+
+An eager load runs the builder while its reader threads are still filling the buffers
+(LoadOptions::on_placed): making tensors over them is fine, reading their bytes is not."""
 
 import collections
 import sys

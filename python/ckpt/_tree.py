@@ -3,6 +3,10 @@ builtins (torch.Size, dtypes, OrderedDict...), and to describe Python objects fo
 
 No class or function named by a file is ever called: only the fixed, known constructors here.
 Everything else becomes :class:`Opaque` or :class:`Global`.
+
+An eager load builds the tree while its reader threads are still filling the tensors' memory
+(LoadOptions::on_placed): nothing here may read a tensor's bytes (views such as .numpy() are
+fine; values are not).
 """
 
 import builtins
