@@ -183,6 +183,13 @@ def test_reading_commands_take_urls(ckpt, nginx, model, tmp_path):
     d = str(tmp_path / "x")
     ckpt.ok("extract", url, d)
     assert len(os.listdir(d)) >= len(model["sd"])
+    # A remote object against a local manifest.
+    manifest = str(tmp_path / "m.sha256")
+    ckpt.ok("digest", model["pt"], "-o", manifest)
+    assert "OK: " in ckpt.ok("verify", url, "--digests", manifest).stdout
+    # bench measures local files against this machine's limits: a URL is a usage error.
+    r = ckpt.run("bench", url)
+    assert r.returncode == 64 and "ckpt load URL" in r.stderr, r.stderr
 
 
 # ---------------------------------------------------------------------------------------------

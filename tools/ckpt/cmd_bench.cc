@@ -19,6 +19,7 @@
 #include <optional>
 
 #include "ckpt/convert.h"
+#include "ckpt/remote.h"
 
 #include "common.h"
 #include "progress.h"
@@ -118,6 +119,14 @@ void add_bench(CLI::App& app) {
   cmd->add_option("--repeat", o->repeat, "runs per measurement (median)")->check(at_least(1));
   add_progress_flags(*cmd, o->progress);
   cmd->callback([o] {
+    if (is_url(o->file)) {
+      // Its rows are set beside this machine's own limits (page cache, memory): a local file's.
+      std::fprintf(stderr,
+                   "ckpt: bench measures a local file against this machine's limits; for a URL, "
+                   "`ckpt load URL` prints the load's time and rate (bench/remote.py compares it "
+                   "with curl)\n");
+      throw ExitStatus{kUsageExit};
+    }
     int r = std::max(1, o->repeat);
     const int threads =
         static_cast<int>(std::clamp<unsigned>(std::thread::hardware_concurrency(), 1, 8));
