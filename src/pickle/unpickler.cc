@@ -457,7 +457,9 @@ class Vm {
 // labels as values) instead of all of them returning to the one indirect jump of the switch: the
 // processor then predicts each jump from the opcode it follows (a BINPUT after a BINUNICODE, a
 // REDUCE after a TUPLE...), which the single shared jump mispredicted. The switch remains the
-// way in, and the code of each case is what it was.
+// way in, and the code of each case is what it was. A case that has a local with a destructor
+// in scope ends with `break` instead (back through the switch): an indirect goto must not leave
+// such a scope (clang refuses it; GCC would not run the destructor).
 #define CKPT_NEXT_OP()                      \
   do {                                      \
     if (pos_ >= end_) [[unlikely]]          \
@@ -622,7 +624,7 @@ Ref Vm::loop() {
         if (!pickle_text::decode_string_literal(line(), raw))
           fail(ErrorCode::kCorrupt, "argument is not a quoted string literal");
         push(heap_.string(pickle_text::py2_str_to_utf8(raw)));
-        CKPT_NEXT_OP();
+        break;  // not CKPT_NEXT_OP: a local with a destructor is in scope
       }
       case op::kBinString: L_kBinString: {
         int32_t n = le<int32_t>();
@@ -638,7 +640,7 @@ Ref Vm::loop() {
         if (!pickle_text::decode_raw_unicode_escape(line(), s))
           fail(ErrorCode::kCorrupt, "bad \\u escape");
         push(heap_.string(s));
-        CKPT_NEXT_OP();
+        break;  // not CKPT_NEXT_OP: a local with a destructor is in scope
       }
       case op::kShortBinUnicode: L_kShortBinUnicode:
         push(make_string(take(le<uint8_t>())));
@@ -781,7 +783,7 @@ Ref Vm::loop() {
         std::string module(line());
         std::string name(line());
         push(resolve_global(std::move(module), std::move(name)));
-        CKPT_NEXT_OP();
+        break;  // not CKPT_NEXT_OP: a local with a destructor is in scope
       }
       case op::kStackGlobal: L_kStackGlobal: {
         Ref name = pop(), module = pop();
@@ -796,7 +798,7 @@ Ref Vm::loop() {
         Ref cls = resolve_global(std::move(module), std::move(name));
         Ref args = tuple_from(pop_mark());
         push(call(cls, args, heap_.items(args).empty()));
-        CKPT_NEXT_OP();
+        break;  // not CKPT_NEXT_OP: a local with a destructor is in scope
       }
       case op::kObj: L_kObj: {
         size_t k = pop_mark();
