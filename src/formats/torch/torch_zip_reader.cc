@@ -204,15 +204,19 @@ std::shared_ptr<CheckpointModel> open_torch_zip(SourcePtr source, const OpenOpti
   std::vector<uint32_t> by_number = numbered_records(*zip, rec, tp.storages.size());
   for (size_t s = 0; s < tp.storages.size(); ++s) {
     StorageInfo& st = tp.storages[s];
-    if (st.meta || tp.inline_bytes.count(s)) continue;
+    if (st.meta || (!tp.inline_bytes.empty() && tp.inline_bytes.count(s))) continue;
     if (st.record.empty()) {
       rec.resize(rec_stem);
       rec += st.key;
     }
     const std::string& name = st.record.empty() ? rec : st.record;
     std::optional<size_t> i;
+    // `rec` is <prefix>data/ and a key that decimal_key read as n, which has one spelling, so
+    // the entry indexed under n has that very name; a record name given by the pickle is
+    // compared in full.
     if (auto n = decimal_key(name, rec_stem); n && *n < by_number.size() &&
-        by_number[*n] != UINT32_MAX && zip->entries()[by_number[*n]].name == name) {
+        by_number[*n] != UINT32_MAX &&
+        (st.record.empty() || zip->entries()[by_number[*n]].name == name)) {
       i = by_number[*n];
     } else {
       i = zip->find(name);
