@@ -24,12 +24,14 @@
 
 #include "pickle/unpickler.h"
 
+#include <algorithm>
 #include <array>
 #include <bit>
 #include <charconv>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -44,6 +46,43 @@ namespace ckpt::internal {
 namespace {
 
 using Kind = Value::Kind;
+
+// A vector of Refs (the value stack, the memo) with std::vector's interface as the VM uses it,
+// whose push_back is always inline: GCC left std::vector<Ref>::push_back out of line in the
+// large dispatch function, a call per pushed object.
+class RefVector {
+ public:
+  size_t size() const noexcept { return size_; }
+  Ref operator[](size_t i) const noexcept { return data_[i]; }
+  Ref& operator[](size_t i) noexcept { return data_[i]; }
+  Ref back() const noexcept { return data_[size_ - 1]; }
+  void pop_back() noexcept { --size_; }
+  [[gnu::always_inline]] void push_back(Ref v) {
+    if (size_ == cap_) [[unlikely]]
+      grow(size_ + 1);
+    data_[size_++] = v;
+  }
+  void resize(size_t n, Ref fill = kNoRef) {
+    if (n > cap_) grow(n);
+    for (size_t i = size_; i < n; ++i) data_[i] = fill;
+    size_ = n;
+  }
+  void reserve(size_t n) {
+    if (n > cap_) grow(n);
+  }
+  std::span<const Ref> span() const noexcept { return {data_.get(), size_}; }
+
+ private:
+  [[gnu::noinline]] void grow(size_t need) {
+    const size_t cap = std::max<size_t>({need, 2 * cap_, 16});
+    std::unique_ptr<Ref[]> d(new Ref[cap]);
+    if (size_) std::memcpy(d.get(), data_.get(), size_ * sizeof(Ref));
+    data_ = std::move(d);
+    cap_ = cap;
+  }
+  std::unique_ptr<Ref[]> data_;
+  size_t size_ = 0, cap_ = 0;
+};
 
 class Vm {
  public:
@@ -187,7 +226,7 @@ class Vm {
     return k;
   }
   std::span<const Ref> above(size_t k) const {
-    return std::span<const Ref>(stack_).subspan(k);
+    return stack_.span().subspan(k);
   }
   // For APPENDS/SETITEMS/ADDITEMS: pops the mark and returns the container just below it.
   Ref container_below_mark(size_t& k, Kind want) {
@@ -441,9 +480,9 @@ class Vm {
   const UnpicklerHooks& hooks_;
   const UnpickleOptions& opt_;
   PickleHeap heap_;
-  std::vector<Ref> stack_;
+  RefVector stack_;
   std::vector<size_t> marks_;
-  std::vector<Ref> memo_;
+  RefVector memo_;
   std::unordered_map<uint64_t, Ref> memo_map_;
   uint64_t memo_count_ = 0;
   std::vector<Ref> mutated_;  // containers that received a container
