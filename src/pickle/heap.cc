@@ -41,22 +41,6 @@ std::string_view PickleHeap::text(Ref r) const {
   return std::string_view(chars_).substr(n.b, n.c);
 }
 
-std::span<const Ref> PickleHeap::items(Ref r) const {
-  const Node& n = nodes_[r];
-  switch (n.kind) {
-    case Kind::kTuple:
-      return std::span<const Ref>(pool_).subspan(n.b, n.c);
-    case Kind::kList:
-    case Kind::kSet:
-    case Kind::kDict:
-      return lists_[n.a];
-    case Kind::kObject:
-      return items(n.a);
-    default:
-      return {};
-  }
-}
-
 std::string_view PickleHeap::module(Ref r) const {
   const Node& n = nodes_[r];
   if (n.kind == Kind::kGlobal) return globals_[n.a].first;

@@ -53,7 +53,21 @@ class PickleHeap {
   bool bytearray(Ref r) const { return nodes_[r].flags & kByteArray; }
   bool frozen(Ref r) const { return nodes_[r].flags & kFrozen; }  // kSet: a frozenset
   // kTuple/kList/kSet: the elements; kObject: the constructor arguments; kDict: k0, v0, k1, v1...
-  std::span<const Ref> items(Ref r) const;
+  std::span<const Ref> items(Ref r) const {
+    const Node& n = nodes_[r];
+    switch (n.kind) {
+      case Kind::kTuple:
+        return std::span<const Ref>(pool_).subspan(n.b, n.c);
+      case Kind::kList:
+      case Kind::kSet:
+      case Kind::kDict:
+        return lists_[n.a];
+      case Kind::kObject:
+        return items(n.a);
+      default:
+        return {};
+    }
+  }
   size_t dict_size(Ref r) const { return items(r).size() / 2; }
   // kGlobal: its names; kObject, kDict: those of its class ("" for a plain dict).
   std::string_view module(Ref r) const;

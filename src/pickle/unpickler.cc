@@ -191,7 +191,7 @@ class Vm {
   // --- stacks ------------------------------------------------------------------------------
 
   size_t fence() const { return marks_.empty() ? 0 : marks_.back(); }
-  void check_depth() const {
+  [[gnu::always_inline]] void check_depth() const {
     if (stack_.size() + marks_.size() >= opt_.limits.max_pickle_stack) [[unlikely]]
       depth_failed();
   }
@@ -297,7 +297,7 @@ class Vm {
   // Small ints are shared within one pickle, as CPython shares them (None, booleans and () are
   // the heap's singletons): a torch tensor's offset 0 and stride 1 cost no node. The VM never
   // mutates them (APPEND/SETITEM/BUILD refuse those kinds).
-  Ref integer(int64_t v) {
+  [[gnu::always_inline]] Ref integer(int64_t v) {
     if (v < kMinCachedInt || v > kMaxCachedInt) return heap_.integer(v);
     Ref& slot = small_ints_[v - kMinCachedInt];
     if (slot == kNoRef) slot = heap_.integer(v);
