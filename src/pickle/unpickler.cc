@@ -199,7 +199,7 @@ class Vm {
     fail(ErrorCode::kLimitExceeded, "stack and marks exceed limits.max_pickle_stack (" +
                                         std::to_string(opt_.limits.max_pickle_stack) + ")");
   }
-  void push(Ref v) {
+  [[gnu::always_inline]] void push(Ref v) {
     check_depth();
     stack_.push_back(v);
   }
