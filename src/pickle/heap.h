@@ -160,7 +160,7 @@ class PickleHeap {
   };
   static constexpr Ref kNone = 1, kFalse = 2, kTrue = 3, kEmptyTuple = 4;
 
-  Ref add(const Node& n) {
+  [[gnu::always_inline]] Ref add(const Node& n) {
     // Refs are 32-bit; a pickle would need billions of opcodes to get here, and the metadata
     // limit stops far earlier, but a wrong Ref must never be handed out.
     if (nodes_.size() >= UINT32_MAX) [[unlikely]]
