@@ -20,13 +20,8 @@ PickleHeap::PickleHeap(std::span<const std::byte> input) : input_(input) {
   lists_.emplace_back();
 }
 
-Ref PickleHeap::add(const Node& n) {
-  // Refs are 32-bit; a pickle would need billions of opcodes to get here, and the metadata
-  // limit stops far earlier, but a wrong Ref must never be handed out.
-  if (nodes_.size() >= UINT32_MAX)
-    throw Error(ErrorCode::kLimitExceeded, "pickle makes more than 2^32 objects");
-  nodes_.push_back(n);
-  return static_cast<Ref>(nodes_.size() - 1);
+void PickleHeap::too_many_nodes() {
+  throw Error(ErrorCode::kLimitExceeded, "pickle makes more than 2^32 objects");
 }
 
 double PickleHeap::float_value(Ref r) const { return std::bit_cast<double>(nodes_[r].b); }
@@ -44,22 +39,6 @@ std::string_view PickleHeap::text(Ref r) const {
   if (n.kind != Kind::kString && n.kind != Kind::kBytes) return {};
   if (n.flags & kInInput) return {reinterpret_cast<const char*>(input_.data()) + n.b, n.c};
   return std::string_view(chars_).substr(n.b, n.c);
-}
-
-std::span<const Ref> PickleHeap::items(Ref r) const {
-  const Node& n = nodes_[r];
-  switch (n.kind) {
-    case Kind::kTuple:
-      return std::span<const Ref>(pool_).subspan(n.b, n.c);
-    case Kind::kList:
-    case Kind::kSet:
-    case Kind::kDict:
-      return lists_[n.a];
-    case Kind::kObject:
-      return items(n.a);
-    default:
-      return {};
-  }
 }
 
 std::string_view PickleHeap::module(Ref r) const {
@@ -199,9 +178,6 @@ bool PickleHeap::is_container(Ref r) const {
   }
 }
 
-Ref PickleHeap::integer(int64_t v) {
-  return add(Node{Kind::kInt, 0, 0, static_cast<uint64_t>(v)});
-}
 
 Ref PickleHeap::big_integer(std::string_view digits) {
   Node n{Kind::kInt, kBig, static_cast<uint32_t>(digits.size()), 0, chars_.size()};
@@ -229,10 +205,6 @@ Ref PickleHeap::bytes(std::string_view raw, bool bytearray) {
   return add(n);
 }
 
-Ref PickleHeap::input_text(Kind kind, uint64_t offset, uint64_t size, bool bytearray) {
-  return add(Node{kind, static_cast<uint8_t>(kInInput | (bytearray ? kByteArray : 0)), 0, offset,
-                  size});
-}
 
 Ref PickleHeap::tuple(std::span<const Ref> items) {
   if (items.empty()) return kEmptyTuple;
@@ -274,7 +246,6 @@ Ref PickleHeap::dict(Ref cls, Ref args) {
   return add(Node{Kind::kDict, 0, 0, cls, static_cast<uint64_t>(args) << 32});
 }
 
-Ref PickleHeap::tensor(size_t index) { return add(Node{Kind::kTensor, 0, 0, index}); }
 
 Ref PickleHeap::global(std::string_view module, std::string_view name, bool foreign) {
   globals_.emplace_back(std::string(module), std::string(name));
@@ -282,10 +253,6 @@ Ref PickleHeap::global(std::string_view module, std::string_view name, bool fore
                   static_cast<uint32_t>(globals_.size() - 1)});
 }
 
-Ref PickleHeap::object(Ref cls, Ref args, int64_t tag, bool new_obj) {
-  return add(Node{Kind::kObject, static_cast<uint8_t>(new_obj ? kNewObjFlag : 0), args,
-                  static_cast<uint64_t>(tag), cls});
-}
 
 void PickleHeap::append(Ref container, std::span<const Ref> items) {
   if (items.empty()) return;
@@ -448,6 +415,9 @@ ValuePtr PickleHeap::to_value(Ref root, CopyBudget& budget) const {
     auto it = items(f.r);
     if (f.next < it.size()) {
       const size_t k = f.next++;
+      // A large container's elements (a state dict's keys and tensors) lie far apart in the
+      // node vector: ask for the node 16 elements ahead before it is needed.
+      if (k + 16 < it.size()) __builtin_prefetch(&nodes_[it[k + 16]]);
       Value* parent = f.v;  // `f` dies if make() pushes
       const Kind pk = parent->kind();
       ValuePtr cv = child(it[k]);
@@ -508,6 +478,14 @@ ValuePtr PickleHeap::to_value(Ref root, CopyBudget& budget) const {
     }
     open[f.r] = 0;
     stack.pop_back();
+  }
+  // `made` holds one reference to every Value made, whose counts have long left the cache:
+  // dropped in order, each count asked for 16 Values ahead (make_shared puts it just before
+  // the Value).
+  for (size_t i = 0; i < made.size(); ++i) {
+    if (i + 16 < made.size())
+      __builtin_prefetch(reinterpret_cast<const char*>(made[i + 16].get()) - 16, 1);
+    made[i].reset();
   }
   return result;
 }

@@ -53,7 +53,21 @@ class PickleHeap {
   bool bytearray(Ref r) const { return nodes_[r].flags & kByteArray; }
   bool frozen(Ref r) const { return nodes_[r].flags & kFrozen; }  // kSet: a frozenset
   // kTuple/kList/kSet: the elements; kObject: the constructor arguments; kDict: k0, v0, k1, v1...
-  std::span<const Ref> items(Ref r) const;
+  std::span<const Ref> items(Ref r) const {
+    const Node& n = nodes_[r];
+    switch (n.kind) {
+      case Kind::kTuple:
+        return std::span<const Ref>(pool_).subspan(n.b, n.c);
+      case Kind::kList:
+      case Kind::kSet:
+      case Kind::kDict:
+        return lists_[n.a];
+      case Kind::kObject:
+        return items(n.a);
+      default:
+        return {};
+    }
+  }
   size_t dict_size(Ref r) const { return items(r).size() / 2; }
   // kGlobal: its names; kObject, kDict: those of its class ("" for a plain dict).
   std::string_view module(Ref r) const;
@@ -78,24 +92,30 @@ class PickleHeap {
   Ref empty_tuple() const { return kEmptyTuple; }
   // A bool node of its own (not the shared singleton), for a value that gets an origin.
   Ref own_boolean(bool v) { return add(Node{Kind::kBool, 0, 0, v ? 1u : 0u}); }
-  Ref integer(int64_t v);
+  Ref integer(int64_t v) { return add(Node{Kind::kInt, 0, 0, static_cast<uint64_t>(v)}); }
   Ref big_integer(std::string_view digits);
   Ref real(double v);
   Ref complex(std::complex<double> v);
   Ref string(std::string_view utf8);  // copied
   Ref bytes(std::string_view raw, bool bytearray = false);  // copied
   // A string or bytes object that is exactly input[offset, offset + size) (not copied).
-  Ref input_text(Kind kind, uint64_t offset, uint64_t size, bool bytearray = false);
+  Ref input_text(Kind kind, uint64_t offset, uint64_t size, bool bytearray = false) {
+    return add(Node{kind, static_cast<uint8_t>(kInInput | (bytearray ? kByteArray : 0)), 0, offset,
+                    size});
+  }
   Ref tuple(std::span<const Ref> items);  // `items` may point into this heap
   Ref list(std::span<const Ref> items = {});
   Ref set(std::span<const Ref> items = {}, bool frozen = false);  // frozen: a frozenset
   // cls: e.g. the collections.OrderedDict global; args: a tuple of the class's arguments.
   Ref dict(Ref cls = kNoRef, Ref args = kNoRef);
-  Ref tensor(size_t index);
+  Ref tensor(size_t index) { return add(Node{Kind::kTensor, 0, 0, index}); }
   Ref global(std::string_view module, std::string_view name, bool foreign = false);
   // An instance of `cls` (a kGlobal) made from `args` (a kTuple, shared, not copied); `tag` is a
   // number for the caller's own markers (Value::i after to_value); `new_obj`: made by NEWOBJ.
-  Ref object(Ref cls, Ref args, int64_t tag = 0, bool new_obj = false);
+  Ref object(Ref cls, Ref args, int64_t tag = 0, bool new_obj = false) {
+    return add(Node{Kind::kObject, static_cast<uint8_t>(new_obj ? kNewObjFlag : 0), args,
+                    static_cast<uint64_t>(tag), cls});
+  }
 
   // --- changing (the VM's APPEND, SETITEM, BUILD) --------------------------------------------
   void append(Ref container, std::span<const Ref> items);  // kList, kSet; kDict: k, v pairs
@@ -140,7 +160,15 @@ class PickleHeap {
   };
   static constexpr Ref kNone = 1, kFalse = 2, kTrue = 3, kEmptyTuple = 4;
 
-  Ref add(const Node& n);
+  [[gnu::always_inline]] Ref add(const Node& n) {
+    // Refs are 32-bit; a pickle would need billions of opcodes to get here, and the metadata
+    // limit stops far earlier, but a wrong Ref must never be handed out.
+    if (nodes_.size() >= UINT32_MAX) [[unlikely]]
+      too_many_nodes();
+    nodes_.push_back(n);
+    return static_cast<Ref>(nodes_.size() - 1);
+  }
+  [[noreturn]] static void too_many_nodes();
   std::vector<Ref>& list_of(Ref r);
   std::vector<Ref>& object_list(Ref obj, bool entries);
   // Children in a fixed order (items, state, dict args, appended, object entries, origin), for

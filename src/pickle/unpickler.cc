@@ -24,12 +24,14 @@
 
 #include "pickle/unpickler.h"
 
+#include <algorithm>
 #include <array>
 #include <bit>
 #include <charconv>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -44,6 +46,43 @@ namespace ckpt::internal {
 namespace {
 
 using Kind = Value::Kind;
+
+// A vector of Refs (the value stack, the memo) with std::vector's interface as the VM uses it,
+// whose push_back is always inline: GCC left std::vector<Ref>::push_back out of line in the
+// large dispatch function, a call per pushed object.
+class RefVector {
+ public:
+  size_t size() const noexcept { return size_; }
+  Ref operator[](size_t i) const noexcept { return data_[i]; }
+  Ref& operator[](size_t i) noexcept { return data_[i]; }
+  Ref back() const noexcept { return data_[size_ - 1]; }
+  void pop_back() noexcept { --size_; }
+  [[gnu::always_inline]] void push_back(Ref v) {
+    if (size_ == cap_) [[unlikely]]
+      grow(size_ + 1);
+    data_[size_++] = v;
+  }
+  void resize(size_t n, Ref fill = kNoRef) {
+    if (n > cap_) grow(n);
+    for (size_t i = size_; i < n; ++i) data_[i] = fill;
+    size_ = n;
+  }
+  void reserve(size_t n) {
+    if (n > cap_) grow(n);
+  }
+  std::span<const Ref> span() const noexcept { return {data_.get(), size_}; }
+
+ private:
+  [[gnu::noinline]] void grow(size_t need) {
+    const size_t cap = std::max<size_t>({need, 2 * cap_, 16});
+    std::unique_ptr<Ref[]> d(new Ref[cap]);
+    if (size_) std::memcpy(d.get(), data_.get(), size_ * sizeof(Ref));
+    data_ = std::move(d);
+    cap_ = cap;
+  }
+  std::unique_ptr<Ref[]> data_;
+  size_t size_ = 0, cap_ = 0;
+};
 
 class Vm {
  public:
@@ -108,7 +147,11 @@ class Vm {
   // --- reading -----------------------------------------------------------------------------
 
   void need(uint64_t n) const {
-    if (n <= end_ - pos_) return;
+    if (n <= end_ - pos_) [[likely]]
+      return;
+    need_failed(n);
+  }
+  [[noreturn, gnu::noinline]] void need_failed(uint64_t n) const {
     if (end_ < size_ && n <= size_ - pos_)
       fail(ErrorCode::kLimitExceeded, "pickle is larger than limits.max_metadata_bytes (" +
                                           std::to_string(opt_.limits.max_metadata_bytes) + ")");
@@ -148,19 +191,24 @@ class Vm {
   // --- stacks ------------------------------------------------------------------------------
 
   size_t fence() const { return marks_.empty() ? 0 : marks_.back(); }
-  void check_depth() const {
-    if (stack_.size() + marks_.size() >= opt_.limits.max_pickle_stack)
-      fail(ErrorCode::kLimitExceeded, "stack and marks exceed limits.max_pickle_stack (" +
-                                          std::to_string(opt_.limits.max_pickle_stack) + ")");
+  [[gnu::always_inline]] void check_depth() const {
+    if (stack_.size() + marks_.size() >= opt_.limits.max_pickle_stack) [[unlikely]]
+      depth_failed();
   }
-  void push(Ref v) {
+  [[noreturn, gnu::noinline]] void depth_failed() const {
+    fail(ErrorCode::kLimitExceeded, "stack and marks exceed limits.max_pickle_stack (" +
+                                        std::to_string(opt_.limits.max_pickle_stack) + ")");
+  }
+  [[gnu::always_inline]] void push(Ref v) {
     check_depth();
     stack_.push_back(v);
   }
   // The value stack below the innermost mark belongs to an outer level: ops must not reach it.
   void need_items(size_t n) const {
-    if (stack_.size() - fence() < n) fail(ErrorCode::kCorrupt, "stack underflow");
+    if (stack_.size() - fence() < n) [[unlikely]]
+      underflow();
   }
+  [[noreturn, gnu::noinline]] void underflow() const { fail(ErrorCode::kCorrupt, "stack underflow"); }
   Ref pop() {
     need_items(1);
     Ref v = stack_.back();
@@ -178,7 +226,7 @@ class Vm {
     return k;
   }
   std::span<const Ref> above(size_t k) const {
-    return std::span<const Ref>(stack_).subspan(k);
+    return stack_.span().subspan(k);
   }
   // For APPENDS/SETITEMS/ADDITEMS: pops the mark and returns the container just below it.
   Ref container_below_mark(size_t& k, Kind want) {
@@ -199,7 +247,16 @@ class Vm {
   // Ids are dense in every pickler we know, so the memo is a vector; ids far beyond the number
   // of entries (hostile, or hand-made) go to a map so that one PUT cannot allocate gigabytes.
   void memo_put(uint64_t id, Ref v) {
-    if (id == memo_.size() && memo_map_.empty()) {  // the next dense id: every pickler's case
+    if (id == memo_.size() && memo_map_.empty() && memo_count_ < opt_.limits.max_pickle_memo)
+        [[likely]] {  // the next dense id: every pickler's case
+      ++memo_count_;
+      memo_.push_back(v);
+      return;
+    }
+    memo_put_slow(id, v);
+  }
+  [[gnu::noinline]] void memo_put_slow(uint64_t id, Ref v) {
+    if (id == memo_.size() && memo_map_.empty()) {
       count_memo_entry();
       memo_.push_back(v);
       return;
@@ -223,7 +280,11 @@ class Vm {
     ++memo_count_;
   }
   Ref memo_get(uint64_t id) const {
-    if (id < memo_.size() && memo_[id] != kNoRef) return memo_[id];
+    if (id < memo_.size() && memo_[id] != kNoRef) [[likely]]
+      return memo_[id];
+    return memo_get_slow(id);
+  }
+  [[gnu::noinline]] Ref memo_get_slow(uint64_t id) const {
     if (!memo_map_.empty()) {
       auto it = memo_map_.find(id);
       if (it != memo_map_.end()) return it->second;
@@ -236,7 +297,7 @@ class Vm {
   // Small ints are shared within one pickle, as CPython shares them (None, booleans and () are
   // the heap's singletons): a torch tensor's offset 0 and stride 1 cost no node. The VM never
   // mutates them (APPEND/SETITEM/BUILD refuse those kinds).
-  Ref integer(int64_t v) {
+  [[gnu::always_inline]] Ref integer(int64_t v) {
     if (v < kMinCachedInt || v > kMaxCachedInt) return heap_.integer(v);
     Ref& slot = small_ints_[v - kMinCachedInt];
     if (slot == kNoRef) slot = heap_.integer(v);
@@ -419,9 +480,9 @@ class Vm {
   const UnpicklerHooks& hooks_;
   const UnpickleOptions& opt_;
   PickleHeap heap_;
-  std::vector<Ref> stack_;
+  RefVector stack_;
   std::vector<size_t> marks_;
-  std::vector<Ref> memo_;
+  RefVector memo_;
   std::unordered_map<uint64_t, Ref> memo_map_;
   uint64_t memo_count_ = 0;
   std::vector<Ref> mutated_;  // containers that received a container
@@ -431,176 +492,262 @@ class Vm {
   std::array<Ref, kMaxCachedInt - kMinCachedInt + 1> small_ints_{};
 };
 
+// Each opcode's code ends with its own jump to the next opcode's code (CKPT_NEXT_OP, GNU C's
+// labels as values) instead of all of them returning to the one indirect jump of the switch: the
+// processor then predicts each jump from the opcode it follows (a BINPUT after a BINUNICODE, a
+// REDUCE after a TUPLE...), which the single shared jump mispredicted. The switch remains the
+// way in, and the code of each case is what it was. A case that has a local with a destructor
+// in scope ends with `break` instead (back through the switch): an indirect goto must not leave
+// such a scope (clang refuses it; GCC would not run the destructor).
+#define CKPT_NEXT_OP()                      \
+  do {                                      \
+    if (pos_ >= end_) [[unlikely]]          \
+      goto out_of_input;                    \
+    op_pos_ = pos_;                         \
+    code_ = p_[pos_++];                     \
+    goto* dispatch[code_];                  \
+  } while (0)
+
 Ref Vm::loop() {
+  void* dispatch[256];
+  for (void*& d : dispatch) d = &&L_default;
+  dispatch[op::kProto] = &&L_kProto;
+  dispatch[op::kFrame] = &&L_kFrame;
+  dispatch[op::kStop] = &&L_kStop;
+  dispatch[op::kMark] = &&L_kMark;
+  dispatch[op::kPop] = &&L_kPop;
+  dispatch[op::kPopMark] = &&L_kPopMark;
+  dispatch[op::kDup] = &&L_kDup;
+  dispatch[op::kNone] = &&L_kNone;
+  dispatch[op::kNewTrue] = &&L_kNewTrue;
+  dispatch[op::kNewFalse] = &&L_kNewFalse;
+  dispatch[op::kInt] = &&L_kInt;
+  dispatch[op::kBinInt] = &&L_kBinInt;
+  dispatch[op::kBinInt1] = &&L_kBinInt1;
+  dispatch[op::kBinInt2] = &&L_kBinInt2;
+  dispatch[op::kLong] = &&L_kLong;
+  dispatch[op::kLong1] = &&L_kLong1;
+  dispatch[op::kLong4] = &&L_kLong4;
+  dispatch[op::kFloat] = &&L_kFloat;
+  dispatch[op::kBinFloat] = &&L_kBinFloat;
+  dispatch[op::kString] = &&L_kString;
+  dispatch[op::kBinString] = &&L_kBinString;
+  dispatch[op::kShortBinString] = &&L_kShortBinString;
+  dispatch[op::kUnicode] = &&L_kUnicode;
+  dispatch[op::kShortBinUnicode] = &&L_kShortBinUnicode;
+  dispatch[op::kBinUnicode] = &&L_kBinUnicode;
+  dispatch[op::kBinUnicode8] = &&L_kBinUnicode8;
+  dispatch[op::kShortBinBytes] = &&L_kShortBinBytes;
+  dispatch[op::kBinBytes] = &&L_kBinBytes;
+  dispatch[op::kBinBytes8] = &&L_kBinBytes8;
+  dispatch[op::kByteArray8] = &&L_kByteArray8;
+  dispatch[op::kEmptyList] = &&L_kEmptyList;
+  dispatch[op::kEmptyTuple] = &&L_kEmptyTuple;
+  dispatch[op::kEmptyDict] = &&L_kEmptyDict;
+  dispatch[op::kEmptySet] = &&L_kEmptySet;
+  dispatch[op::kList] = &&L_kList;
+  dispatch[op::kTuple] = &&L_kTuple;
+  dispatch[op::kTuple1] = &&L_kTuple1;
+  dispatch[op::kTuple2] = &&L_kTuple2;
+  dispatch[op::kTuple3] = &&L_kTuple3;
+  dispatch[op::kFrozenSet] = &&L_kFrozenSet;
+  dispatch[op::kDict] = &&L_kDict;
+  dispatch[op::kAppend] = &&L_kAppend;
+  dispatch[op::kAppends] = &&L_kAppends;
+  dispatch[op::kAddItems] = &&L_kAddItems;
+  dispatch[op::kSetItem] = &&L_kSetItem;
+  dispatch[op::kSetItems] = &&L_kSetItems;
+  dispatch[op::kGet] = &&L_kGet;
+  dispatch[op::kBinGet] = &&L_kBinGet;
+  dispatch[op::kLongBinGet] = &&L_kLongBinGet;
+  dispatch[op::kPut] = &&L_kPut;
+  dispatch[op::kBinPut] = &&L_kBinPut;
+  dispatch[op::kLongBinPut] = &&L_kLongBinPut;
+  dispatch[op::kMemoize] = &&L_kMemoize;
+  dispatch[op::kGlobal] = &&L_kGlobal;
+  dispatch[op::kStackGlobal] = &&L_kStackGlobal;
+  dispatch[op::kInst] = &&L_kInst;
+  dispatch[op::kObj] = &&L_kObj;
+  dispatch[op::kReduce] = &&L_kReduce;
+  dispatch[op::kNewObj] = &&L_kNewObj;
+  dispatch[op::kNewObjEx] = &&L_kNewObjEx;
+  dispatch[op::kBuild] = &&L_kBuild;
+  dispatch[op::kPersId] = &&L_kPersId;
+  dispatch[op::kBinPersId] = &&L_kBinPersId;
+  dispatch[op::kExt1] = &&L_kExt1;
+  dispatch[op::kExt2] = &&L_kExt2;
+  dispatch[op::kExt4] = &&L_kExt4;
+  dispatch[op::kNextBuffer] = &&L_kNextBuffer;
+  dispatch[op::kReadonlyBuffer] = &&L_kReadonlyBuffer;
   while (pos_ < end_) {
     op_pos_ = pos_;
     code_ = p_[pos_++];
     switch (code_) {
-      case op::kProto: {
+      case op::kProto: L_kProto: {
         protocol_ = le<uint8_t>();
         if (protocol_ > 5) fail(ErrorCode::kUnsupported, "protocol " + std::to_string(protocol_));
-        break;
+        CKPT_NEXT_OP();
       }
-      case op::kFrame:
+      case op::kFrame: L_kFrame:
         need(le<uint64_t>());
-        break;
-      case op::kStop:
+        CKPT_NEXT_OP();
+      case op::kStop: L_kStop:
         return pop();
-      case op::kMark:
+      case op::kMark: L_kMark:
         check_depth();
         marks_.push_back(stack_.size());
-        break;
-      case op::kPop:
+        CKPT_NEXT_OP();
+      case op::kPop: L_kPop:
         // CPython pops a MARK that sits on top of the stack (pickle.py keeps both in one stack).
         if (!marks_.empty() && marks_.back() == stack_.size()) {
           marks_.pop_back();
         } else {
           pop();
         }
-        break;
-      case op::kPopMark:
+        CKPT_NEXT_OP();
+      case op::kPopMark: L_kPopMark:
         stack_.resize(pop_mark());
-        break;
-      case op::kDup:
+        CKPT_NEXT_OP();
+      case op::kDup: L_kDup:
         push(top());
-        break;
-      case op::kNone:
+        CKPT_NEXT_OP();
+      case op::kNone: L_kNone:
         push(heap_.none());
-        break;
-      case op::kNewTrue:
+        CKPT_NEXT_OP();
+      case op::kNewTrue: L_kNewTrue:
         push(heap_.boolean(true));
-        break;
-      case op::kNewFalse:
+        CKPT_NEXT_OP();
+      case op::kNewFalse: L_kNewFalse:
         push(heap_.boolean(false));
-        break;
-      case op::kInt: {
+        CKPT_NEXT_OP();
+      case op::kInt: L_kInt: {
         std::string_view t = line();
         if (t == "01" || t == "00") {
           push(heap_.boolean(t == "01"));
         } else {
           push(make_int_text(t, false));
         }
-        break;
+        CKPT_NEXT_OP();
       }
-      case op::kBinInt:
+      case op::kBinInt: L_kBinInt:
         push(integer(le<int32_t>()));
-        break;
-      case op::kBinInt1:
+        CKPT_NEXT_OP();
+      case op::kBinInt1: L_kBinInt1:
         push(integer(le<uint8_t>()));
-        break;
-      case op::kBinInt2:
+        CKPT_NEXT_OP();
+      case op::kBinInt2: L_kBinInt2:
         push(integer(le<uint16_t>()));
-        break;
-      case op::kLong:
+        CKPT_NEXT_OP();
+      case op::kLong: L_kLong:
         push(make_int_text(line(), true));
-        break;
-      case op::kLong1:
+        CKPT_NEXT_OP();
+      case op::kLong1: L_kLong1:
         push(make_long(take(le<uint8_t>())));
-        break;
-      case op::kLong4: {
+        CKPT_NEXT_OP();
+      case op::kLong4: L_kLong4: {
         int32_t n = le<int32_t>();
         if (n < 0) fail(ErrorCode::kCorrupt, "negative byte count");
         push(make_long(take(static_cast<uint32_t>(n))));
-        break;
+        CKPT_NEXT_OP();
       }
-      case op::kFloat:
+      case op::kFloat: L_kFloat:
         push(make_float_text(line()));
-        break;
-      case op::kBinFloat: {
+        CKPT_NEXT_OP();
+      case op::kBinFloat: L_kBinFloat: {
         uint64_t bits = __builtin_bswap64(le<uint64_t>());  // the only big-endian field in pickle
         push(heap_.real(std::bit_cast<double>(bits)));
-        break;
+        CKPT_NEXT_OP();
       }
-      case op::kString: {
+      case op::kString: L_kString: {
         std::string raw;
         if (!pickle_text::decode_string_literal(line(), raw))
           fail(ErrorCode::kCorrupt, "argument is not a quoted string literal");
         push(heap_.string(pickle_text::py2_str_to_utf8(raw)));
-        break;
+        break;  // not CKPT_NEXT_OP: a local with a destructor is in scope
       }
-      case op::kBinString: {
+      case op::kBinString: L_kBinString: {
         int32_t n = le<int32_t>();
         if (n < 0) fail(ErrorCode::kCorrupt, "negative length");
         push(make_py2_string(take(static_cast<uint32_t>(n))));
-        break;
+        CKPT_NEXT_OP();
       }
-      case op::kShortBinString:
+      case op::kShortBinString: L_kShortBinString:
         push(make_py2_string(take(le<uint8_t>())));
-        break;
-      case op::kUnicode: {
+        CKPT_NEXT_OP();
+      case op::kUnicode: L_kUnicode: {
         std::string s;
         if (!pickle_text::decode_raw_unicode_escape(line(), s))
           fail(ErrorCode::kCorrupt, "bad \\u escape");
         push(heap_.string(s));
-        break;
+        break;  // not CKPT_NEXT_OP: a local with a destructor is in scope
       }
-      case op::kShortBinUnicode:
+      case op::kShortBinUnicode: L_kShortBinUnicode:
         push(make_string(take(le<uint8_t>())));
-        break;
-      case op::kBinUnicode:
+        CKPT_NEXT_OP();
+      case op::kBinUnicode: L_kBinUnicode:
         push(make_string(take(le<uint32_t>())));
-        break;
-      case op::kBinUnicode8:
+        CKPT_NEXT_OP();
+      case op::kBinUnicode8: L_kBinUnicode8:
         push(make_string(take(le<uint64_t>())));
-        break;
-      case op::kShortBinBytes:
+        CKPT_NEXT_OP();
+      case op::kShortBinBytes: L_kShortBinBytes:
         push(make_bytes(take(le<uint8_t>()), false));
-        break;
-      case op::kBinBytes:
+        CKPT_NEXT_OP();
+      case op::kBinBytes: L_kBinBytes:
         push(make_bytes(take(le<uint32_t>()), false));
-        break;
-      case op::kBinBytes8:
+        CKPT_NEXT_OP();
+      case op::kBinBytes8: L_kBinBytes8:
         push(make_bytes(take(le<uint64_t>()), false));
-        break;
-      case op::kByteArray8:
+        CKPT_NEXT_OP();
+      case op::kByteArray8: L_kByteArray8:
         push(make_bytes(take(le<uint64_t>()), true));
-        break;
-      case op::kEmptyList:
+        CKPT_NEXT_OP();
+      case op::kEmptyList: L_kEmptyList:
         push(heap_.list());
-        break;
-      case op::kEmptyTuple:
+        CKPT_NEXT_OP();
+      case op::kEmptyTuple: L_kEmptyTuple:
         push(heap_.empty_tuple());
-        break;
-      case op::kEmptyDict:
+        CKPT_NEXT_OP();
+      case op::kEmptyDict: L_kEmptyDict:
         push(heap_.dict());
-        break;
-      case op::kEmptySet:
+        CKPT_NEXT_OP();
+      case op::kEmptySet: L_kEmptySet:
         push(heap_.set());
-        break;
-      case op::kList: {
+        CKPT_NEXT_OP();
+      case op::kList: L_kList: {
         size_t k = pop_mark();
         Ref l = heap_.list(above(k));
         stack_.resize(k);
         push(l);
-        break;
+        CKPT_NEXT_OP();
       }
-      case op::kTuple:
+      case op::kTuple: L_kTuple:
         push(tuple_from(pop_mark()));
-        break;
-      case op::kTuple1:
+        CKPT_NEXT_OP();
+      case op::kTuple1: L_kTuple1:
         push(tuple_of_top(1));
-        break;
-      case op::kTuple2:
+        CKPT_NEXT_OP();
+      case op::kTuple2: L_kTuple2:
         push(tuple_of_top(2));
-        break;
-      case op::kTuple3:
+        CKPT_NEXT_OP();
+      case op::kTuple3: L_kTuple3:
         push(tuple_of_top(3));
-        break;
-      case op::kFrozenSet: {
+        CKPT_NEXT_OP();
+      case op::kFrozenSet: L_kFrozenSet: {
         size_t k = pop_mark();
         Ref s = heap_.set(above(k), /*frozen=*/true);
         stack_.resize(k);
         push(s);
-        break;
+        CKPT_NEXT_OP();
       }
-      case op::kDict: {
+      case op::kDict: L_kDict: {
         size_t k = pop_mark();
         Ref d = heap_.dict();
         set_items(d, k);
         push(d);
-        break;
+        CKPT_NEXT_OP();
       }
-      case op::kAppend: {
+      case op::kAppend: L_kAppend: {
         Ref v = pop();
         Ref l = top();
         if (heap_.kind(l) != Kind::kObject) expect(l, Kind::kList);
@@ -610,10 +757,10 @@ Ref Vm::loop() {
         } else {
           heap_.append(l, std::span<const Ref>(&v, 1));
         }
-        break;
+        CKPT_NEXT_OP();
       }
-      case op::kAppends:
-      case op::kAddItems: {
+      case op::kAppends: L_kAppends:
+      case op::kAddItems: L_kAddItems: {
         size_t k;
         Ref c = container_below_mark(k, code_ == op::kAppends ? Kind::kList : Kind::kSet);
         note_if_receives_container(k - 1, k);
@@ -623,92 +770,92 @@ Ref Vm::loop() {
           heap_.append(c, above(k));
         }
         stack_.resize(k);
-        break;
+        CKPT_NEXT_OP();
       }
-      case op::kSetItem: {
+      case op::kSetItem: L_kSetItem: {
         need_items(3);
         Ref d = stack_[stack_.size() - 3];
         if (heap_.kind(d) != Kind::kObject) expect(d, Kind::kDict);
         note_if_receives_container(stack_.size() - 3, stack_.size() - 2);
         set_items(d, stack_.size() - 2);
-        break;
+        CKPT_NEXT_OP();
       }
-      case op::kSetItems: {
+      case op::kSetItems: L_kSetItems: {
         size_t k;
         Ref d = container_below_mark(k, Kind::kDict);
         note_if_receives_container(k - 1, k);
         set_items(d, k);
-        break;
+        CKPT_NEXT_OP();
       }
-      case op::kGet: {
+      case op::kGet: L_kGet: {
         uint64_t id;
         if (!pickle_text::parse_index(line(), id)) fail(ErrorCode::kCorrupt, "bad memo index");
         push(memo_get(id));
-        break;
+        CKPT_NEXT_OP();
       }
-      case op::kBinGet:
+      case op::kBinGet: L_kBinGet:
         push(memo_get(le<uint8_t>()));
-        break;
-      case op::kLongBinGet:
+        CKPT_NEXT_OP();
+      case op::kLongBinGet: L_kLongBinGet:
         push(memo_get(le<uint32_t>()));
-        break;
-      case op::kPut: {
+        CKPT_NEXT_OP();
+      case op::kPut: L_kPut: {
         uint64_t id;
         if (!pickle_text::parse_index(line(), id)) fail(ErrorCode::kCorrupt, "bad memo index");
         memo_put(id, top());
-        break;
+        CKPT_NEXT_OP();
       }
-      case op::kBinPut: {
+      case op::kBinPut: L_kBinPut: {
         uint8_t id = le<uint8_t>();
         memo_put(id, top());
-        break;
+        CKPT_NEXT_OP();
       }
-      case op::kLongBinPut: {
+      case op::kLongBinPut: L_kLongBinPut: {
         uint32_t id = le<uint32_t>();
         memo_put(id, top());
-        break;
+        CKPT_NEXT_OP();
       }
-      case op::kMemoize:
+      case op::kMemoize: L_kMemoize:
         memo_put(memo_count_, top());
-        break;
-      case op::kGlobal: {
+        CKPT_NEXT_OP();
+      case op::kGlobal: L_kGlobal: {
         std::string module(line());
         std::string name(line());
         push(resolve_global(std::move(module), std::move(name)));
-        break;
+        break;  // not CKPT_NEXT_OP: a local with a destructor is in scope
       }
-      case op::kStackGlobal: {
+      case op::kStackGlobal: L_kStackGlobal: {
         Ref name = pop(), module = pop();
         if (heap_.kind(module) != Kind::kString || heap_.kind(name) != Kind::kString)
           fail(ErrorCode::kCorrupt, "module and name must be strings");
         push(resolve_global(std::string(heap_.text(module)), std::string(heap_.text(name))));
-        break;
+        CKPT_NEXT_OP();
       }
-      case op::kInst: {
+      case op::kInst: L_kInst: {
         std::string module(line());
         std::string name(line());
         Ref cls = resolve_global(std::move(module), std::move(name));
         Ref args = tuple_from(pop_mark());
         push(call(cls, args, heap_.items(args).empty()));
-        break;
+        break;  // not CKPT_NEXT_OP: a local with a destructor is in scope
       }
-      case op::kObj: {
+      case op::kObj: L_kObj: {
         size_t k = pop_mark();
         if (stack_.size() == k) fail(ErrorCode::kCorrupt, "stack underflow");
         Ref cls = stack_[k];
         Ref args = tuple_from(k + 1);
         stack_.pop_back();  // cls
         push(call(cls, args, heap_.items(args).empty()));
-        break;
+        CKPT_NEXT_OP();
       }
-      case op::kReduce:
-      case op::kNewObj: {
+      case op::kReduce: L_kReduce:
+      case op::kNewObj: L_kNewObj: {
         Ref args = pop();
         Ref callable = pop();
         push(call(callable, args, code_ == op::kNewObj));
-        break;
+        CKPT_NEXT_OP();
       }
-      case op::kNewObjEx: {
+      case op::kNewObjEx: L_kNewObjEx: {
         Ref kwargs = pop(), args = pop(), cls = pop();
         if (heap_.kind(kwargs) != Kind::kDict)
           fail(ErrorCode::kCorrupt, "keyword arguments are not a dict");
@@ -726,32 +873,33 @@ Ref Vm::loop() {
           const Ref parts[3] = {cls, args, kwargs};
           Ref fn = heap_.global("copyreg", "__newobj_ex__", true);
           push(heap_.object(fn, heap_.tuple(std::span<const Ref>(parts, 3))));
-          break;
+          CKPT_NEXT_OP();
         }
         push(call(cls, args, true));
-        break;
+        CKPT_NEXT_OP();
       }
-      case op::kBuild:
+      case op::kBuild: L_kBuild:
         build();
-        break;
-      case op::kPersId: {
+        CKPT_NEXT_OP();
+      case op::kPersId: L_kPersId: {
         std::string_view t = line();
         for (char c : t)
           if (static_cast<uint8_t>(c) > 0x7F) fail(ErrorCode::kCorrupt, "id is not ASCII");
         persistent(heap_.input_text(Kind::kString, offset_of(t), t.size()));
-        break;
+        CKPT_NEXT_OP();
       }
-      case op::kBinPersId:
+      case op::kBinPersId: L_kBinPersId:
         persistent(pop());
-        break;
-      case op::kExt1:
-      case op::kExt2:
-      case op::kExt4:
+        CKPT_NEXT_OP();
+      case op::kExt1: L_kExt1:
+      case op::kExt2: L_kExt2:
+      case op::kExt4: L_kExt4:
         fail(ErrorCode::kUnsupported, "the extension registry is not supported");
-      case op::kNextBuffer:
-      case op::kReadonlyBuffer:
+      case op::kNextBuffer: L_kNextBuffer:
+      case op::kReadonlyBuffer: L_kReadonlyBuffer:
         fail(ErrorCode::kUnsupported, "out-of-band buffers are not supported");
-      default: {
+      default:
+      L_default: {
         char hex[8];
         std::snprintf(hex, sizeof hex, "0x%02x", code_);
         throw Error(ErrorCode::kCorrupt, std::string("unknown opcode ") + hex, opt_.source,
@@ -759,6 +907,7 @@ Ref Vm::loop() {
       }
     }
   }
+out_of_input:
   op_pos_ = pos_;
   if (end_ < size_)
     throw Error(ErrorCode::kLimitExceeded, "pickle is larger than limits.max_metadata_bytes",
@@ -766,6 +915,7 @@ Ref Vm::loop() {
   throw Error(ErrorCode::kTruncated, "pickle ends without STOP", opt_.source, opt_.record,
               abs(pos_));
 }
+#undef CKPT_NEXT_OP
 
 }  // namespace
 

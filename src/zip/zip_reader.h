@@ -55,8 +55,9 @@ class ZipReader {
   const std::vector<ZipEntry>& entries() const { return entries_; }
   // Index of the entry with this full name.
   std::optional<size_t> find(std::string_view name) const;
-  // Same, trying entry `hint` first: no hashing when names are looked up in directory order (torch
-  // writes data/0, data/1, ... in the order its pickle names the storages).
+  // Same, trying entry `hint` first: no hashing when names are looked up in directory order.
+  // (Not torch's storages: it writes their records in the string order of their keys, 0, 1, 10,
+  // 100, ...; the torch opener finds those by number.)
   std::optional<size_t> find(std::string_view name, size_t hint) const {
     if (hint < entries_.size() && entries_[hint].name == name) return hint;
     return find(name);

@@ -10,6 +10,7 @@
 #include "formats/torch/torch_unpickle.h"
 
 #include <algorithm>
+#include <utility>
 #include <charconv>
 #include <cmath>
 #include <cstring>
@@ -267,9 +268,11 @@ class Builder {
     if (h.kind(cls) != Kind::kGlobal)
       fail(ErrorCode::kCorrupt, "persistent id names no storage class");
     DType dtype;
-    if (h.name(cls) == "UntypedStorage") {
+    if (cls == last_storage_cls_) {  // memoized: the same global for every storage of a type
+      dtype = last_storage_dtype_;
+    } else if (h.name(cls) == "UntypedStorage") {
       dtype = DType::kUInt8;
-    } else if (auto d = dtype_from_storage_class(std::string(h.name(cls)))) {
+    } else if (auto d = dtype_from_storage_class(h.name(cls))) {
       dtype = *d;
     } else {
       fail(ErrorCode::kUnsupported,
@@ -285,6 +288,8 @@ class Builder {
     if (numel < 0) fail(ErrorCode::kCorrupt, "negative storage size");
     if (p.size() > 5 && h.kind(p[5]) != Kind::kNone)
       fail(ErrorCode::kUnsupported, "legacy storage views (view_metadata) are not supported");
+    last_storage_cls_ = cls;
+    last_storage_dtype_ = dtype;
     auto nbytes = checked_mul(static_cast<uint64_t>(numel), storage_element_size(dtype));
     if (!nbytes) fail(ErrorCode::kCorrupt, "storage size overflows");
 
@@ -406,6 +411,11 @@ class Builder {
   }
 
   Ref call(PickleHeap& h, Ref fn, std::span<const Ref> a) {
+    // torch memoizes the globals it calls, so one Ref comes back for every tensor: the two
+    // answers given per tensor (the tensor rebuild, and "not mine" for the hooks' OrderedDict)
+    // are remembered by Ref rather than found again by name. A global node never changes.
+    if (fn == rebuild_v2_fn_ && a.size() >= 4) return rebuild_tensor(h, a, std::nullopt);
+    if (fn == unhandled_fn_) return kNoRef;
     const std::string_view m = h.module(fn), n = h.name(fn);
     auto need = [&](size_t k) {
       if (a.size() < k)
@@ -416,6 +426,7 @@ class Builder {
     if (m == "torch._utils") {
       if (n == "_rebuild_tensor_v2" || n == "_rebuild_tensor") {
         need(4);
+        rebuild_v2_fn_ = fn;
         return rebuild_tensor(h, a, std::nullopt);
       }
       if (n == "_rebuild_tensor_v3") {
@@ -542,6 +553,7 @@ class Builder {
       need(1);
       return a[0];
     }
+    unhandled_fn_ = fn;
     return kNoRef;  // VM built-ins (OrderedDict, set, bytes...) or a recorded object
   }
 
@@ -705,6 +717,10 @@ class Builder {
   std::vector<uint32_t> by_number_;  // storage index by decimal key, or kNone
   std::unordered_map<std::string, size_t> by_key_;
   Ref marker_cls_ = kNoRef;
+  Ref last_storage_cls_ = kNoRef;  // the storage class last read, and its dtype
+  DType last_storage_dtype_ = DType::kUInt8;
+  Ref rebuild_v2_fn_ = kNoRef;  // a global known to be _rebuild_tensor(_v2)
+  Ref unhandled_fn_ = kNoRef;   // a global known to be none of the calls handled here
 };
 
 // `seen`: shared containers already walked. A pickle can reference one subtree many times
@@ -745,9 +761,20 @@ void walk(const ValuePtr& v, std::string& path, std::vector<TensorInfo>& tensors
       }
       return;
     }
-    case Value::Kind::kDict:
-      for (auto& [k, val] : v->entries()) key_child(k, val);
+    case Value::Kind::kDict: {
+      // A state dict's keys and tensors were made long before (to_value) and have left the
+      // cache: ask for entry i + 16's Values and entry i + 8's key text ahead of their turn.
+      const auto& e = std::as_const(*v).entries();
+      for (size_t i = 0; i < e.size(); ++i) {
+        if (i + 16 < e.size()) {
+          __builtin_prefetch(e[i + 16].first.get());
+          __builtin_prefetch(e[i + 16].second.get());
+        }
+        if (i + 8 < e.size() && e[i + 8].first) __builtin_prefetch(e[i + 8].first->str().data());
+        key_child(e[i].first, e[i].second);
+      }
       return;
+    }
     case Value::Kind::kList:
     case Value::Kind::kTuple:
     case Value::Kind::kSet:

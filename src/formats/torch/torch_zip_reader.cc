@@ -56,6 +56,35 @@ void report_storage_ranges(const ZipReader& zip,
   if (!ranges.empty()) report(ranges);
 }
 
+// The number `name` ends with after `stem` characters (torch's storage keys: "0", "17"; no sign,
+// no leading zero, at most 9 digits), or nullopt.
+std::optional<uint32_t> decimal_key(std::string_view name, size_t stem) {
+  if (name.size() <= stem) return std::nullopt;
+  std::string_view k = name.substr(stem);
+  if (k.size() > 9 || (k.size() > 1 && k[0] == '0')) return std::nullopt;
+  uint32_t v = 0;
+  for (char c : k) {
+    if (c < '0' || c > '9') return std::nullopt;
+    v = v * 10 + static_cast<uint32_t>(c - '0');
+  }
+  return v;
+}
+
+// Entry index of each record named `data_dir` + a decimal key below `count` (UINT32_MAX where
+// there is none).
+std::vector<uint32_t> numbered_records(const ZipReader& zip, std::string_view data_dir,
+                                       size_t count) {
+  std::vector<uint32_t> out(count, UINT32_MAX);
+  const auto& entries = zip.entries();
+  for (size_t i = 0; i < entries.size(); ++i) {
+    std::string_view name = entries[i].name;
+    if (!name.starts_with(data_dir)) continue;
+    if (auto n = decimal_key(name, data_dir.size()); n && *n < count)
+      out[*n] = static_cast<uint32_t>(i);
+  }
+  return out;
+}
+
 std::string trim(std::string_view s) {
   while (!s.empty() && (s.back() == '\n' || s.back() == '\r' || s.back() == ' ')) s.remove_suffix(1);
   return std::string(s);
@@ -168,21 +197,34 @@ std::shared_ptr<CheckpointModel> open_torch_zip(SourcePtr source, const OpenOpti
   bool any_deflated = false;
   std::string rec = prefix + "data/";  // "<prefix>data/<key>", rebuilt in place for each storage
   const size_t rec_stem = rec.size();
-  size_t hint = 0;  // the entry after the last one found: storages usually come in record order
+  // torch writes the records in the string order of their keys (0, 1, 10, 100, ...) and pickles
+  // the storages in number order, so a name lookup per storage would mostly hash. The records
+  // named <prefix>data/<decimal> are indexed by number instead; a candidate is used only when its
+  // full name is the one wanted, so any other name still goes through find().
+  std::vector<uint32_t> by_number = numbered_records(*zip, rec, tp.storages.size());
   for (size_t s = 0; s < tp.storages.size(); ++s) {
     StorageInfo& st = tp.storages[s];
-    if (st.meta || tp.inline_bytes.count(s)) continue;
+    if (st.meta || (!tp.inline_bytes.empty() && tp.inline_bytes.count(s))) continue;
     if (st.record.empty()) {
       rec.resize(rec_stem);
       rec += st.key;
     }
     const std::string& name = st.record.empty() ? rec : st.record;
-    auto i = zip->find(name, hint);
+    std::optional<size_t> i;
+    // `rec` is <prefix>data/ and a key that decimal_key read as n, which has one spelling, so
+    // the entry indexed under n has that very name; a record name given by the pickle is
+    // compared in full.
+    if (auto n = decimal_key(name, rec_stem); n && *n < by_number.size() &&
+        by_number[*n] != UINT32_MAX &&
+        (st.record.empty() || zip->entries()[by_number[*n]].name == name)) {
+      i = by_number[*n];
+    } else {
+      i = zip->find(name);
+    }
     if (!i)
       throw Error(ErrorCode::kCorrupt,
                   "data.pkl names storage " + st.key + " but the archive has no record " + name,
                   src);
-    hint = *i + 1;
     const ZipEntry& e = zip->entries()[*i];
     if (e.size != st.nbytes)
       throw Error(ErrorCode::kCorrupt,
