@@ -33,6 +33,8 @@ struct Reaped {
   size_t running = 0;
   pid_t pid = 0;
 };
+size_t reap_threshold = 1000;  // tensors; _ckpt.set_reap_threshold changes it (benchmarks)
+
 Reaped& reaped() {
   static Reaped* r = new Reaped;  // never destroyed: a reaping thread may outlive static dtors
   return *r;
@@ -84,7 +86,7 @@ struct PyCheckpoint {
   PyCheckpoint(const PyCheckpoint&) = default;
   PyCheckpoint& operator=(const PyCheckpoint&) = delete;
   ~PyCheckpoint() {
-    if (!moved && c.tensors().size() >= 1000) reap(std::move(c));
+    if (!moved && reap_threshold && c.tensors().size() >= reap_threshold) reap(std::move(c));
   }
   bool moved = false;  // `c` was moved out: nothing to free
 
@@ -613,6 +615,8 @@ PYBIND11_MODULE(_ckpt, m) {
                  load_options(verify, 0));
            });
 
+  m.def("set_reap_threshold", [](size_t n) { reap_threshold = n; },
+        "Checkpoints of at least n tensors are freed on a thread of their own (0: never).");
   m.def("drain_reaped", &drain_reaped,
         "Waits (up to 30 s) until checkpoints freed on background threads are gone (atexit).");
   m.def("plain_tensors", &plain_tensors, pyb::arg("checkpoint"), pyb::arg("storages"),
