@@ -58,6 +58,32 @@ struct IndexEntry {
   uint64_t header_off = 0, data_off = 0, data_len = 0;
 };
 
+// Every per-tensor header, [header_off, data_off) of each entry: views of a mapped source, else
+// read into `buf` with one read_batch (a remote source fetches them in parallel).
+std::vector<std::span<const std::byte>> header_spans(const ByteSource& src,
+                                                     const std::vector<IndexEntry>& index,
+                                                     std::vector<std::byte>& buf) {
+  std::vector<std::span<const std::byte>> headers(index.size());
+  if (const std::byte* base = src.memory()) {
+    for (size_t i = 0; i < index.size(); ++i)
+      headers[i] = {base + index[i].header_off, index[i].data_off - index[i].header_off};
+    return headers;
+  }
+  uint64_t total = 0;
+  for (const auto& e : index) total += e.data_off - e.header_off;
+  buf.resize(total);
+  std::vector<ReadRequest> reqs(index.size());
+  uint64_t pos = 0;
+  for (size_t i = 0; i < index.size(); ++i) {
+    const uint64_t len = index[i].data_off - index[i].header_off;
+    reqs[i] = {index[i].header_off, {buf.data() + pos, len}};
+    headers[i] = {buf.data() + pos, len};
+    pos += len;
+  }
+  src.read_batch(reqs);
+  return headers;
+}
+
 // What the index says of a tensor: known at open.
 struct TzrTensor {
   uint64_t data_off = 0, data_len = 0;
@@ -169,25 +195,8 @@ struct TzrState {
   // Reads every header (views of a mapped source, else one read_batch) and parses them.
   TzrHeaders read_headers() const {
     const size_t count = index_.size();
-    std::vector<std::span<const std::byte>> headers(count);
     std::vector<std::byte> buf;
-    if (const std::byte* base = src->memory()) {
-      for (size_t i = 0; i < count; ++i)
-        headers[i] = {base + index_[i].header_off, index_[i].data_off - index_[i].header_off};
-    } else {
-      uint64_t total = 0;
-      for (const auto& e : index_) total += e.data_off - e.header_off;
-      buf.resize(total);
-      std::vector<ReadRequest> reqs(count);
-      uint64_t pos = 0;
-      for (size_t i = 0; i < count; ++i) {
-        uint64_t len = index_[i].data_off - index_[i].header_off;
-        reqs[i] = {index_[i].header_off, {buf.data() + pos, len}};
-        headers[i] = {buf.data() + pos, len};
-        pos += len;
-      }
-      src->read_batch(reqs);
-    }
+    const std::vector<std::span<const std::byte>> headers = header_spans(*src, index_, buf);
     TzrHeaders out;
     out.tensors.resize(count);
     std::vector<std::optional<KdfParams>> kdfs(count);
@@ -536,21 +545,7 @@ std::shared_ptr<CheckpointModel> Reader::run() {
   TzrHeaders parsed;
   std::vector<std::optional<KdfParams>> kdfs;
   if (!lazy) {
-    if (const std::byte* base = src_->memory()) {
-      for (uint64_t i = 0; i < count; ++i)
-        headers[i] = {base + entries[i].header_off, entries[i].data_off - entries[i].header_off};
-    } else {
-      header_buf.resize(header_total);
-      std::vector<ReadRequest> reqs(count);
-      uint64_t pos = 0;
-      for (uint64_t i = 0; i < count; ++i) {
-        uint64_t len = entries[i].data_off - entries[i].header_off;
-        reqs[i] = {entries[i].header_off, {header_buf.data() + pos, len}};
-        headers[i] = {header_buf.data() + pos, len};
-        pos += len;
-      }
-      src_->read_batch(reqs);
-    }
+    headers = header_spans(*src_, entries, header_buf);
     parsed.tensors.resize(count);
     kdfs.resize(count);
   }
