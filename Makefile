@@ -29,7 +29,7 @@ DEB_PACKAGES := cmake ninja-build g++ pkg-config libgtest-dev libgmock-dev libbe
   libdeflate-dev libisal-dev zlib1g-dev libsodium-dev libssl-dev libcurl4-openssl-dev curl nginx \
   radosgw ceph-mon ceph-osd nlohmann-json3-dev libcli11-dev \
   python3 python3-torch python3-numpy python3-pytest python3-onnx nodejs \
-  python3-dev pybind11-dev python3-pip python3-setuptools python3-wheel
+  python3-dev pybind11-dev libdlpack-dev python3-pip python3-setuptools python3-wheel
 # What the tensorizer peer of bench/python.py imports (tensorizer itself is a checkout of its
 # public repository that the benchmark is pointed at, never fetched by the build: docs/benchmarks.md).
 BENCH_PACKAGES := python3-boto3 python3-redis python3-libnacl python3-psutil python3-protobuf

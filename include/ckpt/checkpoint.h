@@ -89,6 +89,12 @@ class Checkpoint {
   // writable memory (also with options.copy). Storages stay shared: asking twice while the first
   // result lives returns the same object. Throws Error.
   StoragePtr storage(size_t index, const LoadOptions& options = {}) const;
+  // Where storage() would return a view, the view's bytes (info.nbytes of them, alive while
+  // source().memory_owner() is), found without making a Storage: for callers that wrap the
+  // bytes themselves (the Python module's mmap=True). nullptr where storage() would read or
+  // decode (not mapped, compressed, encrypted, byte-swapped, meta; a sharded set). Never throws
+  // for a valid index (Error{kInvalidArgument} otherwise); checks no CRC.
+  const std::byte* view(size_t index) const;
   // A tensor with its storage loaded (see storage()). Throws Error{kNotFound} for a bad name.
   Tensor tensor(size_t index, const LoadOptions& options = {}) const;
   Tensor tensor(std::string_view name, const LoadOptions& options = {}) const;

@@ -10,6 +10,7 @@
 //   torchscript.h        TorchScriptArchive: code, debug info, constants, rewrite
 //   tensor.h, value.h    Tensor/Storage/TensorInfo, the object tree
 //   source.h, sink.h     where bytes come from and go to (files, memory, your own)
+//   memory.h             memory of eager loads kept for the next one
 //   error.h, dtype.h, format.h, options.h
 #include "ckpt/checkpoint.h"
 #include "ckpt/convert.h"
@@ -17,6 +18,7 @@
 #include "ckpt/dtype.h"
 #include "ckpt/error.h"
 #include "ckpt/format.h"
+#include "ckpt/memory.h"
 #include "ckpt/onnx.h"
 #include "ckpt/onnx_types.h"
 #include "ckpt/options.h"

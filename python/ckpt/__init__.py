@@ -32,7 +32,7 @@ __all__ = [
     "load", "save", "safe_open", "load_file", "save_file", "open", "Checkpoint", "TensorInfo",
     "Opaque", "Global", "OpaqueDict", "Error", "IoError", "NotFoundError", "TruncatedError",
     "CorruptError", "UnsupportedError", "LimitExceededError", "InvalidArgumentError",
-    "AuthError",
+    "AuthError", "set_kept_memory_limit", "release_kept_memory", "kept_memory",
 ]
 
 _MAX_DEPTH = 1000  # the library's Limits::max_pickle_depth
@@ -110,8 +110,10 @@ class _NoGC:
                 _NoGC._was_enabled = gc.isenabled()
                 gc.disable()
             _NoGC._depth += 1
+        _ckpt.load_begin()  # checkpoints freed in the background wait until no load runs
 
     def __exit__(self, *exc):
+        _ckpt.load_end()
         with _NoGC._lock:
             _NoGC._depth -= 1
             if _NoGC._depth == 0 and _NoGC._was_enabled:
@@ -167,7 +169,19 @@ def _load(f, mmap, verify, strict, key, password):
             if verify:
                 ck.verify()
             b = Builder(ck, fw, ck.name)
-            b.add_buffers(ck.storages(list(range(b.storage_count())), verify))
+            n = b.storage_count()
+            from_dlpack = b.from_dlpack() if not verify else None
+            if from_dlpack is not None:
+                # Tensors over the mapping made directly (module.cc view_tensors); buffers only
+                # for the storages of the rest.
+                bufs = [None] * n
+                need = _ckpt.view_tensors(ck, bufs, b.tensors, from_dlpack)
+                if need:
+                    for i, buf in zip(need, ck.storages(need, verify)):
+                        bufs[i] = buf
+                b.add_buffers(bufs)
+            else:
+                b.add_buffers(ck.storages(list(range(n)), verify))
             return _result(ck, b, b.all())
         else:
             # The tensors and the tree are made while the reader threads still fill the memory
@@ -529,6 +543,27 @@ def _copy_buffer(buf, fw):
         return torch.from_numpy(arr).storage().untyped()
     import numpy
     return numpy.array(memoryview(buf), dtype=numpy.uint8)
+
+
+def set_kept_memory_limit(max_bytes):
+    """The largest memory of a freed eager load kept for the next load (bytes; 0: keep none,
+    and give back what is kept now). When the tensors of an eager load of 64 MiB or more are all
+    freed, that memory is kept, lazily freed (the kernel takes it back under pressure), for the
+    next load of a similar size, which then skips first-touch page faults. Default: half the
+    machine's memory, or $CKPT_KEEP_ARENA_MB. Returns the previous limit."""
+    before = _ckpt.kept_memory_limit()
+    _ckpt.set_kept_memory_limit(int(max_bytes))
+    return before
+
+
+def release_kept_memory():
+    """Gives the memory kept from a freed load back to the system now; returns its size."""
+    return _ckpt.release_kept_memory()
+
+
+def kept_memory():
+    """Bytes of memory kept now from a freed load for the next one (0: none)."""
+    return _ckpt.kept_memory()
 
 
 def open(path, *, strict=False, key=None, password=None, mmap=True):  # noqa: A001

@@ -39,7 +39,8 @@ class Builder:
         self.source = source_name
         self._dtypes = {}
         self._sizes = {}
-        self.storages = {}  # storage index -> buffer, then torch tensor / UntypedStorage
+        self._storages = {}  # storage index -> buffer, then torch tensor / UntypedStorage
+        self._bufs = None  # the buffers of add_buffers, by index, until `storages` is needed
         self.tensors = [None] * self.tensor_count()  # made when first asked for
         if framework == "torch":
             import torch
@@ -53,6 +54,13 @@ class Builder:
         else:
             import numpy
             self.np = numpy
+
+    def from_dlpack(self):
+        """torch._C._from_dlpack (tensors over our memory, module.cc), or None (numpy; a torch
+        without it)."""
+        if self.framework != "torch" or not isinstance(self.ck, _ckpt.Checkpoint):
+            return None
+        return getattr(self.torch._C, "_from_dlpack", None)
 
     @property
     def infos(self):
@@ -74,9 +82,19 @@ class Builder:
         return self.ck.storage_count() if self._sinfos is None and \
             hasattr(self.ck, "storage_count") else len(self.sinfos)
 
+    @property
+    def storages(self):
+        """storage index -> buffer (then its torch tensor / UntypedStorage once made)."""
+        if self._bufs is not None:
+            bufs, self._bufs = self._bufs, None
+            self._storages = {i: b for i, b in enumerate(bufs) if b is not None}
+        return self._storages
+
     def add_buffers(self, bufs):
-        if not self.storages:
-            self.storages = {i: b for i, b in enumerate(bufs) if b is not None}
+        if self._bufs is None and not self._storages:
+            # Kept as the list (index -> buffer or None): plain_tensors takes it as it is, and
+            # the dict is made only if some tensor is left for tensor() (~1.5 ms per 20,000).
+            self._bufs = bufs if type(bufs) is list else list(bufs)
             return
         for i, b in enumerate(bufs):
             if b is not None and i not in self.storages:
@@ -103,7 +121,7 @@ class Builder:
         # small tensors this loop is most of the Python side's time. The rest goes to tensor().
         torch = self.torch
         frombuffer, empty, Tensor = torch.frombuffer, torch.empty, torch.Tensor
-        storages, tensors = self.storages, self.tensors
+        tensors = self.tensors
         # dtype name -> (torch dtype, element size), looked up once per dtype, not per tensor
         dtypes = {}
         for dt, d in self._dtypes.items():
@@ -117,10 +135,12 @@ class Builder:
         if isinstance(self.ck, _ckpt.Checkpoint):
             # The same loop in C++ (module.cc plain_tensors), for tensors that are the first of
             # their storage; this one makes what it left (shared storages...).
-            made = _ckpt.plain_tensors(self.ck, storages, tensors, dtypes, frombuffer)
+            made = _ckpt.plain_tensors(
+                self.ck, self._bufs if self._bufs is not None else self._storages, tensors,
+                dtypes, frombuffer, self.from_dlpack())
             if made == len(tensors):
                 return made
-        sinfos = self.sinfos
+        storages, sinfos = self.storages, self.sinfos
         for i, (name, dt, shape, strides, offset, si, rg, is_param, q, _, dense) in \
                 enumerate(self.infos):
             if q is not None or tensors[i] is not None or rg or is_param or sinfos[si][3]:

@@ -34,6 +34,17 @@ void add_span_type(pyb::module_& m);  // registers ckpt._ckpt.Span; call once at
 PyTypeObject* span_type();
 // The bytes of a Span (and *size), or nullptr when `o` is not exactly a Span.
 const std::byte* span_data(PyObject* o, size_t* size);
+// The shared owner of a Span's memory (nullptr when `o` is not a Span), and whether torch may
+// write that memory.
+const std::shared_ptr<const void>* span_owner(PyObject* o);
+bool span_writable(PyObject* o);
+// A torch tensor over a Span through torch._C._from_dlpack (dlpack.cc) when `t` is the whole of
+// its storage, contiguous, of a dtype with a DLPack code; a new reference, or nullptr with no
+// Python error set where not applicable (or torch refused): the caller uses frombuffer then.
+PyObject* dlpack_tensor(PyObject* span, const TensorInfo& t, PyObject* from_dlpack);
+// The same over `n` bytes at `data` (writable memory) that `owner` keeps alive.
+PyObject* dlpack_tensor(const std::byte* data, size_t n, const std::shared_ptr<const void>& owner,
+                        const TensorInfo& t, PyObject* from_dlpack);
 // Makes Spans, one capsule per distinct owner (the arena or mapping most storages share).
 class SpanMaker {
  public:

@@ -32,7 +32,13 @@ struct Reaped {
   std::condition_variable done;
   size_t running = 0;
   pid_t pid = 0;
+  // Loads in progress (ckpt.load and friends, load_begin/load_end): a reaping thread waits
+  // (up to kMaxWait) until none is, so that its frees do not run beside a load's allocations
+  // (both in malloc's main arena: loading back to back, a load beside a reaper took 2x).
+  size_t loads = 0;
+  std::condition_variable idle;
 };
+constexpr auto kMaxWait = std::chrono::seconds(2);
 size_t reap_threshold = 1000;  // tensors; _ckpt.set_reap_threshold changes it (benchmarks)
 
 Reaped& reaped() {
@@ -53,6 +59,11 @@ void reap(Checkpoint&& c) {
   auto* doomed = new Checkpoint(std::move(c));
   try {
     std::thread([doomed] {
+      {
+        Reaped& r = reaped();
+        std::unique_lock<std::mutex> lock(r.mu);
+        r.idle.wait_for(lock, kMaxWait, [&] { return r.loads == 0; });
+      }
       delete doomed;
       Reaped& r = reaped();
       std::lock_guard<std::mutex> lock(r.mu);
@@ -64,6 +75,19 @@ void reap(Checkpoint&& c) {
     std::lock_guard<std::mutex> lock(r.mu);
     --r.running;
   }
+}
+
+void load_begin() {
+  Reaped& r = reaped();
+  std::lock_guard<std::mutex> lock(r.mu);
+  ++r.loads;
+}
+
+void load_end() {
+  Reaped& r = reaped();
+  std::lock_guard<std::mutex> lock(r.mu);
+  if (r.loads > 0) --r.loads;
+  if (r.loads == 0) r.idle.notify_all();
 }
 
 void drain_reaped() {
@@ -262,19 +286,49 @@ void set_item(PyObject* d, PyObject* k, PyObject* v) {
 // not the whole storage as one dimension; tensors[i] and storages[si] become that tensor. On a
 // 20,000-tensor file the Python loop's own overhead was ~2/3 of its ~25 ms. Tensors this does
 // not make (other dtypes, shared storages, anything torch refuses) are left to
-// ckpt._build.Builder, which makes or reports them. Returns how many it made.
+// ckpt._build.Builder, which makes or reports them. Returns how many tensors exist now (made
+// here or before).
 // dtypes: torch dtype name -> (torch.dtype, element size).
-size_t plain_tensors(const PyCheckpoint& p, const pyb::dict& storages, const pyb::list& tensors,
-                     const pyb::dict& dtypes, const pyb::object& frombuffer) {
+size_t plain_tensors(const PyCheckpoint& p, const pyb::object& storages, const pyb::list& tensors,
+                     const pyb::dict& dtypes, const pyb::object& frombuffer,
+                     const pyb::object& from_dlpack) {
   const auto& infos = p.c.tensors();
   const auto& sinfos = p.c.storages();
   pyb::tuple kwnames = pyb::make_tuple(pyb::str("dtype"));
   pyb::str resize = "resize_", as_strided = "as_strided_";
   size_t made = 0;
   const size_t n_out = static_cast<size_t>(PyList_GET_SIZE(tensors.ptr()));
+  // storages: a dict (index -> buffer) or the list of a load's buffers by index (None: none),
+  // where no dict was made yet: the common case makes every tensor here and needs none.
+  PyObject* const st = storages.ptr();
+  const bool by_list = PyList_Check(st);
+  if (!by_list && !PyDict_Check(st)) throw pyb::type_error("storages: a list or a dict");
+  auto storage_of = [&](size_t si) -> PyObject* {
+    if (by_list) {
+      if (si >= static_cast<size_t>(PyList_GET_SIZE(st))) return nullptr;
+      PyObject* o = PyList_GET_ITEM(st, static_cast<Py_ssize_t>(si));
+      return o == Py_None ? nullptr : o;
+    }
+    pyb::int_ key(si);
+    PyObject* o = PyDict_GetItemWithError(st, key.ptr());
+    if (!o && PyErr_Occurred()) throw pyb::error_already_set();
+    return o;
+  };
+  auto set_storage = [&](size_t si, PyObject* v) {
+    if (by_list) {
+      Py_INCREF(v);
+      PyList_SetItem(st, static_cast<Py_ssize_t>(si), v);  // steals v, drops the buffer
+    } else {
+      pyb::int_ key(si);
+      set_item(st, key.ptr(), v);
+    }
+  };
   for (size_t i = 0; i < infos.size() && i < n_out; ++i) {
     const TensorInfo& t = infos[i];
-    if (PyList_GET_ITEM(tensors.ptr(), i) != Py_None) continue;  // made already
+    if (PyList_GET_ITEM(tensors.ptr(), i) != Py_None) {  // made already (view_tensors)
+      ++made;
+      continue;
+    }
     if (t.quantization || t.requires_grad || t.is_parameter || t.storage >= sinfos.size() ||
         sinfos[t.storage].meta)
       continue;
@@ -290,15 +344,19 @@ size_t plain_tensors(const PyCheckpoint& p, const pyb::dict& storages, const pyb
       PyErr_Clear();
       continue;
     }
-    pyb::int_ si(t.storage);
-    PyObject* s = PyDict_GetItemWithError(storages.ptr(), si.ptr());
-    if (!s) {
-      if (PyErr_Occurred()) throw pyb::error_already_set();
-      continue;
-    }
+    PyObject* s = storage_of(t.storage);
+    if (!s) continue;
     size_t n = 0;
     if (!span_data(s, &n)) continue;  // not a Span: a tensor already (a shared storage)
     if (n == 0 || n % static_cast<size_t>(size)) continue;
+    if (!from_dlpack.is_none()) {
+      if (PyObject* dl = dlpack_tensor(s, t, from_dlpack.ptr())) {
+        set_storage(t.storage, dl);
+        PyList_SetItem(tensors.ptr(), static_cast<Py_ssize_t>(i), dl);  // steals
+        ++made;
+        continue;
+      }
+    }
     PyObject* args[] = {s, dtype};
     auto tensor = pyb::reinterpret_steal<pyb::object>(
         PyObject_Vectorcall(frombuffer.ptr(), args, 1, kwnames.ptr()));
@@ -327,11 +385,52 @@ size_t plain_tensors(const PyCheckpoint& p, const pyb::dict& storages, const pyb
       continue;
     }
     Py_DECREF(r);
-    set_item(storages.ptr(), si.ptr(), tensor.ptr());
+    set_storage(t.storage, tensor.ptr());
     PyList_SetItem(tensors.ptr(), static_cast<Py_ssize_t>(i), tensor.release().ptr());
     ++made;
   }
   return made;
+}
+
+// mmap=True's common case without a Storage or a Span per storage: a tensor that is the first
+// user of its storage, plain (as plain_tensors), the whole storage, and whose bytes are a view
+// of the private mapping (Checkpoint::view) becomes a torch tensor over them through DLPack.
+// tensors[i] and bufs[si] (a list by storage index) become that tensor, as plain_tensors leaves
+// them. Returns the storage indices that tensors not made here need (for storages()).
+std::vector<size_t> view_tensors(const PyCheckpoint& p, const pyb::list& bufs,
+                                 const pyb::list& tensors, const pyb::object& from_dlpack) {
+  const auto& infos = p.c.tensors();
+  const auto& sinfos = p.c.storages();
+  const size_t n_out = static_cast<size_t>(PyList_GET_SIZE(tensors.ptr()));
+  const size_t n_bufs = static_cast<size_t>(PyList_GET_SIZE(bufs.ptr()));
+  if (n_out != infos.size() || n_bufs != sinfos.size())
+    throw pyb::value_error("view_tensors: list sizes differ from the checkpoint's tables");
+  std::vector<uint8_t> need(sinfos.size(), 0);
+  const bool ok = p.private_map && !from_dlpack.is_none();
+  std::shared_ptr<const void> owner = ok ? p.c.source().memory_owner() : nullptr;
+  for (size_t i = 0; i < infos.size(); ++i) {
+    const TensorInfo& t = infos[i];
+    if (PyList_GET_ITEM(tensors.ptr(), i) != Py_None || t.storage >= sinfos.size()) continue;
+    PyObject* have = PyList_GET_ITEM(bufs.ptr(), static_cast<Py_ssize_t>(t.storage));
+    const StorageInfo& si = sinfos[t.storage];
+    if (owner && have == Py_None && !si.meta && !t.quantization && !t.requires_grad &&
+        !t.is_parameter) {
+      if (const std::byte* data = p.c.view(t.storage)) {
+        if (PyObject* dl = dlpack_tensor(data, static_cast<size_t>(si.nbytes), owner, t,
+                                         from_dlpack.ptr())) {
+          Py_INCREF(dl);
+          PyList_SetItem(bufs.ptr(), static_cast<Py_ssize_t>(t.storage), dl);
+          PyList_SetItem(tensors.ptr(), static_cast<Py_ssize_t>(i), dl);
+          continue;
+        }
+      }
+    }
+    if (have == Py_None && !si.meta) need[t.storage] = 1;
+  }
+  std::vector<size_t> out;
+  for (size_t s = 0; s < need.size(); ++s)
+    if (need[s]) out.push_back(s);
+  return out;
 }
 
 }  // namespace
@@ -617,10 +716,22 @@ PYBIND11_MODULE(_ckpt, m) {
 
   m.def("set_reap_threshold", [](size_t n) { reap_threshold = n; },
         "Checkpoints of at least n tensors are freed on a thread of their own (0: never).");
+  m.def("set_kept_memory_limit", [](uint64_t b) { set_kept_memory_limit(b); }, pyb::arg("max_bytes"));
+  m.def("kept_memory_limit", [] { return kept_memory_limit(); });
+  m.def("release_kept_memory", [] {
+    pyb::gil_scoped_release nogil;
+    return release_kept_memory();
+  });
+  m.def("kept_memory", [] { return kept_memory(); });
+  m.def("load_begin", &load_begin, "A load starts (freeing threads wait until none runs).");
+  m.def("load_end", &load_end, "A load ended.");
   m.def("drain_reaped", &drain_reaped,
         "Waits (up to 30 s) until checkpoints freed on background threads are gone (atexit).");
+  m.def("view_tensors", &view_tensors, pyb::arg("checkpoint"), pyb::arg("bufs"),
+        pyb::arg("tensors"), pyb::arg("from_dlpack"));
   m.def("plain_tensors", &plain_tensors, pyb::arg("checkpoint"), pyb::arg("storages"),
-        pyb::arg("tensors"), pyb::arg("dtypes"), pyb::arg("frombuffer"));
+        pyb::arg("tensors"), pyb::arg("dtypes"), pyb::arg("frombuffer"),
+        pyb::arg("from_dlpack") = pyb::none());
   m.def("save_torch", [](const std::string& path, pyb::handle obj, const pyb::module_& helpers,
                          uint32_t alignment, const std::string& archive_name) {
     PyToValue conv(helpers, false);

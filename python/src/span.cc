@@ -77,6 +77,17 @@ const std::byte* span_data(PyObject* o, size_t* size) {
   return s->data;
 }
 
+const std::shared_ptr<const void>* span_owner(PyObject* o) {
+  if (Py_TYPE(o) != span_type_) return nullptr;
+  PyObject* cap = reinterpret_cast<SpanObject*>(o)->owner;
+  if (!cap) return nullptr;
+  return static_cast<const std::shared_ptr<const void>*>(PyCapsule_GetPointer(cap, nullptr));
+}
+
+bool span_writable(PyObject* o) {
+  return Py_TYPE(o) == span_type_ && reinterpret_cast<SpanObject*>(o)->writable;
+}
+
 PyObject* SpanMaker::make(const std::byte* data, size_t size,
                           const std::shared_ptr<const void>& owner, bool writable) {
   PyObject*& cap = owners_[owner.get()];

@@ -188,6 +188,16 @@ StoragePtr Checkpoint::storage(size_t index, const LoadOptions& options) const {
   return st;
 }
 
+const std::byte* Checkpoint::view(size_t index) const {
+  const CheckpointModel& m = *impl_->model;
+  if (index >= m.storages.size())
+    throw Error(ErrorCode::kInvalidArgument, "no storage #" + std::to_string(index),
+                m.source->name());
+  if (impl_->set) return nullptr;
+  if (internal::route_of(m, index, LoadOptions{}, true) != internal::Route::kView) return nullptr;
+  return m.source->memory() + m.storages[index].offset;
+}
+
 Tensor Checkpoint::tensor(size_t index, const LoadOptions& options) const {
   const CheckpointModel& m = *impl_->model;
   if (index >= m.tensors.size())

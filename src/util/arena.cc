@@ -1,15 +1,44 @@
 #include "util/arena.h"
 
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <thread>
+#include <utility>
 
 #include "ckpt/error.h"
+#include "ckpt/memory.h"
 
 namespace ckpt::internal {
+
+namespace {
+// The kept arena (ckpt/memory.h): at most one, guarded by `mu`.
+struct Kept {
+  std::mutex mu;
+  void* raw = nullptr;
+  size_t len = 0;
+  size_t min = 64 << 20;
+  std::atomic<uint64_t> max{0};
+};
+Kept& kept() {
+  static Kept* k = [] {
+    auto* x = new Kept;  // never destroyed: arenas may be freed during exit
+    uint64_t limit = static_cast<uint64_t>(::sysconf(_SC_PHYS_PAGES)) *
+                     static_cast<uint64_t>(::sysconf(_SC_PAGESIZE)) / 2;
+    if (const char* e = std::getenv("CKPT_KEEP_ARENA_MB"); e && *e)
+      limit = std::strtoull(e, nullptr, 10) << 20;
+    x->max = limit;
+    return x;
+  }();
+  return *k;
+}
+}  // namespace
 
 std::shared_ptr<std::byte> allocate_arena(size_t size) {
   constexpr size_t kHuge = 2 << 20;
@@ -22,15 +51,45 @@ std::shared_ptr<std::byte> allocate_arena(size_t size) {
   }
   // Over-map by one huge page so the start can be aligned to it (THP needs aligned 2 MiB runs).
   size_t len = (size + kHuge - 1) / kHuge * kHuge + kHuge;
-  void* raw = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (raw == MAP_FAILED)
-    throw Error(ErrorCode::kIo, std::string("mmap of ") + std::to_string(size) +
-                                    " bytes failed: " + std::strerror(errno));
+  void* raw = nullptr;
+  void* stale = nullptr;
+  size_t stale_len = 0;
+  {
+    Kept& k = kept();
+    std::lock_guard<std::mutex> lock(k.mu);
+    if (k.raw && k.len >= len && k.len - len <= k.len / 4) {
+      raw = std::exchange(k.raw, nullptr);
+      len = std::exchange(k.len, 0);
+    } else if (k.raw) {
+      stale = std::exchange(k.raw, nullptr);
+      stale_len = std::exchange(k.len, 0);
+    }
+  }
+  if (stale) ::munmap(stale, stale_len);  // never hold a kept arena beside a new one
+  if (!raw) {
+    raw = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (raw == MAP_FAILED)
+      throw Error(ErrorCode::kIo, std::string("mmap of ") + std::to_string(size) +
+                                      " bytes failed: " + std::strerror(errno));
+  }
   auto base = reinterpret_cast<uintptr_t>(raw);
   uintptr_t aligned = (base + kHuge - 1) / kHuge * kHuge;
   ::madvise(reinterpret_cast<void*>(aligned), len - (aligned - base), MADV_HUGEPAGE);
-  return std::shared_ptr<std::byte>(reinterpret_cast<std::byte*>(aligned),
-                                    [raw, len](std::byte*) { ::munmap(raw, len); });
+  return std::shared_ptr<std::byte>(reinterpret_cast<std::byte*>(aligned), [raw, len](std::byte*) {
+    Kept& k = kept();
+    // Kept only if the kernel takes lazily freed pages (MADV_FREE, Linux 4.5) and the slot is
+    // free; else unmapped as before.
+    if (len >= k.min && len <= k.max.load(std::memory_order_relaxed) &&
+        ::madvise(raw, len, MADV_FREE) == 0) {
+      std::lock_guard<std::mutex> lock(k.mu);
+      if (!k.raw) {
+        k.raw = raw;
+        k.len = len;
+        return;
+      }
+    }
+    ::munmap(raw, len);
+  });
 }
 
 void byteswap_elements(std::byte* data, size_t nbytes, size_t elem_size, bool complex) {
@@ -48,3 +107,33 @@ int default_threads() {
 }
 
 }  // namespace ckpt::internal
+
+namespace ckpt {
+
+void set_kept_memory_limit(uint64_t max_bytes) {
+  internal::kept().max = max_bytes;
+  if (max_bytes == 0) release_kept_memory();
+}
+
+uint64_t kept_memory_limit() { return internal::kept().max; }
+
+uint64_t release_kept_memory() {
+  internal::Kept& k = internal::kept();
+  void* raw;
+  size_t len;
+  {
+    std::lock_guard<std::mutex> lock(k.mu);
+    raw = std::exchange(k.raw, nullptr);
+    len = std::exchange(k.len, 0);
+  }
+  if (raw) ::munmap(raw, len);
+  return raw ? len : 0;
+}
+
+uint64_t kept_memory() {
+  internal::Kept& k = internal::kept();
+  std::lock_guard<std::mutex> lock(k.mu);
+  return k.raw ? k.len : 0;
+}
+
+}  // namespace ckpt

@@ -54,6 +54,7 @@ def assert_same(a, b, path="root", tensors=None):
             return
         assert a.stride() == b.stride(), f"{path}: strides {a.stride()} != {b.stride()}"
         assert a.storage_offset() == b.storage_offset(), f"{path}: storage offset"
+        assert a.storage().nbytes() == b.storage().nbytes(), f"{path}: storage size"
         assert a.requires_grad == b.requires_grad, f"{path}: requires_grad"
         if b.is_quantized:
             assert a.qscheme() == b.qscheme()

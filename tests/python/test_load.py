@@ -63,6 +63,58 @@ def test_mmap_views_are_private_and_outlive_the_file(tmp_path):
     assert sd["a"][1] == 1 and sd["a"][999] == 999 and sd["a"][0] == 42
 
 
+def test_every_dtype_and_layout_mmap_and_eager(tmp_path):
+    # Tensors made over the mapping / the load's memory through DLPack (whole storages of a
+    # dtype with a DLPack code) and through frombuffer (bool, views, shared storages, empties):
+    # every layout as torch.load gives it, storage sizes and sharing included.
+    torch.manual_seed(0)
+    base = torch.randn(6, 4)
+    sd = collections.OrderedDict()
+    for dt in (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64,
+               torch.complex128, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8,
+               torch.bool):
+        sd[str(dt)] = (torch.randn(3, 5) * 10).to(dt)
+    sd["scalar"] = torch.tensor(3.5)
+    sd["empty"] = torch.empty(0, 4)
+    sd["base"] = base
+    sd["row_view"] = base[2]          # offset into a shared storage
+    sd["transposed"] = base.t()       # strided view of the same storage
+    sd["nonc"] = torch.randn(4, 6).t().contiguous().t()  # sole user, not contiguous
+    sd["prefix"] = torch.arange(10.0)[:4]  # sole user of a larger storage
+    p = tmp_path / "layouts.pt"
+    torch.save(sd, p)
+    expected = torch.load(p)
+    for mmap in (True, False):
+        got = ckpt.load(p, mmap=mmap)
+        assert_same(got, expected)
+        got["torch.float32"][0, 0] = 123.0  # writable, and private
+        assert got["torch.float32"][0, 0] == 123.0
+    assert ckpt.load(p)["torch.float32"][0, 0] == expected["torch.float32"][0, 0]
+
+
+def test_mmap_mapping_released_with_the_last_tensor(tmp_path):
+    # The mapping lives exactly as long as a tensor over it (the DLPack deleter drops it).
+    p = tmp_path / "released.pt"
+    torch.save({f"t{i}": torch.randn(64) for i in range(50)}, p)
+
+    def mapped():
+        with open("/proc/self/maps") as f:
+            return str(p) in f.read()
+
+    sd = ckpt.load(p, mmap=True)
+    gc.collect()
+    assert mapped()
+    keep = sd["t7"]
+    del sd
+    gc.collect()
+    ckpt._ckpt.drain_reaped()
+    assert mapped()
+    assert keep.sum().item() == keep.sum().item()  # readable
+    del keep
+    gc.collect()
+    assert not mapped()
+
+
 def test_eager_tensors_outlive_file_and_overwrite(tmp_path):
     p = tmp_path / "a.pt"
     torch.save({"a": torch.arange(10.0)}, p)
@@ -216,3 +268,34 @@ def test_many_tensors_own_storages_and_lifetime(tmp_path, mmap):
     (tmp_path / "gone.pt").unlink()
     assert torch.equal(keep, expected["w5"])
     assert torch.equal(keep_view, expected["view"])
+
+
+def test_memory_kept_between_eager_loads(tmp_path):
+    # The memory of a freed eager load (>= 64 MiB) is kept for the next one, which reads right.
+    p = tmp_path / "big.pt"
+    torch.manual_seed(1)
+    sd = {"a": torch.randn(9 << 20), "b": torch.arange(9 << 20, dtype=torch.float32)}
+    torch.save(sd, p)
+    before = ckpt.set_kept_memory_limit(1 << 40)
+    try:
+        ckpt.release_kept_memory()
+        got = ckpt.load(p)
+        assert ckpt.kept_memory() == 0
+        del got
+        gc.collect()
+        kept = ckpt.kept_memory()
+        assert kept >= 72 << 20
+        got = ckpt.load(p)
+        assert ckpt.kept_memory() == 0  # taken by this load
+        assert torch.equal(got["a"], sd["a"]) and torch.equal(got["b"], sd["b"])
+        del got
+        gc.collect()
+        assert ckpt.release_kept_memory() == kept and ckpt.kept_memory() == 0
+        ckpt.set_kept_memory_limit(0)
+        del sd
+        got = ckpt.load(p)
+        del got
+        gc.collect()
+        assert ckpt.kept_memory() == 0
+    finally:
+        ckpt.set_kept_memory_limit(before)

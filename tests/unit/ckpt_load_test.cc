@@ -94,6 +94,46 @@ TEST(Load, OpenAndLoadEqualsOpenThenLoadAll) {
     }
 }
 
+// ckpt/memory.h: the memory of a freed eager load (at least 64 MiB) is kept, lazily freed, for
+// the next load of a similar size, which gets the same memory and the right bytes; a load of
+// another size releases it first (never two at once); limit 0 turns keeping off.
+TEST(Load, FreedLoadMemoryIsKeptForTheNextLoad) {
+  const uint64_t limit = kept_memory_limit();
+  set_kept_memory_limit(uint64_t{1} << 40);
+  Fixture big(2, 9u << 20);  // 2 x 36 MiB
+  Fixture other(1, 1u << 20);  // 4 MiB: an arena of its own, below the 64 MiB floor
+  release_kept_memory();
+  const std::byte* first = nullptr;
+  {
+    LoadedCheckpoint l = Checkpoint::open_and_load(big.path);
+    first = l.tensors[0].data();
+    EXPECT_EQ(kept_memory(), 0u);
+  }
+  const uint64_t kept = kept_memory();
+  EXPECT_GE(kept, uint64_t{72} << 20);
+  for (int round = 0; round < 2; ++round) {
+    Checkpoint c = Checkpoint::open(big.path);
+    auto all = c.load_all();
+    EXPECT_EQ(kept_memory(), 0u);  // taken by this load
+    EXPECT_EQ(all[0].data(), first);
+    for (auto& t : all) EXPECT_TRUE(big.same(t)) << t.name();
+  }
+  EXPECT_EQ(kept_memory(), kept);
+  {
+    LoadedCheckpoint l = Checkpoint::open_and_load(other.path);  // too small to take it
+    EXPECT_EQ(kept_memory(), 0u);                                // and it was released
+    for (auto& t : l.tensors) EXPECT_TRUE(other.same(t));
+  }
+  EXPECT_EQ(kept_memory(), 0u);  // below the floor: not kept
+  { LoadedCheckpoint l = Checkpoint::open_and_load(big.path); }
+  EXPECT_EQ(release_kept_memory(), kept);
+  EXPECT_EQ(kept_memory(), 0u);
+  set_kept_memory_limit(0);
+  { LoadedCheckpoint l = Checkpoint::open_and_load(big.path); }
+  EXPECT_EQ(kept_memory(), 0u);
+  set_kept_memory_limit(limit);
+}
+
 // LoadOptions::on_placed: called once, on the calling thread, with the tensors the load then
 // returns (same storages, same addresses), for open_and_load and load_all of every format; an
 // exception it throws fails the load (and stops it) and reaches the caller.
@@ -281,6 +321,14 @@ TEST(Load, MappedViewsAreReadOnlyLoadsAreWritable) {
   for (const Tensor& t : c.load_all()) EXPECT_TRUE(t.storage()->writable);
   c.stream(1 << 20, [](const Tensor& t) { EXPECT_TRUE(t.storage()->writable); });
   EXPECT_TRUE(f.same(c.tensor(size_t{0})));
+  // view(): storage()'s view bytes without a Storage; nullptr where storage() would read.
+  for (size_t i = 0; i < c.storages().size(); ++i) EXPECT_EQ(c.view(i), c.storage(i)->data);
+  OpenOptions no_map;
+  no_map.mmap = false;
+  Checkpoint unmapped = Checkpoint::open(f.path, no_map);
+  EXPECT_EQ(unmapped.view(0), nullptr);
+  EXPECT_EQ(test::capture_error([&] { (void)c.view(c.storages().size()); }).code(),
+            ErrorCode::kInvalidArgument);
 }
 
 // Every path builds the same plan: one storage loaded by storage(), load_all, stream and
