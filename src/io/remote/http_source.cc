@@ -159,9 +159,10 @@ class HttpSource final : public ByteSource {
     return {std::span<const std::byte>(buf->data(), buf->size()), buf};
   }
 
-  // Requests no cached block holds are sorted and grouped: neighbours less than kBlock apart are
-  // read as one range into a scratch buffer (a tensorizer's headers between small tensors), the
-  // rest straight into their destinations. All the ranges run at once.
+  // Requests no cached block holds are sorted and grouped: small neighbours (each under kBlock,
+  // less than kBlock apart) are read as one range into a scratch buffer (a tensorizer's headers
+  // between small tensors), the rest straight into their destinations (never copied through a
+  // scratch buffer). All the ranges run in one window of `connections` requests.
   void read_batch(std::span<const ReadRequest> requests) const override {
     std::vector<size_t> todo;
     for (size_t i = 0; i < requests.size(); ++i) {
@@ -181,16 +182,19 @@ class HttpSource final : public ByteSource {
       uint64_t begin, end;
       std::vector<size_t> members;
       std::vector<std::byte> scratch;
+      bool small;  // every member under kBlock: neighbours may share a range
     };
     std::vector<Group> groups;
     for (size_t i : todo) {
       const auto& r = requests[i];
       const uint64_t end = r.offset + r.dst.size();
-      if (!groups.empty() && r.offset <= groups.back().end + kBlock) {
+      const bool small = r.dst.size() < kBlock;
+      if (small && !groups.empty() && groups.back().small &&
+          r.offset <= groups.back().end + kBlock) {
         groups.back().end = std::max(groups.back().end, end);
         groups.back().members.push_back(i);
-      } else {
-        groups.push_back({r.offset, end, {i}, {}});
+      } else {  // a large read goes straight into its destination
+        groups.push_back({r.offset, end, {i}, {}, small});
       }
     }
     std::vector<Piece> pieces;
