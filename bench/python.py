@@ -3,11 +3,15 @@
 
 Writes (once) a 1 GiB torch checkpoint of 256 float32 tensors and one of 20,000 tensors with
 torch.save, and the same tensors as a tensorizer .tensors file (ckpt.save). Each measurement runs
-in a fresh /usr/bin/python3 process, in-process timing (time.perf_counter), one untimed warm-up
-load, then the median of --repeat loads:
+in --processes fresh /usr/bin/python3 processes (the median of their medians: this machine's
+speed drifts by tens of percent from one process to the next), in-process timing
+(time.perf_counter), one untimed warm-up load, then the median of --repeat loads:
 
   torch.load(f)                         the peer
-  ckpt.load(f)                          eager: tensors in memory of their own
+  ckpt.load(f)                          eager: tensors in memory of their own (a repeat load
+                                        reuses the memory the last one freed: ckpt/memory.h)
+  ckpt.load(f), no memory kept          the same with ckpt.set_kept_memory_limit(0): every load
+                                        faults in fresh memory
   ckpt.load(f, mmap=True)               zero-copy views of a private mapping
   ckpt.load(f.tensors)                  the same tensors from the tensorizer file
   tensorizer TensorDeserializer         only with a local checkout of tensorizer's public
@@ -18,7 +22,7 @@ and, in fresh processes: peak RSS of an eager ckpt.load over the interpreter's o
 importing torch and ckpt), and the time of `import ckpt` alone (median of 5 processes).
 
     /usr/bin/python3 bench/python.py [--size-mb 1024] [--repeat 5] [--out build/bench-python]
-        [--pythonpath build/python] [--tensorizer DIR]
+        [--pythonpath build/python] [--tensorizer DIR] [--processes 3]
 """
 import argparse
 import json
@@ -50,6 +54,9 @@ TIME = textwrap.dedent(r"""
     if what == "torch":
         fn = lambda: torch.load(path)
     elif what == "ckpt":
+        fn = lambda: ckpt.load(path)
+    elif what == "ckpt-fresh":  # no memory kept from the last load (ckpt/memory.h)
+        ckpt.set_kept_memory_limit(0)
         fn = lambda: ckpt.load(path)
     elif what == "ckpt-mmap":
         fn = lambda: ckpt.load(path, mmap=True)
@@ -87,32 +94,44 @@ def main():
     ap.add_argument("--size-mb", type=float, default=1024)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--tensorizer", default=os.environ.get("TENSORIZER_SRC"))
+    ap.add_argument("--processes", type=int, default=3,
+                    help="fresh processes per measurement; the median of their medians")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     py = "/usr/bin/python3"
     tz = a.tensorizer if a.tensorizer and os.path.isdir(os.path.join(a.tensorizer, "tensorizer")) \
         else None
-    print(f"machine: {os.cpu_count()} cores; files in {a.out}; median of {a.repeat} loads "
-          "after one warm-up, each kind in its own process\n")
-    print("| file | torch.load | ckpt.load | ratio | ckpt.load(mmap=True) | ratio | "
-          "ckpt.load(.tensors) | tensorizer | ratio | peak RSS over interpreter (file size) |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print(f"machine: {os.cpu_count()} cores; files in {a.out}; each kind in {a.processes} fresh "
+          f"processes, each the median of {a.repeat} loads after one warm-up; the median of "
+          "those medians\n")
+    print("| file | torch.load | ckpt.load | ratio | ckpt.load, no memory kept | ratio | "
+          "ckpt.load(mmap=True) | ratio | ckpt.load(.tensors) | tensorizer | ratio | "
+          "peak RSS over interpreter (file size) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+
+    def timed(args, first=None):
+        """The median over a.processes fresh processes of each one's median (`first`: the
+        output of one such process already run)."""
+        ms = [json.loads(first)["median"]] if first else []
+        ms += [json.loads(run(args))["median"] for _ in range(a.processes - len(ms))]
+        return {"median": statistics.median(ms), "runs": ms}
     for label, n in (("256 tensors", 256), ("20,000 tensors", 20000)):
         path = os.path.join(a.out, f"t{n}.pt")
         tpath = path[:-3] + ".tensors"
         if not (os.path.exists(path) and os.path.exists(tpath)):
             run([py, "-c", GEN, path, str(n), str(a.size_mb), a.pythonpath])
         t = {}
-        for what, p in (("torch", path), ("ckpt", path), ("ckpt-mmap", path),
-                        ("ckpt", tpath)):
+        for what, p in (("torch", path), ("ckpt", path), ("ckpt-fresh", path),
+                        ("ckpt-mmap", path), ("ckpt", tpath)):
             key = what if p == path else "ckpt-tensors"
-            t[key] = json.loads(run([py, "-c", TIME, p, str(a.repeat), what, a.pythonpath]))
+            t[key] = timed([py, "-c", TIME, p, str(a.repeat), what, a.pythonpath])
         tz_skip = "skipped (no local tensorizer checkout)"
         if tz:
             r = subprocess.run([py, "-c", TIME, tpath, str(a.repeat), "tensorizer", a.pythonpath,
                                 tz], capture_output=True, text=True)
             if r.returncode == 0:
-                t["tensorizer"] = json.loads(r.stdout)
+                t["tensorizer"] = timed([py, "-c", TIME, tpath, str(a.repeat), "tensorizer",
+                                         a.pythonpath, tz], r.stdout)
             else:  # e.g. its Python dependencies are missing: `make bench-peers`
                 last = (r.stderr.strip().splitlines() or ["?"])[-1]
                 tz_skip = f"skipped (tensorizer in {tz} failed: {last})"
@@ -126,8 +145,12 @@ def main():
         over = (rss["peak"] - rss["base"]) / 2**20
         size = os.path.getsize(path) / 2**20
         print(f"| {label} | {ms('torch')} | {ms('ckpt')} | {tl / t['ckpt']['median']:.1f}x | "
+              f"{ms('ckpt-fresh')} | {tl / t['ckpt-fresh']['median']:.1f}x | "
               f"{ms('ckpt-mmap')} | {tl / t['ckpt-mmap']['median']:.1f}x | {ms('ckpt-tensors')} "
               f"| {tzc} | {tzr} | {over:.0f} MiB ({size:.0f} MiB) |")
+        runs = "; ".join(f"{k} " + ", ".join(f"{x * 1000:.1f}" for x in v["runs"])
+                         for k, v in t.items())
+        print(f"<!-- {label}, per-process medians (ms): {runs} -->")
     imports = [float(run([py, "-c", IMPORT, a.pythonpath])) for _ in range(5)]
     print(f"\nimport ckpt (alone, fresh process, median of 5): "
           f"{statistics.median(imports) * 1000:.1f} ms")
