@@ -30,7 +30,7 @@ struct Limits {
 // (include/ckpt/remote.h). Plain values; the defaults were measured on loopback (docs/benchmarks.md).
 struct RemoteOptions {
   int connections = 8;                // ranged GETs in flight per read (and parts per upload)
-  uint64_t chunk_size = 8ull << 20;   // bytes per ranged GET (and per multipart part, >= 5 MiB)
+  uint64_t chunk_size = 16ull << 20;  // bytes per ranged GET (and per multipart part, >= 5 MiB)
   double connect_timeout_s = 10;      // TCP + TLS connect
   // A transfer slower than low_speed_bytes per second for low_speed_time_s is abandoned (and
   // retried): a stalled socket never hangs a load.
