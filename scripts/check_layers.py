@@ -62,6 +62,7 @@ PUBLIC_HEADERS = {
     "options.h": 0,
     "remote.h": 0,  # URL sources and the S3 sink (src/io/remote)
     "format.h": 0,
+    "memory.h": 0,  # kept load memory (src/util/arena.cc)
     # one format's entry points
     "safetensors.h": 4,
     "tensorizer.h": 4,
