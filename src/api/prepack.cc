@@ -24,6 +24,7 @@
 #include <filesystem>
 #include <optional>
 
+#include "io/temporaries.h"
 #include "util/crc32.h"
 #include "util/text.h"
 
@@ -134,10 +135,18 @@ void write_all(int fd, const void* p, size_t n, const std::string& path) {
 
 void store_entry(const std::string& dir, const std::string& path, const std::string& key,
                  std::span<const std::byte> payload, uint64_t alignment) {
-  std::string tmpl = dir + "/." + std::filesystem::path(path).filename().string() + ".tmp-XXXXXX";
-  int fd = ::mkostemp(tmpl.data(), O_CLOEXEC);
-  if (fd < 0) io_error("cannot create a cache temporary", tmpl);
+  // A registered temporary (io/temporaries.h): a SIGINT/SIGTERM/SIGHUP while it is written
+  // removes it (remove_temporaries_now), as for every other atomic writer.
+  io::Temporary t =
+      io::create_temporary(dir, std::filesystem::path(path).filename().string(), false, 0600);
+  const std::string tmpl = t.path;
+  const int fd = t.fd;
   Fd f(fd);
+  struct Release {
+    int slot;
+    ~Release() { io::release_temporary(slot); }
+  } release{t.slot};
+  ::flock(fd, LOCK_EX | LOCK_NB);  // the sign of a live writer (sweep_stale_temporaries)
   try {
     // Shared by every process on the machine: readable by all (mkostemp made it 0600; umask is
     // not read: changing it to read it would race with other threads).
