@@ -45,6 +45,16 @@ PyObject* dlpack_tensor(PyObject* span, const TensorInfo& t, PyObject* from_dlpa
 // The same over `n` bytes at `data` (writable memory) that `owner` keeps alive.
 PyObject* dlpack_tensor(const std::byte* data, size_t n, const std::shared_ptr<const void>& owner,
                         const TensorInfo& t, PyObject* from_dlpack);
+// tensors.cc: small Python values made without pybind11's casts (a tuple of ints; a dtype's
+// name, interned once), and the C++ loops that make the common tensors of a load (module.cc
+// binds them as _ckpt.plain_tensors and _ckpt.view_tensors; see there).
+pyb::tuple int_tuple(const std::vector<int64_t>& v);
+pyb::object dtype_str(DType d);
+size_t plain_tensors(const Checkpoint& c, const pyb::object& storages, const pyb::list& tensors,
+                     const pyb::dict& dtypes, const pyb::object& frombuffer,
+                     const pyb::object& from_dlpack);
+std::vector<size_t> view_tensors(const Checkpoint& c, bool private_map, const pyb::list& bufs,
+                                 const pyb::list& tensors, const pyb::object& from_dlpack);
 // Makes Spans, one capsule per distinct owner (the arena or mapping most storages share).
 class SpanMaker {
  public:
