@@ -11,6 +11,8 @@ req="$here/tests/peers/requirements.txt"
 root="${CKPT_PEERS_ROOT:-$HOME/.cache/ckpt}"
 hash="$(sha256sum "$req" | cut -c1-16)"
 venv="$root/peers-$hash"
+# --path: print where the venv is (or will be), install nothing.
+if [ "${1:-}" = "--path" ]; then echo "$venv"; exit 0; fi
 if [ -x "$venv/bin/python" ] && [ -f "$venv/.complete" ]; then
   echo "$venv"; exit 0
 fi

@@ -228,5 +228,11 @@ def test_strict_refuses(ckpt, files, name, command, tmp_path):
     assert "not allowed" in line, line  # the first unknown global (here builtins.list)
 
 
-def test_strict_accepts_known(ckpt, files):
-    ckpt.ok("ls", files["rng_state.pth"], "--strict")
+def test_strict_agrees_with_weights_only(ckpt, files):
+    """--strict accepts what torch.load(weights_only=True) accepts: the RNG states hold numpy
+    arrays, which torch refuses unless a caller allows them with add_safe_globals."""
+    with pytest.raises(Exception):
+        torch.load(files["rng_state.pth"], weights_only=True)
+    r = ckpt.run("ls", files["rng_state.pth"], "--strict")
+    assert r.returncode == 6 and "numpy" in one_error_line(r), r
+    ckpt.ok("ls", files["rng_state.pth"])

@@ -19,6 +19,7 @@
 #include <unordered_set>
 
 #include "ckpt/error.h"
+#include "formats/torch/weights_only.h"
 #include "pickle/builtin_calls.h"
 #include "pickle/unpickler.h"
 #include "pickle/value_release.h"
@@ -56,6 +57,7 @@ bool allowed(const std::string& module, const std::string& name, bool torchscrip
       "torch.Size",
       "torch.device",
       "torch.UntypedStorage",
+      "torch.storage.UntypedStorage",
       "torch.serialization._get_layout",
       "_codecs.encode",
       "builtins.set",
@@ -114,11 +116,15 @@ class Builder {
 
   TorchPickle run(std::span<const std::byte> data, size_t* consumed) {
     UnpicklerHooks hooks;
+    // Which globals are interpreted (allowed) and which are kept as opaque data (foreign) is one
+    // question; which are accepted at all is another: everything by default, and with `strict`
+    // exactly torch's weights_only list (plus a TorchScript archive's own classes). A global on
+    // torch's list that ckpt does not interpret (torch.cuda.FloatStorage, torch.int4) is data.
     hooks.allow_global = [this](const std::string& m, const std::string& n) {
-      return allowed(m, n, opt_.torchscript);
+      return allowed(m, n, opt_.torchscript) && (!opt_.strict || strict_accepts(m, n));
     };
-    hooks.admit_foreign = [this](const std::string&, const std::string&) {
-      return !opt_.strict;
+    hooks.admit_foreign = [this](const std::string& m, const std::string& n) {
+      return !opt_.strict || strict_accepts(m, n);
     };
     hooks.build = [this](PickleHeap& h, Ref obj, Ref state) { return build(h, obj, state); };
     hooks.persistent_load = [this](PickleHeap& h, Ref pid) { return persistent_load(h, pid); };
@@ -270,7 +276,8 @@ class Builder {
     DType dtype;
     if (cls == last_storage_cls_) {  // memoized: the same global for every storage of a type
       dtype = last_storage_dtype_;
-    } else if (h.name(cls) == "UntypedStorage") {
+    } else if (h.name(cls) == "UntypedStorage" &&
+               (h.module(cls) == "torch" || h.module(cls) == "torch.storage")) {
       dtype = DType::kUInt8;
     } else if (auto d = dtype_from_storage_class(h.name(cls))) {
       dtype = *d;
@@ -408,6 +415,11 @@ class Builder {
   std::optional<DType> dtype_of(const PickleHeap& h, Ref v) const {
     if (h.kind(v) != Kind::kGlobal) return std::nullopt;
     return dtype_from_name(std::string(h.name(v)));
+  }
+
+  bool strict_accepts(const std::string& m, const std::string& n) const {
+    if (torch_weights_only_global(m, n)) return true;
+    return opt_.torchscript && allowed(m, n, true) && !allowed(m, n, false);
   }
 
   Ref call(PickleHeap& h, Ref fn, std::span<const Ref> a) {

@@ -97,7 +97,7 @@ class TorchPickleBuilder {
     }
     const DTypeInfo& info = dtype_info(s.dtype);
     ValuePtr cls = info.storage_class ? global("torch", info.storage_class)
-                                      : global("torch", "UntypedStorage");
+                                      : global("torch.storage", "UntypedStorage");
     uint64_t numel = info.storage_class ? s.storage->info.nbytes / storage_element_size(s.dtype)
                                         : s.storage->info.nbytes;
     return Value::tuple({storage_str_, cls, s.key, cpu_str_,
