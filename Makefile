@@ -7,8 +7,8 @@
 #   make install-check - install into a temporary prefix and build consumers against it
 #   make python        - build the Python module (build/python) and run its tests (tests/python)
 #   make python-install - install the Python module for /usr/bin/python3 (pip, no index)
-#   make bench-peers   - Debian packages the benchmarks' peers import (tensorizer's dependencies)
-# Both install missing Debian packages first (apt-get, non-interactive).
+#   make peers         - the torch 2.x peer venv (tests/peers/requirements.txt), once per machine
+# Both install missing Debian packages first (apt-get, non-interactive); make test also the peers.
 
 BUILD ?= build
 BUILD_ASAN ?= build-asan
@@ -23,20 +23,32 @@ TSAN_FILTER ?= *Concurrent*:*Thread*:*Parallel*:*Encrypted*:Concurrency.*:Load.*
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCKPT_BUILD_PYTHON=ON
 PY := /usr/bin/python3
+# The two peer tiers. Main: torch 2.x, numpy 2, safetensors 0.8, onnxruntime 1.30, tensorizer and
+# pybind11 3 from PyPI, in a venv outside the clone (scripts/install-peers.sh: created once per
+# machine, keyed by the hash of tests/peers/requirements.txt). Compatibility: Debian's
+# /usr/bin/python3 with torch 1.13, numpy 1.24 and pybind11 2.10.
+PEERS := $(shell ./scripts/install-peers.sh --path)
+VPY := $(PEERS)/bin/python
+# The interop files that run again under torch 1.13 (what depends on the torch version: reading and
+# writing torch's formats, TorchScript, legacy protocols, training checkpoints' classes).
+COMPAT_TESTS ?= tests/interop/test_torch_read.py tests/interop/test_torch_write.py \
+  tests/interop/test_torch2_compat.py tests/interop/test_torchscript.py \
+  tests/interop/test_data_objects.py tests/interop/test_real_protocols.py \
+  tests/interop/test_real_roundtrip.py tests/interop/test_real_quant.py
 DEMO_DIR ?= demo-out
 
 DEB_PACKAGES := cmake ninja-build g++ pkg-config libgtest-dev libgmock-dev libbenchmark-dev \
   libdeflate-dev libisal-dev zlib1g-dev libsodium-dev libssl-dev libcurl4-openssl-dev curl nginx \
   radosgw ceph-mon ceph-osd nlohmann-json3-dev libcli11-dev \
-  python3 python3-torch python3-numpy python3-pytest python3-onnx nodejs \
-  python3-dev pybind11-dev libdlpack-dev python3-pip python3-setuptools python3-wheel
+  python3 python3-torch python3-numpy python3-pytest python3-onnx \
+  python3-dev python3-venv pybind11-dev libdlpack-dev python3-pip python3-setuptools python3-wheel
 # What the tensorizer peer of bench/python.py imports (tensorizer itself is a checkout of its
 # public repository that the benchmark is pointed at, never fetched by the build: docs/benchmarks.md).
 BENCH_PACKAGES := python3-boto3 python3-redis python3-libnacl python3-psutil python3-protobuf
 # libFuzzer and the sanitizer runtimes come with clang; Debian 12 splits them into libclang-rt-14-dev.
 FUZZ_PACKAGES := clang libclang-rt-14-dev
 
-.PHONY: all deps build demo test unit interop asan interop-asan tsan fuzz-build fuzz fuzz-smoke \
+.PHONY: all deps peers build demo test unit interop interop-compat asan interop-asan tsan fuzz-build fuzz fuzz-smoke \
   layers install-check python python-install python-asan bench-peers clean
 
 all: build
@@ -45,8 +57,12 @@ deps:
 	@./scripts/install-deps.sh $(DEB_PACKAGES)
 
 # Debian packages the benchmarks' peers need (not the tests): tensorizer's imports.
-bench-peers: deps
+bench-peers: deps peers
 	@./scripts/install-deps.sh $(BENCH_PACKAGES)
+
+# The torch 2.x tier: a no-op once the venv exists (no network then).
+peers: deps
+	@./scripts/install-peers.sh >/dev/null
 
 $(BUILD)/build.ninja: CMakeLists.txt
 	cmake -S . -B $(BUILD) -G Ninja $(CMAKE_FLAGS)
@@ -69,9 +85,13 @@ install-check: build
 unit: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
-interop: build
-	-./scripts/install-onnxruntime.sh  # npm's onnxruntime-node for tests/interop/test_onnx.py (skips if it fails)
-	CKPT_BIN=$(abspath $(BUILD))/ckpt $(PY) -m pytest -q tests/interop
+# The interop suite under torch 2.x (the main tier), then its torch-dependent files under torch 1.13.
+interop: build peers
+	CKPT_BIN=$(abspath $(BUILD))/ckpt $(VPY) -m pytest -q tests/interop
+	$(MAKE) --no-print-directory interop-compat
+
+interop-compat: build
+	CKPT_BIN=$(abspath $(BUILD))/ckpt $(PY) -m pytest -q $(COMPAT_TESTS)
 
 asan: deps
 	cmake -S . -B $(BUILD_ASAN) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCKPT_SANITIZE=ON -DCKPT_BUILD_PYTHON=ON
@@ -82,10 +102,10 @@ asan: deps
 
 # The interop suite against the CLI built with ASan+UBSan (a sanitizer report makes ckpt exit
 # non-zero, which fails the test that ran it). Torch itself runs uninstrumented.
-interop-asan:
+interop-asan: peers
 	cmake --build $(BUILD_ASAN) -j $(JOBS) --target ckpt_cli
 	CKPT_BIN=$(abspath $(BUILD_ASAN))/ckpt ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
-	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 $(PY) -m pytest -q tests/interop
+	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 $(VPY) -m pytest -q tests/interop
 
 tsan: deps
 	cmake -S . -B $(BUILD_TSAN) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCKPT_TSAN=ON

@@ -11,6 +11,7 @@ import subprocess
 import warnings
 
 import pytest
+import helpers
 
 warnings.filterwarnings("ignore", message=".*ComplexHalf support is experimental.*")
 
@@ -81,7 +82,7 @@ class Cache:
     def load(self, path):
         import torch
         if path not in self._loaded:
-            self._loaded[path] = torch.load(path)
+            self._loaded[path] = helpers.torch_load(path)
         return self._loaded[path]
 
     def ls(self, file_id):

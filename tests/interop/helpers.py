@@ -11,6 +11,7 @@ import ast
 import collections
 import io
 import math
+import os
 import pickle
 import struct
 import zipfile
@@ -89,9 +90,15 @@ def flatten(obj, every_path=False):
     return out
 
 
+def untyped_storage(t):
+    """The UntypedStorage behind t: torch 2.x's untyped_storage(), torch 1.13's storage()._storage."""
+    t = t.detach()
+    return t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()._storage
+
+
 def storage_id(t):
     """Identity of the StorageImpl behind t (works for empty storages, unlike data_ptr)."""
-    return t.storage()._storage._cdata
+    return untyped_storage(t)._cdata
 
 
 # ---------------------------------------------------------------------------
@@ -118,8 +125,35 @@ def tensor_bytes(t):
 
 def storage_bytes(t):
     """Every byte of the storage behind t (the whole storage, not just the view)."""
-    u = torch.empty(0, dtype=torch.uint8).set_(t.detach().storage()._storage)
+    u = torch.empty(0, dtype=torch.uint8).set_(untyped_storage(t))
     return u.numpy().tobytes()
+
+
+# ---------------------------------------------------------------------------
+# torch.load with weights_only stated
+
+_WEIGHTS_ONLY = {}
+
+
+def weights_only_ok(path):
+    """Whether torch.load(weights_only=True) takes the file (torch 2.x's default since 2.6)."""
+    key = (str(path), os.stat(path).st_mtime_ns)
+    if key not in _WEIGHTS_ONLY:
+        try:
+            torch.load(path, weights_only=True, map_location="cpu")
+            _WEIGHTS_ONLY[key] = True
+        except Exception:  # noqa: BLE001 - UnpicklingError, RuntimeError by torch version
+            _WEIGHTS_ONLY[key] = False
+    return _WEIGHTS_ONLY[key]
+
+
+def torch_load(path, like=None):
+    """torch.load as a user of this torch loads the file: weights_only=True when torch takes it
+    that way (judged on `like`, the original of a converted file, when given, so a conversion
+    that lost weights-only loading fails), else weights_only=False (numpy arrays, argparse
+    namespaces, user classes: what torch refuses unless the caller trusts the file)."""
+    wo = weights_only_ok(like if like is not None else path)
+    return torch.load(path, weights_only=wo, map_location="cpu")
 
 
 def strided_from_buffer(buf, offset, shape, strides, itemsize):

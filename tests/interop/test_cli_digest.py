@@ -143,7 +143,7 @@ def check_manifest(m, path, want):
 def test_manifest_of_torch_files_matches_hashlib(ckpt, files, tmp_path, kind):
     path = files[kind]
     m = manifest(ckpt, path, str(tmp_path / "m.json"))
-    want = expected_tensors(torch.load(path))
+    want = expected_tensors(helpers.torch_load(path))
     assert "extra.transposed" in want and "optimizer.state.0.exp_avg" in want
     check_manifest(m, path, want)
     # The digest is of the logical (row-major) elements, not of the strided storage.
@@ -232,7 +232,7 @@ def test_convert_digests_stored_in_safetensors_metadata(ckpt, files, tmp_path):
     meta = header["__metadata__"]
     assert meta["format"] == "pt"
     stored = json.loads(meta["ckpt.sha256"])
-    want = expected_tensors(torch.load(files["pt"]))
+    want = expected_tensors(helpers.torch_load(files["pt"]))
     assert stored == {k: v[2] for k, v in want.items()}
     # The file itself is plain safetensors: every tensor's bytes are torch's.
     for name, (dtype, shape, digest) in want.items():

@@ -22,6 +22,7 @@ import struct
 import subprocess
 
 import pytest
+import helpers
 
 torch = pytest.importorskip("torch")
 
@@ -164,7 +165,7 @@ def test_unknown_command_names_the_nearest(ckpt, word, nearest):
 def test_ls_ends_with_totals(ckpt, files):
     r = ckpt.ok("ls", files["train"])
     lines = r.stdout.rstrip("\n").split("\n")
-    sd = torch.load(files["train"])
+    sd = helpers.torch_load(files["train"])
     listed = json.loads(ckpt.ok("ls", files["train"], "--json").stdout)["tensors"]
     total = sum(t["nbytes"] for t in listed)
     assert set(lines[-2]) == {"-"}, lines[-2]
@@ -210,7 +211,7 @@ def test_sample_honours_size_and_format(ckpt, tmp_path, size_mb, ext):
     data = sum(t["nbytes"] for t in listed)
     assert abs(data - want) <= 0.02 * want, (data, want)
     if ext == "pt":
-        sd = torch.load(out)
+        sd = helpers.torch_load(out)
         assert sum(v.numel() * v.element_size() for v in sd.values()) == data
     elif ext == "safetensors":
         header, start = _safetensors_header(out)

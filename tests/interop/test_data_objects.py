@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from conftest import one_error_line
+import helpers
 
 USER_MODULE = "ckpt_user_objects"
 USER_SRC = textwrap.dedent("""
@@ -197,7 +198,7 @@ def test_convert_to_safetensors(ckpt, files, name, tmp_path, user_module):
     out = tmp_path / "out.safetensors"
     ckpt.ok("convert", files[name], out)
     header, data = _read_safetensors(out)
-    ref = torch.load(files[name])
+    ref = helpers.torch_load(files[name])
     codes = {np.float32: "F32", np.int64: "I64", np.float64: "F64", np.uint8: "U8"}
     for key, (dt, shape) in NUMPY_TENSORS.items():
         assert key in header, f"{key} missing from {sorted(header)}"
@@ -214,7 +215,7 @@ def test_convert_to_safetensors(ckpt, files, name, tmp_path, user_module):
 def test_pt_round_trip(ckpt, files, name, tmp_path, user_module):
     out = tmp_path / "out.pt"
     ckpt.ok("convert", files[name], out)
-    assert_same(torch.load(files[name]), torch.load(out))
+    assert_same(helpers.torch_load(files[name]), helpers.torch_load(out, like=files[name]))
 
 
 @pytest.mark.parametrize("name", ["train.pt", "train.legacy.pt"])

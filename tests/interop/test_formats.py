@@ -290,7 +290,7 @@ def test_fixture_to_safetensors_and_back(ckpt, name, tmp_path):
     pt = tmp_path / "f.pt"
     ckpt.ok("convert", out, pt)
     import torch
-    loaded = torch.load(pt)
+    loaded = helpers.torch_load(pt)
     assert sorted(loaded) == sorted(want)
     for tname, w in want.items():
         t = loaded[tname]
@@ -353,7 +353,7 @@ def test_chain_pt_safetensors_tensorizer_pt(ckpt, cache, file_id, tmp_path):
     assert sorted(t["name"] for t in ls_tz["tensors"]) == names
 
     ckpt.ok("convert", tz, pt)
-    loaded = torch.load(pt)
+    loaded = helpers.torch_load(pt)
     _check_same_tensors(original, loaded, file_id)
     loaded = torch.load(pt, weights_only=True)
     _check_same_tensors(original, loaded, f"{file_id} (weights_only)")
@@ -367,7 +367,7 @@ def test_complex128_via_tensorizer(ckpt, cache, tmp_path):
         ckpt.ok("convert", cache.path(file_id), tz)
         assert ckpt.ok("verify", tz).stdout.startswith("OK")
         ckpt.ok("convert", tz, pt)
-        _check_same_tensors(cache.load(cache.path(file_id)), torch.load(pt), file_id)
+        _check_same_tensors(cache.load(cache.path(file_id)), helpers.torch_load(pt), file_id)
 
 
 def test_unsupported_targets_fail_clearly(ckpt, cache, tmp_path):
@@ -406,7 +406,7 @@ def test_shared_needs_copy_shared(ckpt, cache, file_id, tmp_path):
     ckpt.ok("convert", cache.path(file_id), out, "--copy-shared")
     pt = tmp_path / "s.pt"
     ckpt.ok("convert", out, pt)
-    _check_same_tensors(cache.load(cache.path(file_id)), torch.load(pt), file_id)
+    _check_same_tensors(cache.load(cache.path(file_id)), helpers.torch_load(pt), file_id)
 
     # tensorizer cannot express sharing either: it writes copies and says so.
     tz = tmp_path / "s.tensors"
@@ -470,7 +470,7 @@ def test_encryption_random_key(ckpt, cache, tmp_path):
     pt = tmp_path / "dec.pt"
     ckpt.ok("convert", out, pt, "--decrypt-key", key)
     import torch
-    _check_same_tensors(cache.load(src), torch.load(pt), "decrypted")
+    _check_same_tensors(cache.load(src), helpers.torch_load(pt), "decrypted")
 
     wrong = tmp_path / "wrong.key"
     wrong.write_text(hexkey[::-1] + "\n")
@@ -596,4 +596,4 @@ def test_real_safetensors_cross_check(ckpt, cache, tmp_path):
         st.save_file({p: t.contiguous() for p, t in all_tensor_paths(original)}, str(ref))
         pt = tmp_path / f"{file_id}.ref.pt"
         ckpt.ok("convert", ref, pt)
-        _check_same_tensors(original, torch.load(pt), f"{file_id} (from safetensors.torch)")
+        _check_same_tensors(original, helpers.torch_load(pt), f"{file_id} (from safetensors.torch)")

@@ -52,7 +52,7 @@ def scripted(tmp_path_factory):
 
 
 def test_torch_save_lists_as_many_tensors_as_torch(ckpt, qfile):
-    ref = torch.load(qfile)
+    ref = helpers.torch_load(qfile)
     listing = ckpt.json("ls", qfile, "--json")["tensors"]
     assert [t["name"] for t in listing] == [n for n, _ in helpers.flatten(ref)]
     by = {t["name"]: t for t in listing}
@@ -65,7 +65,7 @@ def test_torch_save_lists_as_many_tensors_as_torch(ckpt, qfile):
 
 
 def test_extract_carries_per_channel_parameters(ckpt, qfile, tmp_path):
-    ref = torch.load(qfile)
+    ref = helpers.torch_load(qfile)
     ckpt.ok("extract", qfile, tmp_path / "x")
     index = {e["name"]: e for e in json.loads((tmp_path / "x" / "index.json").read_text())["tensors"]}
     assert sorted(index) == sorted(ref)
@@ -81,7 +81,7 @@ def test_extract_carries_per_channel_parameters(ckpt, qfile, tmp_path):
 
 
 def test_show_prints_per_channel_parameters(ckpt, qfile):
-    t = torch.load(qfile)["axis1"]
+    t = helpers.torch_load(qfile)["axis1"]
     out = ckpt.ok("show", qfile, "axis1").stdout
     assert "quantization_scheme=torch.per_channel_affine" in out, out
     assert "zero_points=[10, 20, 30, 40]" in out and "axis=1" in out, out
@@ -92,7 +92,7 @@ def test_show_prints_per_channel_parameters(ckpt, qfile):
 def test_convert_keeps_per_channel(ckpt, qfile, tmp_path):
     out = tmp_path / "o.pt"
     ckpt.ok("convert", qfile, out)
-    diffs = helpers.compare(torch.load(qfile), torch.load(out))
+    diffs = helpers.compare(helpers.torch_load(qfile), helpers.torch_load(out, like=qfile))
     assert not diffs, "\n".join(diffs)
 
 
@@ -142,11 +142,11 @@ def test_torchscript_to_pt_round_trips(ckpt, scripted, name, tmp_path):
     once, twice = tmp_path / "once.pt", tmp_path / "twice.pt"
     ckpt.ok("convert", folder / f"{name}.pt", once)
     ckpt.ok("convert", once, twice)
-    assert not helpers.compare(torch.load(once), torch.load(twice))
+    assert not helpers.compare(helpers.torch_load(once), helpers.torch_load(twice))
     if name != "holder":
         return  # a frozen module's state lives in constants; the values are checked above
     code = ("import sys, torch; sys.path.insert(0, sys.argv[3]); import helpers; "
-            "m = torch.jit.load(sys.argv[1]); sd = dict(m.state_dict()); got = torch.load(sys.argv[2]); "
+            "m = torch.jit.load(sys.argv[1]); sd = dict(m.state_dict()); got = helpers.torch_load(sys.argv[2]); "
             "assert sorted(sd) == sorted(got), (sorted(sd), sorted(got)); "
             "d = [x for k in sd for x in helpers.compare({k: sd[k]}, {k: got[k]})]; "
             "assert not d, d")

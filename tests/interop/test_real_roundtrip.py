@@ -102,9 +102,9 @@ def test_rewrite_keeps_every_class(ckpt, saved, kind, tmp_path):
     once, twice = tmp_path / "once.pt", tmp_path / "twice.pt"
     ckpt.ok("convert", src, once)
     ckpt.ok("convert", once, twice)
-    ref = torch.load(src)
+    ref = helpers.torch_load(src)
     for out in (once, twice):
-        diffs = typed_diffs(ref, torch.load(out))
+        diffs = typed_diffs(ref, helpers.torch_load(out, like=src))
         assert not diffs, f"{out.name}:\n" + "\n".join(diffs[:40])
 
 
@@ -113,7 +113,7 @@ def test_torch_size_after_convert(ckpt, tmp_path):
     src, out = tmp_path / "a.pt", tmp_path / "b.pt"
     torch.save({"s": torch.Size([3, 4])}, src)
     ckpt.ok("convert", src, out)
-    got = torch.load(out)["s"]
+    got = helpers.torch_load(out)["s"]
     assert type(got) is torch.Size and got == torch.Size([3, 4])
 
 

@@ -18,6 +18,7 @@ import textwrap
 
 import pytest
 import torch
+import helpers
 
 USER_MODULE = "ckpt_user_wrappers"
 USER_SRC = textwrap.dedent("""
@@ -123,7 +124,7 @@ def assert_same(a, b):
 def test_subclass_with_attributes(ckpt, mod, tmp_path, legacy):
     src, out = tmp_path / "sub.pt", tmp_path / "out.pt"
     torch.save(subclass_checkpoint(mod), src, _use_new_zipfile_serialization=not legacy)
-    ref = torch.load(src)
+    ref = helpers.torch_load(src)
     assert type(ref["t"]) is mod.Tagged and ref["t"].unit == "m/s"
     names = ckpt.json("ls", src, "--json")
     names = {t["name"] for t in (names["tensors"] if isinstance(names, dict) else names)}
@@ -134,25 +135,25 @@ def test_subclass_with_attributes(ckpt, mod, tmp_path, legacy):
     info = ckpt.ok("info", src).stdout
     assert f"{USER_MODULE}.Tagged" in info
     ckpt.ok("convert", src, out)
-    got = torch.load(out)
+    got = helpers.torch_load(out)
     assert_same(ref, got)
     assert got["v"].storage().data_ptr() == got["base"].storage().data_ptr()
     # and again: the rewrite of the rewrite is the same
     out2 = tmp_path / "out2.pt"
     ckpt.ok("convert", out, out2)
-    assert_same(ref, torch.load(out2))
+    assert_same(ref, helpers.torch_load(out2))
 
 
 def test_parameter_with_state(ckpt, mod, tmp_path):
     src, out = tmp_path / "param.pt", tmp_path / "out.pt"
     torch.save(parameter_checkpoint(mod), src)
-    ref = torch.load(src)
+    ref = helpers.torch_load(src)
     assert type(ref["p"]) is torch.nn.Parameter and ref["p"].tag == "embedding"
     shown = ckpt.ok("show", src).stdout
     assert "p: Parameter(float32, [3, 4]) requires_grad" in shown
     assert "tag: 'embedding'" in shown
     ckpt.ok("convert", src, out)
-    got = torch.load(out)
+    got = helpers.torch_load(out)
     assert_same(ref, got)
     assert got["p"].tied_to == ("decoder", 0)
     # a safetensors conversion keeps the weights (attributes have no place there)
@@ -166,13 +167,13 @@ def test_parameter_with_state(ckpt, mod, tmp_path):
 def test_newobj_with_keyword_arguments(ckpt, mod, tmp_path, protocol):
     src, out = tmp_path / "kw.pt", tmp_path / "out.pt"
     torch.save(kwargs_checkpoint(mod), src, pickle_protocol=protocol)
-    ref = torch.load(src)
+    ref = helpers.torch_load(src)
     assert ref["pt"].kwargs["name"] == "origin"
     listing = ckpt.ok("ls", src).stdout
     assert "pt.kwargs" not in listing  # the tensor inside is named by where it sits
     shown = ckpt.ok("show", src).stdout
     assert f"{USER_MODULE}.Point" in shown and "name: 'origin'" in shown
     ckpt.ok("convert", src, out)
-    assert_same(ref, torch.load(out))
+    assert_same(ref, helpers.torch_load(out))
     r = ckpt.run("ls", src, "--strict")
     assert r.returncode == 6 and "not allowed" in r.stderr

@@ -16,6 +16,7 @@ import time
 import pytest
 
 import faulty_http
+import helpers
 
 NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
 
@@ -166,7 +167,7 @@ def test_load_over_http_matches_torch(ckpt, nginx, model, fmt, tmp_path):
     url = nginx.put(model[fmt], f"load.{fmt}")
     out = str(tmp_path / "out.pt")
     ckpt.ok("convert", "--chunk-size", "1", "--connections", "4", url, out)
-    assert_same(torch.load(out), model["sd"])
+    assert_same(helpers.torch_load(out), model["sd"])
     # Eager and streaming loads read the same bytes as from the local file.
     local = digests(ckpt, model[fmt])
     for mode in ("eager", "stream"):
@@ -459,7 +460,7 @@ def test_s3_load_matches_torch(ckpt, rgw, model, fmt, tmp_path):
     out = str(tmp_path / "o.pt")
     r = run_env(ckpt, env, "convert", url, out)
     assert r.returncode == 0, r.stderr
-    assert_same(torch.load(out), model["sd"])
+    assert_same(helpers.torch_load(out), model["sd"])
     assert run_env(ckpt, env, "verify", url).returncode in (0, 10)
 
 
@@ -528,7 +529,7 @@ def test_s3_upload_multipart(ckpt, rgw, big_model, fmt, tmp_path):
     if fmt == "pt":
         p = tmp_path / "got.pt"
         p.write_bytes(body)
-        assert_same(torch.load(str(p)), big_model["sd"])
+        assert_same(helpers.torch_load(str(p)), big_model["sd"])
     else:
         assert body == open(local, "rb").read()
     # Multipart: the ETag of a completed multipart upload ends in -<parts>.

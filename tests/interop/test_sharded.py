@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from helpers import read_npy, tensor_bytes, zip_records
+import helpers
 
 ST_DTYPE = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
             torch.float64: "F64", torch.int64: "I64", torch.int32: "I32", torch.int16: "I16",
@@ -126,7 +127,7 @@ def torch_values(shards):
     """name -> tensor, from torch.load of each .bin shard, or the hand parse of safetensors."""
     out = collections.OrderedDict()
     for p in shards:
-        part = read_safetensors(p)[0] if p.endswith(".safetensors") else torch.load(p)
+        part = read_safetensors(p)[0] if p.endswith(".safetensors") else helpers.torch_load(p)
         for k, v in part.items():
             assert k not in out
             out[k] = v
@@ -342,7 +343,7 @@ def test_convert_set_to_one_pt(ckpt, sharded, tmp_path, given):
     index, shards, sd = sharded
     out = tmp_path / "one.pt"
     ckpt.ok("convert", *([index] if given == "index" else shards), out)
-    got = torch.load(out)
+    got = helpers.torch_load(out)
     assert list(got) == list(sd)
     for k in sd:
         same(got[k], sd[k])
@@ -364,7 +365,7 @@ def test_round_trip_pt_pt_torch_load(ckpt, tmp_path):
     two = tmp_path / "two.pt"
     ckpt.ok("convert", index, one)
     ckpt.ok("convert", one, two)
-    got = torch.load(two)
+    got = helpers.torch_load(two)
     assert list(got) == list(sd)
     for k in sd:
         same(got[k], sd[k])
@@ -402,7 +403,7 @@ def test_convert_to_shards(ckpt, tmp_path, target):
     assert list(j["weight_map"]) == sorted(j["weight_map"])
     seen = {}
     for f in files:
-        part = torch.load(f) if target == "bin" else read_safetensors(f)[0]
+        part = helpers.torch_load(f) if target == "bin" else read_safetensors(f)[0]
         size = sum(nbytes(t) for t in part.values())
         assert size <= limit or len(part) == 1
         for k, v in part.items():
@@ -441,7 +442,7 @@ def test_everything_fits_one_file(ckpt, tmp_path):
     ckpt.ok("convert", src, tmp_path / "pytorch_model.bin", "--max-shard-size", "5GB")
     assert (tmp_path / "pytorch_model.bin").exists()
     assert not (tmp_path / "pytorch_model.bin.index.json").exists()
-    got = torch.load(tmp_path / "pytorch_model.bin")
+    got = helpers.torch_load(tmp_path / "pytorch_model.bin")
     for k in sd:
         same(got[k], sd[k])
 
@@ -467,7 +468,7 @@ def test_tied_weights_stay_together(ckpt, tmp_path):
     ckpt.ok("convert", src, tmp_path / "pytorch_model.bin", "--max-shard-size", "1000")
     j, files = check_index(str(tmp_path / "pytorch_model.bin.index.json"))
     assert j["weight_map"]["embed.weight"] == j["weight_map"]["lm_head.weight"]
-    part = torch.load(os.path.join(tmp_path, j["weight_map"]["lm_head.weight"]))
+    part = helpers.torch_load(os.path.join(tmp_path, j["weight_map"]["lm_head.weight"]))
     same(part["lm_head.weight"], w)
     assert part["embed.weight"].data_ptr() == part["lm_head.weight"].data_ptr()
 

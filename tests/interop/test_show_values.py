@@ -5,6 +5,7 @@ tensor indexed as in Python (`w[0:2]`, `w[1, 1:3]`, `w[:, -1]`) — printed as t
 import subprocess
 
 import pytest
+import helpers
 
 torch = pytest.importorskip("torch")
 
@@ -22,7 +23,7 @@ def train(tmp_path_factory):
            "hist": [1.5, 2.5], "i": torch.arange(10, dtype=torch.int64)}
     p = d / "train.pt"
     torch.save(obj, p)
-    return str(p), torch.load(p)
+    return str(p), helpers.torch_load(p)
 
 
 def _show(ckpt, path, name):

@@ -36,7 +36,7 @@ def test_convert_roundtrip(cache, file_id):
     src = cache.path(file_id)
     out = cache.converted(file_id)
     assert helpers.is_zip(out), "convert must write a torch.save zip"
-    a, b = cache.load(src), torch.load(out)
+    a, b = cache.load(src), helpers.torch_load(out, like=src)
     diffs = helpers.compare(a, b)
     assert not diffs, "torch.load(converted) differs:\n" + "\n".join(diffs[:30])
 
@@ -150,7 +150,7 @@ def test_convert_align_4096(ckpt, cache, file_id, tmp_path):
     out = tmp_path / "aligned.pt"
     ckpt.ok("convert", cache.path(file_id), out, "--align", 4096)
     check_records(str(out), alignment=4096)
-    diffs = helpers.compare(cache.load(cache.path(file_id)), torch.load(out))
+    diffs = helpers.compare(cache.load(cache.path(file_id)), helpers.torch_load(out, like=cache.path(file_id)))
     assert not diffs, "\n".join(diffs[:30])
     for e in ckpt.json("ls", out, "--json")["tensors"]:
         if e["storage_offset"] == 0 and e["nbytes"] > 0:

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from conftest import one_error_line
+import helpers
 
 torch.manual_seed(0)
 
@@ -254,7 +255,7 @@ def test_convert_state_dict_loads_strict(ckpt, archives, name, tmp_path):
     path, eager, x = archives[name]
     out = tmp_path / "sd.pt"
     ckpt.ok("convert", path, out)
-    sd = torch.load(str(out))
+    sd = helpers.torch_load(str(out))
     fresh = MODELS[name][0]()
     fresh.load_state_dict(sd, strict=True)
     for k, v in eager.state_dict().items():
