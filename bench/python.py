@@ -14,15 +14,20 @@ speed drifts by tens of percent from one process to the next), in-process timing
                                         faults in fresh memory
   ckpt.load(f, mmap=True)               zero-copy views of a private mapping
   ckpt.load(f.tensors)                  the same tensors from the tensorizer file
-  tensorizer TensorDeserializer         only with a local checkout of tensorizer's public
-                                        repository (--tensorizer DIR or $TENSORIZER_SRC; never
-                                        fetched, never committed) and its Python dependencies
-                                        (`make bench-peers`): else the row says "skipped" and why
+  tensorizer TensorDeserializer         PyPI's tensorizer (tests/peers/requirements.txt), run by
+                                        the peer venv's interpreter (scripts/install-peers.sh;
+                                        --tensorizer-python PY picks another one), with torch
+                                        2.x; its ratio is against ckpt.load(f.tensors) timed in
+                                        that same interpreter. --tensorizer DIR (or
+                                        $TENSORIZER_SRC) instead runs a local checkout of
+                                        tensorizer's public repository under /usr/bin/python3
+                                        (its Python dependencies: `make bench-peers`). Without
+                                        either the row says "skipped" and why
 and, in fresh processes: peak RSS of an eager ckpt.load over the interpreter's own (after
 importing torch and ckpt), and the time of `import ckpt` alone (median of 5 processes).
 
     /usr/bin/python3 bench/python.py [--size-mb 1024] [--repeat 5] [--out build/bench-python]
-        [--pythonpath build/python] [--tensorizer DIR] [--processes 3]
+        [--pythonpath build/python] [--tensorizer-python PY | --tensorizer DIR] [--processes 3]
 """
 import argparse
 import json
@@ -61,7 +66,8 @@ TIME = textwrap.dedent(r"""
     elif what == "ckpt-mmap":
         fn = lambda: ckpt.load(path, mmap=True)
     elif what == "tensorizer":
-        sys.path.insert(0, sys.argv[5])
+        if len(sys.argv) > 5:  # a checkout (--tensorizer DIR); else the interpreter's own
+            sys.path.insert(0, sys.argv[5])
         from tensorizer import TensorDeserializer
         fn = lambda: TensorDeserializer(path, device="cpu")
     elif what == "rss":
@@ -87,20 +93,46 @@ def run(cmd):
     return r.stdout
 
 
+def peer_python():
+    """The peer venv's interpreter if scripts/install-peers.sh completed it (found as that script
+    names it: the hash of tests/peers/requirements.txt; never installed from here), else None."""
+    import hashlib
+    with open(os.path.join(REPO, "tests", "peers", "requirements.txt"), "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()[:16]
+    root = os.environ.get("CKPT_PEERS_ROOT") or os.path.expanduser("~/.cache/ckpt")
+    venv = os.path.join(root, f"peers-{digest}")
+    ok = os.path.isfile(os.path.join(venv, ".complete"))
+    return os.path.join(venv, "bin", "python") if ok else None
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.path.join(REPO, "build", "bench-python"))
     ap.add_argument("--pythonpath", default=os.path.join(REPO, "build", "python"))
     ap.add_argument("--size-mb", type=float, default=1024)
     ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--tensorizer", default=os.environ.get("TENSORIZER_SRC"))
+    ap.add_argument("--tensorizer", default=os.environ.get("TENSORIZER_SRC"),
+                    help="a local checkout of tensorizer, run under /usr/bin/python3 (optional)")
+    ap.add_argument("--tensorizer-python", default=None,
+                    help="the interpreter whose PyPI tensorizer the row runs (default: the peer "
+                    "venv's, scripts/install-peers.sh)")
     ap.add_argument("--processes", type=int, default=3,
                     help="fresh processes per measurement; the median of their medians")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     py = "/usr/bin/python3"
-    tz = a.tensorizer if a.tensorizer and os.path.isdir(os.path.join(a.tensorizer, "tensorizer")) \
-        else None
+    # The tensorizer row: (interpreter, extra argv for TIME, what it is), or None and why not.
+    tz, tz_why = None, "no peer venv (scripts/install-peers.sh) and no --tensorizer DIR"
+    if a.tensorizer:
+        if os.path.isdir(os.path.join(a.tensorizer, "tensorizer")):
+            tz = (py, [a.tensorizer], f"the checkout in {a.tensorizer}")
+        else:
+            tz_why = f"no tensorizer package in {a.tensorizer}"
+    elif a.tensorizer_python or peer_python():
+        tzpy = a.tensorizer_python or peer_python()
+        tz = (tzpy, [], f"the tensorizer that {tzpy} imports")
+    if tz:
+        print(f"tensorizer: {tz[2]}")
     print(f"machine: {os.cpu_count()} cores; files in {a.out}; each kind in {a.processes} fresh "
           f"processes, each the median of {a.repeat} loads after one warm-up; the median of "
           "those medians\n")
@@ -125,23 +157,29 @@ def main():
                         ("ckpt-mmap", path), ("ckpt", tpath)):
             key = what if p == path else "ckpt-tensors"
             t[key] = timed([py, "-c", TIME, p, str(a.repeat), what, a.pythonpath])
-        tz_skip = "skipped (no local tensorizer checkout)"
+        tz_skip = f"skipped ({tz_why})"
         if tz:
-            r = subprocess.run([py, "-c", TIME, tpath, str(a.repeat), "tensorizer", a.pythonpath,
-                                tz], capture_output=True, text=True)
+            tzpy, extra, where = tz
+            args = [tzpy, "-c", TIME, tpath, str(a.repeat), "tensorizer", a.pythonpath, *extra]
+            r = subprocess.run(args, capture_output=True, text=True)
             if r.returncode == 0:
-                t["tensorizer"] = timed([py, "-c", TIME, tpath, str(a.repeat), "tensorizer",
-                                         a.pythonpath, tz], r.stdout)
-            else:  # e.g. its Python dependencies are missing: `make bench-peers`
+                t["tensorizer"] = timed(args, r.stdout)
+                if tzpy != py:  # the ratio's other side, timed in the same interpreter
+                    t["ckpt-tensors-tz"] = timed([tzpy, "-c", TIME, tpath, str(a.repeat), "ckpt",
+                                                  a.pythonpath])
+            else:  # e.g. a checkout's Python dependencies are missing: `make bench-peers`
                 last = (r.stderr.strip().splitlines() or ["?"])[-1]
-                tz_skip = f"skipped (tensorizer in {tz} failed: {last})"
+                tz_skip = f"skipped ({where} failed: {last})"
                 print(f"tensorizer row skipped: {r.stderr.strip()[-2000:]}", file=sys.stderr)
         rss = json.loads(run([py, "-c", TIME, path, "1", "rss", a.pythonpath]))
         tl = t["torch"]["median"]
         ms = lambda k: f"{t[k]['median'] * 1000:.1f} ms"  # noqa: E731
         have_tz = "tensorizer" in t
         tzc = ms("tensorizer") if have_tz else tz_skip
-        tzr = f"{t['tensorizer']['median'] / t['ckpt-tensors']['median']:.1f}x" if have_tz else "-"
+        tz_ckpt = t.get("ckpt-tensors-tz", t["ckpt-tensors"])
+        tzr = f"{t['tensorizer']['median'] / tz_ckpt['median']:.1f}x" if have_tz else "-"
+        if "ckpt-tensors-tz" in t:
+            tzr += f" (vs {ms('ckpt-tensors-tz')} there)"
         over = (rss["peak"] - rss["base"]) / 2**20
         size = os.path.getsize(path) / 2**20
         print(f"| {label} | {ms('torch')} | {ms('ckpt')} | {tl / t['ckpt']['median']:.1f}x | "
