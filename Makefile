@@ -42,8 +42,8 @@ DEB_PACKAGES := cmake ninja-build g++ pkg-config libgtest-dev libgmock-dev libbe
   radosgw ceph-mon ceph-osd nlohmann-json3-dev libcli11-dev \
   python3 python3-torch python3-numpy python3-pytest python3-onnx \
   python3-dev python3-venv pybind11-dev libdlpack-dev python3-pip python3-setuptools python3-wheel
-# What the tensorizer peer of bench/python.py imports (tensorizer itself is a checkout of its
-# public repository that the benchmark is pointed at, never fetched by the build: docs/benchmarks.md).
+# What a tensorizer checkout imports under /usr/bin/python3 (bench/python.py --tensorizer DIR); by
+# default the benchmark runs the PyPI tensorizer of the peer venv, which needs none of them.
 BENCH_PACKAGES := python3-boto3 python3-redis python3-libnacl python3-psutil python3-protobuf
 # libFuzzer and the sanitizer runtimes come with clang; Debian 12 splits them into libclang-rt-14-dev.
 FUZZ_PACKAGES := clang libclang-rt-14-dev

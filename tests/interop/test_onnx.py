@@ -287,7 +287,7 @@ def test_convert_values(ckpt, models, tmp_path, to):
             assert got[name][1] == list(a.shape) and got[name][2] == a.tobytes()
     elif to == "pt":
         import torch
-        sd = torch.load(out)
+        sd = torch.load(out, weights_only=True)
         for name, a in ref.items():
             assert np.array_equal(sd[name].numpy(), a)
     else:
