@@ -1,5 +1,5 @@
 #pragma once
-// ONNX models (issue 12): what ckpt knows of an opened .onnx beyond its tensors — each
+// ONNX models: what ckpt knows of an opened .onnx beyond its tensors — each
 // initializer's external-data place and onnxruntime's pre-packed blobs — and the rewrite that
 // moves initializers out to (or back from) an aligned external-data file.
 // Format facts: docs/formats.md "ONNX"; design: docs/design.md "ONNX".

@@ -1,5 +1,5 @@
 #pragma once
-// ONNX vocabulary (issue 12): an initializer's place and onnxruntime's pre-packed blobs, as the
+// ONNX vocabulary: an initializer's place and onnxruntime's pre-packed blobs, as the
 // ONNX reader (src/formats/onnx) records them. Plain values. The functions are in ckpt/onnx.h.
 
 #include <cstdint>

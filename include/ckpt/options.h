@@ -67,7 +67,7 @@ struct OpenOptions {
   // torch.load(weights_only=True) does. Off: they are kept as opaque objects (Value::foreign),
   // never called either way.
   bool strict = false;
-  // tensorizer decryption (issue 4): a raw 32-byte key, or a password.
+  // tensorizer decryption: a raw 32-byte key, or a password.
   std::string decrypt_key;
   std::string decrypt_password;
 };

@@ -1,5 +1,5 @@
 #pragma once
-// ckpt's pre-pack cache (issue 12, point 3), for every format: given a checkpoint, a tensor and
+// ckpt's pre-pack cache, for every format: given a checkpoint, a tensor and
 // a packer (an id, a version and a function from the tensor to packed bytes), returns the packed
 // bytes — mapped read-only and shared from a cache file where they were stored before, or packed
 // now and stored. Every process on the machine then uses one page-cache copy.
