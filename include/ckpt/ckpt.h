@@ -11,6 +11,10 @@
 //   tensor.h, value.h    Tensor/Storage/TensorInfo, the object tree
 //   source.h, sink.h     where bytes come from and go to (files, memory, your own)
 //   memory.h             memory of eager loads kept for the next one
+//   remote.h             http(s):// and s3:// sources, the S3 upload sink
+//   onnx.h, onnx_types.h ONNX: initializer places, onnxruntime's pre-packed blobs, the rewrite
+//   prepack.h            the pre-pack cache (onnxruntime-style packed weights, any format)
+//   torchscript_types.h  TorchScript archive vocabulary (code, debug ranges, constants)
 //   error.h, dtype.h, format.h, options.h
 #include "ckpt/checkpoint.h"
 #include "ckpt/convert.h"

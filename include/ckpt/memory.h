@@ -13,6 +13,9 @@
 //
 // The default limit is half the machine's physical memory; the environment variable
 // CKPT_KEEP_ARENA_MB overrides it at first use (0 turns keeping off).
+//
+// Process-wide state. Thread-safe: every function may be called from any thread, also while
+// loads run (the kept arena is handed over under one lock; a load takes it or leaves it).
 
 #include <cstdint>
 

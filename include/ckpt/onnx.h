@@ -3,6 +3,8 @@
 // initializer's external-data place and onnxruntime's pre-packed blobs — and the rewrite that
 // moves initializers out to (or back from) an aligned external-data file.
 // Format facts: docs/formats.md "ONNX"; design: docs/design.md "ONNX".
+// Thread-safe: these functions keep no state; onnx_prepacked/onnx_places read an open
+// Checkpoint, which concurrent callers may share.
 
 #include <cstdint>
 #include <optional>

@@ -7,6 +7,8 @@
 // Errors name the URL without credentials or query string: kNotFound (404), kAuth (401/403),
 // kTruncated (a range past the end), kIo (anything else, after the retries; the HTTP status
 // and the range are in the message).
+// Thread-safe: a URL source serves concurrent reads (its block cache and connection pool are
+// locked); an S3 sink, like every ByteSink, has one writer at a time (ckpt/sink.h).
 
 #include <memory>
 #include <string>
