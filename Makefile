@@ -94,7 +94,8 @@ interop-compat: build
 	CKPT_BIN=$(abspath $(BUILD))/ckpt $(PY) -m pytest -q $(COMPAT_TESTS)
 
 asan: deps
-	cmake -S . -B $(BUILD_ASAN) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCKPT_SANITIZE=ON -DCKPT_BUILD_PYTHON=ON
+	cmake -S . -B $(BUILD_ASAN) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCKPT_SANITIZE=ON -DCKPT_BUILD_PYTHON=ON \
+	  -Dpybind11_DIR=$(PYBIND11_DEBIAN)
 	cmake --build $(BUILD_ASAN) -j $(JOBS)
 	cd $(BUILD_ASAN) && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j $(JOBS)
 	$(MAKE) --no-print-directory interop-asan
@@ -130,22 +131,29 @@ fuzz-smoke: fuzz-build
 	./scripts/fuzz.sh $(BUILD_FUZZ) $(FUZZ_SMOKE_SECONDS) $(FUZZ_TARGETS)
 
 # The Python module (python/): the extension is built into $(BUILD)/python/ckpt beside a copy of
-# the package's .py files; tests/python imports it from there (docs/python.md).
-python: deps $(BUILD)/build.ninja
-	cmake -S . -B $(BUILD) -DCKPT_BUILD_PYTHON=ON
+# the package's .py files; tests/python imports it from there (docs/python.md). $(BUILD)'s module
+# is built against the peer venv's pybind11 3 and tested under torch 2.x + numpy 2 (the venv) and
+# torch 1.13 + numpy 1.24 (Debian's python3, the same CPython); $(BUILD_ASAN)'s against Debian's
+# pybind11 2.10 (python-asan): both pybind11 versions are built and tested.
+PYBIND11_DEBIAN := /usr/lib/cmake/pybind11
+python: deps peers $(BUILD)/build.ninja
+	cmake -S . -B $(BUILD) -DCKPT_BUILD_PYTHON=ON -Dpybind11_DIR=$$($(VPY) -m pybind11 --cmakedir)
 	cmake --build $(BUILD) -j $(JOBS) --target ckpt_python ckpt_python_files
+	CKPT_PYTHONPATH=$(abspath $(BUILD))/python $(VPY) -m pytest -q tests/python
 	CKPT_PYTHONPATH=$(abspath $(BUILD))/python $(PY) -m pytest -q tests/python
 
 # The module and the library built with ASan+UBSan, the suite run under them (the runtimes are
-# preloaded into the uninstrumented interpreter; Python's own allocations are not leak-checked).
+# preloaded into the peer venv's uninstrumented interpreter, torch 2.x; Python's own allocations are
+# not leak-checked).
 # Part of `make asan` (so of `make test`): the lifetime tests (a tensor read after its checkpoint
 # is closed and its file deleted or replaced) run under ASan here.
-python-asan: deps
-	cmake -S . -B $(BUILD_ASAN) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCKPT_SANITIZE=ON -DCKPT_BUILD_PYTHON=ON
+python-asan: deps peers
+	cmake -S . -B $(BUILD_ASAN) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCKPT_SANITIZE=ON -DCKPT_BUILD_PYTHON=ON \
+	  -Dpybind11_DIR=$(PYBIND11_DEBIAN)
 	cmake --build $(BUILD_ASAN) -j $(JOBS) --target ckpt_python ckpt_python_files
 	LD_PRELOAD="$$(g++ -print-file-name=libasan.so) $$(g++ -print-file-name=libubsan.so)" \
 	  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-	  CKPT_PYTHONPATH=$(abspath $(BUILD_ASAN))/python $(PY) -m pytest -q tests/python
+	  CKPT_PYTHONPATH=$(abspath $(BUILD_ASAN))/python $(VPY) -m pytest -q tests/python
 
 # Debian 12's pip refuses to touch the system interpreter ("externally managed", PEP 668)
 # without --break-system-packages; it installs into /usr/local/lib/python3.11/dist-packages,
