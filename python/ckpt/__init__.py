@@ -20,6 +20,7 @@ import threading
 
 from . import _ckpt, _script, _tree
 from ._build import Builder, backend
+from ._build import untyped_storage as _untyped_storage
 from ._errors import (AuthError, CorruptError, Error, InvalidArgumentError, IoError,
                       LimitExceededError, NotFoundError, TruncatedError, UnsupportedError, error)
 from ._tree import Global, Opaque, OpaqueDict
@@ -542,7 +543,7 @@ def _copy_buffer(buf, fw):
             return torch.UntypedStorage(0)
         import numpy
         arr = numpy.array(memoryview(buf), dtype=numpy.uint8)  # own copy
-        return torch.from_numpy(arr).storage().untyped()
+        return _untyped_storage(torch.from_numpy(arr))
     import numpy
     return numpy.array(memoryview(buf), dtype=numpy.uint8)
 

@@ -4,6 +4,8 @@ import collections
 import gc
 import io
 import os
+import subprocess
+import sys
 import warnings
 
 import pytest
@@ -302,3 +304,33 @@ def test_memory_kept_between_eager_loads(tmp_path):
         assert ckpt.kept_memory() == 0
     finally:
         ckpt.set_kept_memory_limit(before)
+
+
+NO_WARNINGS = r'''
+import sys, warnings
+warnings.simplefilter("error")  # a warning raised in ckpt fails the load
+sys.path.insert(0, sys.argv[1])
+import ckpt, torch
+for p in sys.argv[2:]:
+    for mmap in (False, True):
+        ckpt.load(p, mmap=mmap)
+    with ckpt.safe_open(p) as f:
+        [f.get_tensor(k) for k in f.keys()]
+    ckpt.save(ckpt.load(p), p + ".again.pt")
+    list(ckpt.open(p).stream(1 << 20))
+print("ok")
+'''
+
+
+def test_no_warnings_from_ckpt(torch_corpus, built_path):
+    # torch 2.x warns once per process at the first use of a TypedStorage (tensor.storage()):
+    # ckpt's loads (shared storages, views, bool), saves and streams use none (a fresh process,
+    # every warning an error). Quantized tensors are left out: torch's own _rebuild_qtensor,
+    # which ckpt calls as torch.load does, asks a TypedStorage for its device, and torch.load
+    # of such a file warns the same.
+    files = [torch_corpus["files"][f] for f in ("tied", "shared_storage", "views", "dtype_bool",
+                                                "params", "scalars_0d")]
+    r = subprocess.run([sys.executable, "-c", NO_WARNINGS, built_path, *files],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip() == "ok"
