@@ -4,6 +4,10 @@
 
 Environment: CKPT_CMAKE_BUILD_DIR (reuse a build folder), CKPT_CMAKE_ARGS (extra -D flags),
 CKPT_JOBS (parallel jobs; default: the machine's cores).
+
+pybind11: the building interpreter's own (`import pybind11`: a venv's pybind11 3.x from PyPI)
+when it has one and CKPT_CMAKE_ARGS names no pybind11_DIR, else CMake's search (Debian's
+pybind11-dev, 2.10). Both build the same module.
 """
 
 import os
@@ -18,6 +22,17 @@ from setuptools.command.build_ext import build_ext
 ROOT = Path(__file__).resolve().parent
 
 
+def pybind11_args(extra):
+    """-Dpybind11_DIR of the building interpreter's pybind11 package, if it has one."""
+    if any(a.startswith("-Dpybind11_DIR") for a in extra):
+        return []
+    try:
+        import pybind11
+    except ImportError:
+        return []
+    return [f"-Dpybind11_DIR={pybind11.get_cmake_dir()}"]
+
+
 class CMakeBuild(build_ext):
     def build_extension(self, ext):
         out = Path(self.get_ext_fullpath(ext.name)).resolve()
@@ -27,7 +42,8 @@ class CMakeBuild(build_ext):
                 "-DCKPT_INSTALL=OFF", f"-DPython_EXECUTABLE={sys.executable}"]
         if shutil.which("ninja") and not (build / "CMakeCache.txt").exists():
             args += ["-G", "Ninja"]
-        args += os.environ.get("CKPT_CMAKE_ARGS", "").split()
+        extra = os.environ.get("CKPT_CMAKE_ARGS", "").split()
+        args += pybind11_args(extra) + extra
         subprocess.run(args, check=True)
         jobs = os.environ.get("CKPT_JOBS") or str(os.cpu_count() or 2)
         subprocess.run(["cmake", "--build", str(build), "--target", "ckpt_python", "-j", jobs],

@@ -18,8 +18,9 @@ import gc
 import os
 import threading
 
-from . import _ckpt, _tree
+from . import _ckpt, _script, _tree
 from ._build import Builder, backend
+from ._build import untyped_storage as _untyped_storage
 from ._errors import (AuthError, CorruptError, Error, InvalidArgumentError, IoError,
                       LimitExceededError, NotFoundError, TruncatedError, UnsupportedError, error)
 from ._tree import Global, Opaque, OpaqueDict
@@ -124,8 +125,10 @@ class _NoGC:
 def _result(ck, builder, tensors):
     _tree._MODE["torch"] = builder.framework == "torch"
     if ck.format == "torchscript":
-        # TorchScript archives: their state dict (torch.load would run the TorchScript module).
-        return collections.OrderedDict((n, tensors[i]) for n, i in ck.state_dict_entries())
+        # TorchScript archives: their state dict (torch.load would run the TorchScript module),
+        # quantized Linear modules' packed parameters included (_script.py).
+        return _script.state_dict(ck, tensors, lambda: ck.tree(tensors, _tree, _MAX_DEPTH),
+                                  builder.framework == "torch")
     return ck.tree(tensors, _tree, _MAX_DEPTH)
 
 
@@ -540,7 +543,7 @@ def _copy_buffer(buf, fw):
             return torch.UntypedStorage(0)
         import numpy
         arr = numpy.array(memoryview(buf), dtype=numpy.uint8)  # own copy
-        return torch.from_numpy(arr).storage().untyped()
+        return _untyped_storage(torch.from_numpy(arr))
     import numpy
     return numpy.array(memoryview(buf), dtype=numpy.uint8)
 

@@ -18,6 +18,18 @@ _NP_TYPES = {
 }
 
 
+# torch 2.x deprecated TypedStorage (a warning at first use, per process): tensors' bytes are
+# reached through untyped_storage() there, and the TypedStorage that _rebuild_qtensor takes is
+# made as torch.load makes it (_internal=True: no warning). torch 1.13 has neither.
+_TYPED_STORAGE_KW = {}
+
+
+def untyped_storage(t):
+    """The UntypedStorage behind tensor t, without torch 2.x's TypedStorage warning."""
+    f = getattr(t, "untyped_storage", None)
+    return f() if f is not None else t.storage().untyped()
+
+
 def backend():
     """"torch" when torch can be imported, else "numpy"."""
     if "torch" in sys.modules:
@@ -45,6 +57,8 @@ class Builder:
         if framework == "torch":
             import torch
             self.torch = torch
+            if hasattr(torch.Tensor, "untyped_storage"):  # torch 2.x
+                _TYPED_STORAGE_KW["_internal"] = True
             used = ck.dtype_names() if hasattr(ck, "dtype_names") else \
                 {info[1] for info in self.infos}
             for dt in used:
@@ -214,7 +228,8 @@ class Builder:
             t = torch.empty_strided(shape, strides, dtype=dtype, device="meta")
         elif q is not None:
             scheme, scale, zp, axis, scales_i, zps_i = q
-            storage = torch.storage.TypedStorage(wrap_storage=self._untyped(si), dtype=dtype)
+            storage = torch.storage.TypedStorage(wrap_storage=self._untyped(si), dtype=dtype,
+                                                 **_TYPED_STORAGE_KW)
             qscheme = getattr(torch, scheme)
             if scales_i is not None:
                 params = (qscheme, self.tensor(scales_i), self.tensor(zps_i), axis)
@@ -234,11 +249,11 @@ class Builder:
         """The torch UntypedStorage of storage si (made once; tensors share it)."""
         s = self.storages[si]
         if isinstance(s, self.torch.Tensor):
-            return s.storage().untyped()
+            return untyped_storage(s)
         if isinstance(s, self.torch.UntypedStorage):
             return s
         torch = self.torch
-        u = torch.frombuffer(s, dtype=torch.uint8).storage().untyped() if len(s) else \
+        u = untyped_storage(torch.frombuffer(s, dtype=torch.uint8)) if len(s) else \
             torch.UntypedStorage(0)
         self.storages[si] = u
         return u

@@ -297,7 +297,7 @@ def _describe_tensor(torch, t):
                 is_param, (t,), quant, True)
     if t.device.type != "cpu":
         t = t.detach().cpu()
-    s = t.storage().untyped()
+    s = t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage().untyped()
     nbytes = s.nbytes()
     key = s.data_ptr() if nbytes else id(s)
     return (key, s.data_ptr(), nbytes, name, tuple(t.shape), tuple(t.stride()),

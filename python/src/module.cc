@@ -267,40 +267,6 @@ PYBIND11_MODULE(_ckpt, m) {
   });
 
   add_span_type(m);
-  pyb::class_<Buffer> buffer_class(m, "Buffer", pyb::buffer_protocol());
-  buffer_class
-      .def_buffer([](Buffer& b) {
-        return pyb::buffer_info(const_cast<std::byte*>(b.data), 1, "B", 1,
-                                {static_cast<pyb::ssize_t>(b.size)}, {1}, !b.writable);
-      })
-      .def("__len__", [](const Buffer& b) { return b.size; })
-      .def_property_readonly("writable", [](const Buffer& b) { return b.writable; });
-  // The same buffer (bytes, "B", one dimension, read-only unless writable) without pybind11's
-  // generic path, which allocates a buffer_info per request: torch.frombuffer asks once per
-  // tensor, ~0.2 us each of a 20,000-tensor load.
-  {
-    auto* type = reinterpret_cast<PyTypeObject*>(buffer_class.ptr());
-    type->tp_as_buffer->bf_getbuffer = [](PyObject* obj, Py_buffer* view, int flags) -> int {
-      const Buffer* b = nullptr;
-      try {
-        // Only instances of Buffer (or a subclass) reach this slot: its value, without
-        // pybind11's cast and its type lookup.
-        b = reinterpret_cast<pyb::detail::instance*>(obj)
-                ->get_value_and_holder()
-                .value_ptr<Buffer>();
-      } catch (...) {
-        b = nullptr;
-      }
-      if (!b) {
-        PyErr_SetString(PyExc_BufferError, "not a ckpt buffer");
-        return -1;
-      }
-      return PyBuffer_FillInfo(view, obj, const_cast<std::byte*>(b->data),
-                               static_cast<Py_ssize_t>(b->size), b->writable ? 0 : 1, flags);
-    };
-    type->tp_as_buffer->bf_releasebuffer = nullptr;
-  }
-
   pyb::class_<PyCheckpoint>(m, "Checkpoint")
       .def_static(
           "open",
@@ -327,7 +293,8 @@ PYBIND11_MODULE(_ckpt, m) {
       .def_static(
           "open_and_load",
           [](const std::string& path, bool strict, const std::string& key,
-             const std::string& password, bool verify, int threads, const pyb::object& build) {
+             const std::string& password, bool verify, int threads,
+             const pyb::object& build) -> pyb::tuple {
             // build(checkpoint, buffers) -> result, called while the reader threads still fill
             // the buffers (LoadOptions::on_placed): the Python side makes its tensors and tree
             // meanwhile, never reading the bytes. Returns (checkpoint, buffers, result), result
@@ -522,11 +489,13 @@ PYBIND11_MODULE(_ckpt, m) {
                  budget,
                  [&](const Tensor& t) {
                    pyb::gil_scoped_acquire gil;
-                   // The slot is reused after the call: the buffer is marked read-only and the
+                   // The slot is reused after the call: the span is marked read-only and the
                    // Python side copies what it keeps before returning.
-                   Buffer b{t.storage()->data, static_cast<size_t>(t.storage()->info.nbytes),
-                            t.storage(), false};
-                   fn(info_tuple(t.info()), b);
+                   SpanMaker spans;
+                   auto span = pyb::reinterpret_steal<pyb::object>(
+                       spans.make(t.storage()->data, static_cast<size_t>(t.storage()->info.nbytes),
+                                  t.storage(), false));
+                   fn(info_tuple(t.info()), span);
                  },
                  load_options(verify, 0));
            });

@@ -14,6 +14,11 @@ What torch 1.13 cannot save, and is therefore absent here:
 Quantized tensors (per-tensor and per-channel, qint8/quint8/qint32, and the
 sub-byte quint4x2/quint2x4) save and load in both formats, but not with
 weights_only=True (1.13's weights-only allowlist lacks _rebuild_qtensor).
+
+``weights_only(file_id)`` says whether the running torch's ``torch.load(...,
+weights_only=True)`` reads a corpus file (each Case states it, with the reason when not):
+tests pass it to torch.load explicitly, since the default changed from False (torch 1.13)
+to True (torch 2.6).
 """
 
 import collections
@@ -263,19 +268,31 @@ REFUSE = {
 }
 
 
+# torch 2.x: the major version of the running torch ("2.11.0+cu130", "1.13.0a0").
+TORCH2 = int(torch.__version__.split(".")[0]) >= 2
+# What torch 1.13's weights-only unpickler lacks and torch 2.x has (checked by loading every
+# corpus file with weights_only=True under 1.13.0 and 2.11.0): the BINFLOAT opcode (any Python
+# float: "Unsupported operand 71") and torch._utils._rebuild_qtensor (quantized tensors).
+WO_TORCH2 = TORCH2
+
+
 class Case:
-    def __init__(self, name, build, legacy=False, byte_identity=False, notes=()):
+    """weights_only: whether torch.load(weights_only=True) of the running torch reads the file."""
+
+    def __init__(self, name, build, legacy=False, byte_identity=False, notes=(), weights_only=True):
         self.name, self.build, self.legacy, self.byte_identity = name, build, legacy, byte_identity
         self.notes = frozenset(notes)
+        self.weights_only = weights_only
 
 
 CASES = (
     [Case(f"dtype_{str(d)[6:]}", _dtype_case(d), legacy=d in (torch.float32, torch.bfloat16, torch.complex128, torch.bool))
      for d in DTYPES]
-    + [Case(f"quant_{str(q)[6:]}", _quant(q), legacy=q == torch.qint8) for q in (torch.qint8, torch.quint8, torch.qint32)]
+    + [Case(f"quant_{str(q)[6:]}", _quant(q), legacy=q == torch.qint8, weights_only=WO_TORCH2)
+       for q in (torch.qint8, torch.quint8, torch.qint32)]
     + [
-        Case("quant_per_channel", quant_per_channel, legacy=True),
-        Case("quant_subbyte", quant_subbyte, notes={"subbyte"}),
+        Case("quant_per_channel", quant_per_channel, legacy=True, weights_only=WO_TORCH2),
+        Case("quant_subbyte", quant_subbyte, notes={"subbyte"}, weights_only=WO_TORCH2),
         Case("scalars_0d", scalars_0d, legacy=True),
         Case("empty", empty, legacy=True),
         Case("views", views, legacy=True),
@@ -285,8 +302,10 @@ CASES = (
         Case("tied", tied, legacy=True),
         Case("params", params, legacy=True),
         Case("nested", nested, legacy=True),
-        Case("values", values, legacy=True),
-        Case("adam", adam, legacy=True),
+        # bytes: protocol 2 pickles b"..." as GLOBAL _codecs.encode / __builtin__.bytes, which
+        # no torch allowlists (and 1.13 lacks BINFLOAT besides)
+        Case("values", values, legacy=True, weights_only=False),
+        Case("adam", adam, legacy=True, weights_only=WO_TORCH2),  # lr, betas...: floats
         Case("module_sd", module_sd, legacy=True, byte_identity=True),
         Case("plain_sd", plain_sd, byte_identity=True),
         Case("single_tensor", single_tensor, byte_identity=True),
@@ -341,6 +360,12 @@ def generate(outdir):
 def file_case(file_id):
     """The Case a corpus file id belongs to."""
     return CASE_BY_NAME[file_id.split(".")[0]]
+
+
+def weights_only(file_id):
+    """The weights_only= to pass torch.load for a corpus file: True where the running torch's
+    weights-only unpickler reads it (Case.weights_only says why not elsewhere)."""
+    return file_case(file_id).weights_only
 
 
 if __name__ == "__main__":
