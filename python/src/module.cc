@@ -327,7 +327,8 @@ PYBIND11_MODULE(_ckpt, m) {
       .def_static(
           "open_and_load",
           [](const std::string& path, bool strict, const std::string& key,
-             const std::string& password, bool verify, int threads, const pyb::object& build) {
+             const std::string& password, bool verify, int threads,
+             const pyb::object& build) -> pyb::tuple {
             // build(checkpoint, buffers) -> result, called while the reader threads still fill
             // the buffers (LoadOptions::on_placed): the Python side makes its tensors and tree
             // meanwhile, never reading the bytes. Returns (checkpoint, buffers, result), result
