@@ -5,12 +5,15 @@
 # makes a new one. Idempotent: an existing complete venv is reused without touching the network.
 # It is built under a temporary name and renamed when complete, so an interrupted install leaves
 # no half venv that a later run would take for a good one.
+# Usage: scripts/install-peers.sh [REQUIREMENTS [NAME]]: another pinned set into NAME-<hash>
+# (scripts/check-wheel.sh: torch and numpy alone, the pins of this tier, as torch-only-<hash>).
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
-req="$here/tests/peers/requirements.txt"
+req="${1:-$here/tests/peers/requirements.txt}"
+name="${2:-peers}"
 root="${CKPT_PEERS_ROOT:-$HOME/.cache/ckpt}"
 hash="$(sha256sum "$req" | cut -c1-16)"
-venv="$root/peers-$hash"
+venv="$root/$name-$hash"
 if [ -x "$venv/bin/python" ] && [ -f "$venv/.complete" ]; then
   echo "$venv"; exit 0
 fi
