@@ -5,14 +5,19 @@
 # makes a new one. Idempotent: an existing complete venv is reused without touching the network.
 # It is built under a temporary name and renamed when complete, so an interrupted install leaves
 # no half venv that a later run would take for a good one.
+# Usage: scripts/install-peers.sh [--path] [REQUIREMENTS [NAME]]: another pinned set into NAME-<hash>;
+# --path prints where the venv is (or will be) and installs nothing
+# (scripts/check-wheel.sh: torch and numpy alone, the pins of this tier, as torch-only-<hash>).
 set -euo pipefail
+path_only=0
+if [ "${1:-}" = "--path" ]; then path_only=1; shift; fi
 here="$(cd "$(dirname "$0")/.." && pwd)"
-req="$here/tests/peers/requirements.txt"
+req="${1:-$here/tests/peers/requirements.txt}"
+name="${2:-peers}"
 root="${CKPT_PEERS_ROOT:-$HOME/.cache/ckpt}"
 hash="$(sha256sum "$req" | cut -c1-16)"
-venv="$root/peers-$hash"
-# --path: print where the venv is (or will be), install nothing.
-if [ "${1:-}" = "--path" ]; then echo "$venv"; exit 0; fi
+venv="$root/$name-$hash"
+if [ "$path_only" = 1 ]; then echo "$venv"; exit 0; fi
 if [ -x "$venv/bin/python" ] && [ -f "$venv/.complete" ]; then
   echo "$venv"; exit 0
 fi
