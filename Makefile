@@ -6,7 +6,8 @@
 #   make layers        - check that #includes only run down the layers (scripts/check_layers.py)
 #   make install-check - install into a temporary prefix and build consumers against it
 #   make python        - build the Python module (build/python) and run its tests (tests/python)
-#   make python-install - install the Python module for /usr/bin/python3 (pip, no index)
+#   make python-install - install the Python module and the ckpt command for /usr/bin/python3 (no index)
+#   make wheel-check   - build the wheel as pip does, install it where only torch and numpy are, use it
 #   make peers         - the torch 2.x peer venv (tests/peers/requirements.txt), once per machine
 # Both install missing Debian packages first (apt-get, non-interactive); make test also the peers.
 
@@ -49,7 +50,7 @@ BENCH_PACKAGES := python3-boto3 python3-redis python3-libnacl python3-psutil pyt
 FUZZ_PACKAGES := clang libclang-rt-14-dev
 
 .PHONY: all deps peers build demo test unit interop interop-compat asan interop-asan tsan fuzz-build fuzz fuzz-smoke \
-  layers install-check python python-install python-asan bench-peers clean
+  layers install-check python python-install python-asan wheel-check bench-peers clean
 
 all: build
 
@@ -158,8 +159,13 @@ python-asan: deps peers
 # Debian 12's pip refuses to touch the system interpreter ("externally managed", PEP 668)
 # without --break-system-packages; it installs into /usr/local/lib/python3.11/dist-packages,
 # which Debian reserves for exactly this, and reaches no package index.
-python-install: deps
-	$(PY) -m pip install --no-build-isolation --no-index --break-system-packages .
+python-install: deps peers
+	./scripts/python-install.sh $(PY)
+
+# The wheel a user gets (scikit-build-core, build isolation, build requirements from PyPI), checked
+# with auditwheel and used from a venv that holds only torch and numpy, away from the clone.
+wheel-check: deps peers
+	./scripts/check-wheel.sh
 
 test: layers build
 	$(MAKE) --no-print-directory unit
