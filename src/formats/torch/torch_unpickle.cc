@@ -38,18 +38,6 @@ bool is_qscheme(std::string_view n) {
 bool allowed(const std::string& module, const std::string& name, bool torchscript) {
   static const std::unordered_set<std::string> kExact = {
       "collections.OrderedDict",
-      "torch._utils._rebuild_tensor",
-      "torch._utils._rebuild_tensor_v2",
-      "torch._utils._rebuild_tensor_v3",
-      "torch._utils._rebuild_parameter",
-      "torch._utils._rebuild_parameter_with_state",
-      "torch._utils._rebuild_qtensor",
-      "torch._utils._rebuild_meta_tensor_no_storage",
-      "torch._utils._rebuild_sparse_tensor",
-      "torch._utils._rebuild_nested_tensor",
-      "torch._utils._rebuild_wrapper_subclass",
-      "torch._utils._rebuild_device_tensor_from_numpy",
-      "torch._utils._rebuild_device_tensor_from_cpu_tensor",
       "torch._tensor._rebuild_from_type_v2",
       "torch.tensor._rebuild_from_type_v2",
       "torch.nn.parameter.Parameter",
@@ -97,6 +85,8 @@ bool allowed(const std::string& module, const std::string& name, bool torchscrip
   };
   std::string full = module + "." + name;
   if (kExact.count(full)) return true;
+  // The rebuild functions: torch's weights_only list names exactly the ones interpreted here.
+  if (module == "torch._utils") return torch_weights_only_global(module, name);
   if (module == "torch") {
     if (dtype_from_name(name) || dtype_from_storage_class(name) || is_qscheme(name)) return true;
     if (name == "strided" || name == "sparse_coo" || name == "_mkldnn") return true;
