@@ -22,8 +22,11 @@ import pytest
 import torch
 
 TORCH2 = int(torch.__version__.split(".")[0]) >= 2
-FIXTURES = os.path.join(os.environ.get("CKPT_FIXTURES") or os.path.join(
-    os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "shared", "fixtures"), "torch2")
+# $CKPT_FIXTURES, else ../shared/fixtures beside the clone, else the workplace's /work/shared.
+FIXTURES = next((os.path.join(d, "torch2") for d in (
+    os.environ.get("CKPT_FIXTURES"),
+    os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "shared", "fixtures"),
+    "/work/shared/fixtures") if d and os.path.isdir(os.path.join(d, "torch2"))), "")
 TORCH211_ONLY = sorted(p for p in os.listdir(FIXTURES) if p.startswith("torch211_only_")) \
     if os.path.isdir(FIXTURES) else []
 # Every dtype name torch has spelled (this torch has a subset), in a fixed order.

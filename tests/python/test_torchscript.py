@@ -15,8 +15,9 @@ pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated
 import ckpt  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-FIXTURES = os.path.join(os.environ.get("CKPT_FIXTURES") or
-                        os.path.join(REPO, "..", "shared", "fixtures"), "torch2")
+FIXTURES = next((os.path.join(d, "torch2") for d in (
+    os.environ.get("CKPT_FIXTURES"), os.path.join(REPO, "..", "shared", "fixtures"),
+    "/work/shared/fixtures") if d and os.path.isdir(os.path.join(d, "torch2"))), "")
 TS211 = ["ts211_linear", "ts211_convbn", "ts211_traced", "ts211_extra", "ts211_dynquant"]
 needs_fixtures = pytest.mark.skipif(not os.path.isfile(os.path.join(FIXTURES, "ts211_linear.pt")),
                                     reason=f"torch 2.11 fixtures not found in {FIXTURES} "
