@@ -3,7 +3,7 @@ another machine) and what the running torch writes, scripted and traced, and qua
 modules' packed parameters (their weights are no parameter or buffer of the scripted module).
 
 The fixtures are $CKPT_FIXTURES/torch2, else <repo>/../shared/fixtures/torch2 (beside the
-checkout; /work/shared/fixtures for /work/main); the tests that need them skip without them."""
+checkout), else /work/shared/fixtures/torch2; the tests that need them skip without them."""
 
 import collections
 import os
