@@ -32,6 +32,7 @@ import sys
 LAYERS = {
     "src/util": 0,
     "src/io": 1,
+    "src/device": 1,               # copy engines: CUDA by dlopen, a host engine for tests
     "src/zip": 2,
     "src/pickle": 2,
     "src/model": 3,
@@ -63,6 +64,7 @@ PUBLIC_HEADERS = {
     "remote.h": 0,  # URL sources and the S3 sink (src/io/remote)
     "format.h": 0,
     "memory.h": 0,  # kept load memory (src/util/arena.cc)
+    "device.h": 0,  # where loaded bytes live (src/device)
     # one format's entry points
     "safetensors.h": 4,
     "tensorizer.h": 4,

@@ -11,6 +11,7 @@
 //   tensor.h, value.h    Tensor/Storage/TensorInfo, the object tree
 //   source.h, sink.h     where bytes come from and go to (files, memory, your own)
 //   memory.h             memory of eager loads kept for the next one
+//   device.h             Device (cpu, cuda:N): where loads put the bytes; CUDA by dlopen
 //   remote.h             http(s):// and s3:// sources, the S3 upload sink
 //   onnx.h, onnx_types.h ONNX: initializer places, onnxruntime's pre-packed blobs, the rewrite
 //   prepack.h            the pre-pack cache (onnxruntime-style packed weights, any format)
@@ -18,6 +19,7 @@
 //   error.h, dtype.h, format.h, options.h
 #include "ckpt/checkpoint.h"
 #include "ckpt/convert.h"
+#include "ckpt/device.h"
 #include "ckpt/digest.h"
 #include "ckpt/dtype.h"
 #include "ckpt/error.h"

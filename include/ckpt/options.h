@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "ckpt/device.h"
+
 namespace ckpt {
 
 class Checkpoint;
@@ -80,6 +82,13 @@ using ProgressFn = std::function<void(uint64_t done, uint64_t total)>;
 
 struct LoadOptions {
   bool verify = false;  // check CRC32 (fused with the read); mismatch throws Error{kCorrupt}
+  // Where load_all(), open_and_load(), storage() and tensor() put the bytes. A CUDA device:
+  // reader threads fill a ring of pinned staging buffers (staging_bytes in all) that are copied
+  // to one device allocation per load, with the tensors as views of it (Storage::device). Throws
+  // Error{kUnsupported} naming what is missing where CUDA cannot be used (no runtime library, no
+  // such device: include/ckpt/device.h). stream() and read_into() are host-only (kUnsupported).
+  Device device;
+  uint64_t staging_bytes = 256ull << 20;
   int threads = 0;      // reader threads; 0 = pick for the machine
   bool copy = false;    // with an mmap source: copy into owned memory instead of views
   // Bytes of the loaded storages (load_all, open_and_load, stream; Checkpoint::verify(progress)

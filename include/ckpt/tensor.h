@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "ckpt/device.h"
 #include "ckpt/dtype.h"
 
 namespace ckpt {
@@ -73,11 +74,17 @@ struct Storage {
   StorageInfo info;
   const std::byte* data = nullptr;  // nbytes bytes, valid while `owner` lives
   std::shared_ptr<const void> owner;
+  // Where `data` is: host memory, or a device's (LoadOptions::device). A device address is never
+  // dereferenced on the host: bytes() is for host storages only, and Tensor::bytes() and
+  // contiguous_bytes() throw Error{kInvalidArgument} for a device one (a device storage is
+  // never writable, so mutable_bytes() refuses it too).
+  Device device;
   // True when `data` is memory allocated for this storage (an eager load, a copy, a stream's
   // ring slot during the callback); false for views into a mapped file or caller memory.
   bool writable = false;
 
   std::span<const std::byte> bytes() const noexcept { return {data, info.nbytes}; }
+  bool on_host() const noexcept { return device.is_cpu(); }
   // The bytes, for changing in place. Throws Error{kInvalidArgument} when !writable (load with
   // LoadOptions::copy, or copy the bytes, to change a mapped file's tensor).
   std::span<std::byte> mutable_bytes();

@@ -12,6 +12,8 @@
 
 #include "api/checkpoint_impl.h"
 #include "formats/open.h"
+#include "device/copy_engine.h"
+#include "load/device_load.h"
 #include "load/plan.h"
 #include "util/crc32.h"
 
@@ -166,7 +168,7 @@ StoragePtr Checkpoint::storage(size_t index, const LoadOptions& options) const {
   if (index >= m.storages.size())
     throw Error(ErrorCode::kInvalidArgument, "no storage #" + std::to_string(index),
                 m.source->name());
-  {
+  if (options.device.is_cpu()) {
     std::lock_guard<std::mutex> lock(c.mu);
     if (c.cache.empty()) c.cache.resize(m.storages.size());
     if (auto st = c.cache[index].lock()) return st;
@@ -175,10 +177,17 @@ StoragePtr Checkpoint::storage(size_t index, const LoadOptions& options) const {
     // The shard shares its loaded storages; one more cache here keeps the rule for the set.
     StoragePtr st = c.set->shards[c.set->storage_shard[index]].storage(
         c.set->local_storage(index), options);
+    if (!options.device.is_cpu()) return st;
     std::lock_guard<std::mutex> lock(c.mu);
     if (auto other = c.cache[index].lock()) return other;
     c.cache[index] = st;
     return st;
+  }
+  if (!options.device.is_cpu()) {
+    // Not cached: the cache holds host storages (loaded the default way).
+    internal::LoadPlan plan = internal::plan_storage(m, c.copy, index, options, false);
+    return internal::execute_device(plan, internal::engine_for(options.device),
+                                     options.staging_bytes)[index];
   }
   internal::LoadPlan plan = internal::plan_storage(m, c.copy, index, options, true);
   StoragePtr st = internal::load_one(plan, plan.storages[0]);
@@ -235,6 +244,13 @@ std::vector<Tensor> Checkpoint::load_all(const LoadOptions& options,
     return out;
   }
   internal::LoadPlan plan = internal::make_plan(*impl_->model, impl_->copy, options, filter, false);
+  if (!options.device.is_cpu()) {
+    std::vector<Tensor> out = internal::plan_tensors(
+        plan, internal::execute_device(plan, internal::engine_for(options.device),
+                                       options.staging_bytes));
+    if (options.on_placed) options.on_placed(*this, out);  // the bytes are there already
+    return out;
+  }
   internal::PlacedFn placed;
   if (options.on_placed)
     placed = [&](const std::vector<Tensor>& tensors) { options.on_placed(*this, tensors); };
@@ -243,6 +259,11 @@ std::vector<Tensor> Checkpoint::load_all(const LoadOptions& options,
 
 void Checkpoint::stream(uint64_t budget, const std::function<void(const Tensor&)>& fn,
                         const LoadOptions& options, const TensorFilter& filter) const {
+  if (!options.device.is_cpu())
+    throw Error(ErrorCode::kUnsupported,
+                "stream() hands tensors in host memory; load into " + options.device.str() +
+                    " with load_all()",
+                impl_->model->source->name());
   if (const ShardSet* set = impl_->set.get()) {
     const CheckpointModel& m = *impl_->model;
     const std::vector<uint8_t> sel = select(m, filter);
@@ -268,6 +289,10 @@ void Checkpoint::read_into(size_t index, std::span<std::byte> dst,
                            const LoadOptions& options) const {
   const Impl& c = *impl_;
   const CheckpointModel& m = *c.model;
+  if (!options.device.is_cpu())
+    throw Error(ErrorCode::kUnsupported, "read_into() fills host memory; load into " +
+                                             options.device.str() + " with load_all()",
+                m.source->name());
   if (index >= m.tensors.size())
     throw Error(ErrorCode::kNotFound, "no tensor #" + std::to_string(index), m.source->name());
   const TensorInfo& t = m.tensors[index];

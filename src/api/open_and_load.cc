@@ -22,6 +22,12 @@ namespace ckpt {
 
 LoadedCheckpoint Checkpoint::open_and_load(const std::string& path, const OpenOptions& open_options,
                                            const LoadOptions& load_options) {
+  if (!load_options.device.is_cpu()) {
+    // The overlap below is a host arena's; a device load reads through its own staging ring.
+    Checkpoint c = Checkpoint::open(path, open_options);
+    std::vector<Tensor> tensors = c.load_all(load_options);
+    return {std::move(c), std::move(tensors)};
+  }
   SourcePtr source = open_source(path, open_options.mmap, open_options.remote);
   // Copies go through pread, as every eager load's do: reading out of a mapping would make the
   // file's pages resident beside the copy.

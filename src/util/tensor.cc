@@ -94,13 +94,24 @@ const std::byte* Tensor::data() const noexcept {
   return storage_ && storage_->data ? storage_->data + info_.byte_offset() : nullptr;
 }
 
+namespace {
+void require_host(const StoragePtr& st, const std::string& name) {
+  if (st && !st->on_host())
+    throw Error(ErrorCode::kInvalidArgument,
+                "tensor is in " + st->device.str() + " memory: its bytes cannot be read on the host",
+                {}, name);
+}
+}  // namespace
+
 std::span<const std::byte> Tensor::bytes() const {
+  require_host(storage_, info_.name);
   if (!info_.is_contiguous())
     throw Error(ErrorCode::kInvalidArgument, "tensor is not contiguous", {}, info_.name);
   return {data(), info_.nbytes()};
 }
 
 std::vector<std::byte> Tensor::contiguous_bytes() const {
+  require_host(storage_, info_.name);
   std::vector<std::byte> out(info_.nbytes());
   if (out.empty()) return out;
   if (info_.is_contiguous()) {

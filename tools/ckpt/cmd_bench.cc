@@ -1,4 +1,4 @@
-// ckpt bench FILE [--json] [--repeat N]: times open, mmap load, eager load (with and without
+// ckpt bench FILE [--json] [--repeat N] [--threads N] [--device cuda:N]: times open, mmap load, eager load (with and without
 // verification), streaming, save, and convert to pt (ckpt::convert, against save_torch of the
 // same tensors loaded) of FILE, each beside its own limit: the same work done by plain system
 // calls with the same thread count into the same kind of memory (eager: T threads pread into
@@ -103,6 +103,100 @@ void pwrite_all(int fd, const std::byte* src, uint64_t off, uint64_t len) {
   }
 }
 
+// `ckpt bench FILE --device cuda:N`: loads into the device beside the limits that bound them,
+// in one run: the link (one pinned host-to-device copy), the page-cache read limit at the same
+// threads and at all cores (pread into warm memory), and ckpt's own eager load into host memory
+// at several thread counts (a device load cannot beat reading the bytes). The goal a device row
+// is set against: min(link, ckpt's host eager load at all cores).
+void bench_device(const std::string& file, const Device& device, int r, int threads, bool json) {
+  const std::string dev = device.str();
+  const std::string what = describe_device(device);  // kUnsupported where there is none
+  Checkpoint warm = Checkpoint::open(file);
+  uint64_t bytes = 0;
+  for (const auto& s : warm.storages()) bytes += s.nbytes;
+  const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw Error(ErrorCode::kIo, "cannot open", file);
+  const uint64_t fsize = static_cast<uint64_t>(::lseek(fd, 0, SEEK_END));
+  const int all = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  struct Row {
+    std::string name;
+    double seconds;
+  };
+  std::vector<Row> rows;
+  auto tstr = [](int t) { return std::to_string(t) + (t == 1 ? " thread" : " threads"); };
+  rows.push_back({"link: pinned host->" + dev + " copy", time_pinned_copy(device, bytes, r)});
+  {
+    auto dst = fresh_memory(fsize, true);
+    std::memset(dst.get(), 0, fsize);
+    for (int t : {threads, all}) {
+      rows.push_back({"limit: pread into warm memory, " + tstr(t), time_it(r, [&] {
+                        in_pieces(fsize, t, [&](uint64_t off, uint64_t len) {
+                          pread_all(fd, dst.get() + off, off, len);
+                        });
+                      })});
+      if (t == all) break;
+    }
+  }
+  ::close(fd);
+  std::vector<int> counts;
+  for (int t : {4, 8, 16, 32, 64})
+    if (t < all) counts.push_back(t);
+  counts.push_back(all);
+  double best_host = 1e30, all_host = 0;
+  for (int t : counts) {
+    LoadOptions lo;
+    lo.threads = t;
+    double s = time_it(r, [&] { LoadedCheckpoint l = Checkpoint::open_and_load(file, {}, lo); },
+                       [] { release_kept_memory(); });
+    rows.push_back({"ckpt: eager load into host memory, " + tstr(t), s});
+    best_host = std::min(best_host, s);
+    if (t == all) all_host = s;
+  }
+  const double link = rows[0].seconds;
+  const size_t first_dev = rows.size();
+  for (uint64_t staging_mb : {256, 64})
+    for (bool verify : {false, true}) {
+      if (staging_mb != 256 && verify) continue;
+      LoadOptions lo;
+      lo.threads = threads;
+      lo.device = device;
+      lo.verify = verify;
+      lo.staging_bytes = staging_mb << 20;
+      double s = time_it(r, [&] { LoadedCheckpoint l = Checkpoint::open_and_load(file, {}, lo); });
+      rows.push_back({"ckpt: load into " + dev + ", " + tstr(threads) + ", " +
+                          std::to_string(staging_mb) + " MiB staging" + (verify ? " + verify" : ""),
+                      s});
+    }
+  const double goal = std::max(link, all_host);  // the slower of the two bounds
+  if (json) {
+    nlohmann::ordered_json j{{"file", file}, {"device", what}, {"bytes", bytes},
+                             {"threads", threads}, {"cores", all}};
+    for (size_t i = 0; i < rows.size(); ++i) {
+      nlohmann::ordered_json x{{"name", rows[i].name}, {"seconds", rows[i].seconds},
+                               {"gb_per_s", bytes / rows[i].seconds / 1e9}};
+      if (i >= first_dev) x["vs_goal"] = goal / rows[i].seconds;
+      j["results"].push_back(std::move(x));
+    }
+    j["host_all_cores_vs_best"] = best_host / all_host;
+    std::printf("%s\n", j.dump(1).c_str());
+    return;
+  }
+  std::printf("%s: %s in %zu tensors into %s, medians of %d runs\n", file.c_str(),
+              human_bytes(bytes).c_str(), warm.tensors().size(), what.c_str(), r);
+  std::printf("%-62s %10s %9s %8s\n", "measurement", "ms", "GB/s", "x goal");
+  for (size_t i = 0; i < rows.size(); ++i) {
+    std::printf("%-62s %10.2f %9.2f", rows[i].name.c_str(), rows[i].seconds * 1e3,
+                bytes / rows[i].seconds / 1e9);
+    if (i >= first_dev)
+      std::printf(" %8.2f\n", goal / rows[i].seconds);
+    else
+      std::printf(" %8s\n", "-");
+  }
+  std::printf("goal: min(link, ckpt eager load at all %d cores) = %.2f GB/s; host load at all "
+              "cores vs the best thread count: %.2fx\n",
+              all, bytes / goal / 1e9, best_host / all_host);
+}
+
 }  // namespace
 
 void add_bench(CLI::App& app) {
@@ -110,6 +204,8 @@ void add_bench(CLI::App& app) {
     std::string file;
     bool json = false;
     int repeat = 5;
+    int threads = 0;
+    std::string device = "cpu";
     ProgressMode progress = ProgressMode::kAuto;
   };
   auto o = std::make_shared<Opts>();
@@ -117,6 +213,10 @@ void add_bench(CLI::App& app) {
   cmd->add_option("FILE", o->file, "checkpoint")->required();
   cmd->add_flag("--json", o->json, "machine-readable output");
   cmd->add_option("--repeat", o->repeat, "runs per measurement (median)")->check(at_least(1));
+  cmd->add_option("--threads", o->threads, "reader threads (default: every core)")->check(at_least(0));
+  cmd->add_option("--device", o->device,
+                  "cuda or cuda:N: time loads into that device beside the link and the page "
+                  "cache's limit, instead of the host rows");
   add_progress_flags(*cmd, o->progress);
   cmd->callback([o] {
     if (is_url(o->file)) {
@@ -128,8 +228,11 @@ void add_bench(CLI::App& app) {
       throw ExitStatus{kUsageExit};
     }
     int r = std::max(1, o->repeat);
-    const int threads =
-        static_cast<int>(std::clamp<unsigned>(std::thread::hardware_concurrency(), 1, 8));
+    const int threads = o->threads > 0
+                            ? o->threads
+                            : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    if (Device device = Device::parse(o->device); !device.is_cpu())
+      return bench_device(o->file, device, r, threads, o->json);
     // Warm the page cache and get the size.
     Checkpoint warm = Checkpoint::open(o->file);
     uint64_t bytes = 0;
@@ -247,20 +350,22 @@ void add_bench(CLI::App& app) {
     // Eager rows load into fresh memory, as their limit does: the arena a load keeps for the
     // next one (ckpt/memory.h) is released before each run; one row shows what keeping gives.
     auto no_kept = [] { release_kept_memory(); };
+    LoadOptions host_lo;
+    host_lo.threads = threads;
     add("ckpt: eager load, " + tstr(threads), time_it(r, [&] {
-          LoadedCheckpoint l = Checkpoint::open_and_load(o->file);
+          LoadedCheckpoint l = Checkpoint::open_and_load(o->file, {}, host_lo);
         }, no_kept), bytes, lim_eager);
     add("ckpt: eager load + verify CRC32, " + tstr(threads), time_it(r, [&] {
-          LoadOptions lo;
+          LoadOptions lo = host_lo;
           lo.verify = true;
           LoadedCheckpoint l = Checkpoint::open_and_load(o->file, {}, lo);
         }, no_kept), bytes, lim_eager);
     add("ckpt: eager, open then load_all, " + tstr(threads), time_it(r, [&] {
           Checkpoint c = Checkpoint::open(o->file);
-          auto t = c.load_all();
+          auto t = c.load_all(host_lo);
         }, no_kept), bytes, lim_eager);
     add("ckpt: eager load again (memory kept from the last load), " + tstr(threads), time_it(r, [&] {
-          LoadedCheckpoint l = Checkpoint::open_and_load(o->file);
+          LoadedCheckpoint l = Checkpoint::open_and_load(o->file, {}, host_lo);
         }), bytes, lim_warm);
     std::string budget_name = "ckpt: streaming load, " + human_bytes(budget) + " budget, 1 reader";
     add(budget_name, time_it(r, [&] {

@@ -1,4 +1,4 @@
-// ckpt load FILE [--mode eager|mmap|stream] [--budget-mb N] [--verify] [--json]: loads every
+// ckpt load FILE [--mode eager|mmap|stream] [--device cuda:N] [--budget-mb N] [--verify] [--json]: loads every
 // tensor once and reports time, throughput and this process's peak RSS (used by `ckpt bench` to
 // measure memory in a fresh process).
 
@@ -21,6 +21,8 @@ void add_load(CLI::App& app) {
     double budget_mb = 64;
     bool verify = false, json = false, digest = false;
     int threads = 0;
+    std::string device = "cpu";
+    double staging_mb = 256;
     Common common;
     ProgressMode progress = ProgressMode::kAuto;
   };
@@ -33,6 +35,11 @@ void add_load(CLI::App& app) {
       ->check(more_than(0));
   cmd->add_option("--threads", o->threads, "eager: reader threads (default: per machine)")
       ->check(at_least(0));
+  cmd->add_option("--device", o->device,
+                  "eager: load into this device's memory: cpu (default), cuda, cuda:N");
+  cmd->add_option("--staging-mb", o->staging_mb,
+                  "with --device cuda: pinned staging memory (MiB, default 256)")
+      ->check(more_than(0));
   cmd->add_flag("--verify", o->verify, "check CRC32 while loading");
   auto* json = cmd->add_flag("--json", o->json, "machine-readable output");
   cmd->add_flag("--digest", o->digest,
@@ -47,6 +54,11 @@ void add_load(CLI::App& app) {
     LoadOptions lo;
     lo.verify = o->verify;
     lo.threads = o->threads;
+    lo.device = Device::parse(o->device);
+    lo.staging_bytes = static_cast<uint64_t>(o->staging_mb * 1024 * 1024);
+    if (!lo.device.is_cpu() && o->mode != "eager")
+      throw Error(ErrorCode::kInvalidArgument,
+                  "--device " + o->device + " loads eagerly: it cannot be used with --mode " + o->mode);
     ProgressLine line(o->progress);
     lo.progress = line.fn();
     uint64_t bytes = 0, checksum = 0;
@@ -55,7 +67,18 @@ void add_load(CLI::App& app) {
     // Per-channel scales and zero points are loaded with their tensor, not counted as tensors.
     auto digest = [&](const Tensor& t) {
       if (!o->digest || !listed(t.info())) return;
-      std::vector<std::byte> b = t.contiguous_bytes();
+      std::vector<std::byte> b;
+      if (t.storage()->on_host()) {
+        b = t.contiguous_bytes();
+      } else {
+        // A device tensor: its storage's bytes back to the host, then the same elements.
+        auto host = std::make_shared<Storage>();
+        host->info = t.storage()->info;
+        std::vector<std::byte> copy(host->info.nbytes);
+        copy_to_host(*t.storage(), 0, copy);
+        host->data = copy.data();
+        b = Tensor(t.info(), host).contiguous_bytes();
+      }
       char hex[9];
       std::snprintf(hex, sizeof hex, "%08lx",
                     ::crc32(0, reinterpret_cast<const Bytef*>(b.data()), static_cast<uInt>(b.size())));
@@ -72,7 +95,8 @@ void add_load(CLI::App& app) {
                               [](const Tensor& t) { return listed(t.info()); });
       for (const auto& s : c.storages()) bytes += s.nbytes;
       for (auto& t : all) {
-        checksum += t.info().nbytes() ? std::to_integer<uint8_t>(t.data()[0]) : 0;
+        if (t.storage()->on_host())
+          checksum += t.info().nbytes() ? std::to_integer<uint8_t>(t.data()[0]) : 0;
         digest(t);
       }
     } else if (Checkpoint c = open_checkpoint(o->files, o->common); o->mode == "mmap") {
@@ -108,13 +132,15 @@ void add_load(CLI::App& app) {
     ::getrusage(RUSAGE_SELF, &ru);
     uint64_t rss = static_cast<uint64_t>(ru.ru_maxrss) * 1024;
     if (o->json) {
-      nlohmann::ordered_json j{{"mode", o->mode}, {"tensors", tensors}, {"bytes", bytes},
+      nlohmann::ordered_json j{{"mode", o->mode}, {"device", lo.device.str()},
+                               {"tensors", tensors}, {"bytes", bytes},
                                {"seconds", dt}, {"peak_rss_bytes", rss}, {"checksum", checksum}};
       if (o->digest) j["digests"] = std::move(digests);
       std::printf("%s\n", j.dump().c_str());
     } else {
-      std::printf("%s load: %zu tensors, %s in %.3f s (%.2f GB/s), peak RSS %s\n", o->mode.c_str(),
-                  tensors, human_bytes(bytes).c_str(), dt, bytes / dt / 1e9,
+      std::printf("%s load%s%s: %zu tensors, %s in %.3f s (%.2f GB/s), peak RSS %s\n",
+                  o->mode.c_str(), lo.device.is_cpu() ? "" : " into ",
+                  lo.device.is_cpu() ? "" : lo.device.str().c_str(), tensors, human_bytes(bytes).c_str(), dt, bytes / dt / 1e9,
                   human_bytes(rss).c_str());
     }
   });

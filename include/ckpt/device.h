@@ -1,0 +1,58 @@
+#pragma once
+// Where loaded bytes live: host memory, or the memory of a CUDA device.
+//
+// CUDA is reached through its runtime library, loaded when first asked for (dlopen of
+// libcudart.so.13, .12 or .so; the environment variable CKPT_CUDART names another file). Nothing
+// in the library links against CUDA: a machine without it runs everything else, and a device load
+// there fails with Error{kUnsupported} naming what is missing.
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+
+namespace ckpt {
+
+struct Device {
+  enum class Kind : uint8_t { kCpu, kCuda };
+  Kind kind = Kind::kCpu;
+  int index = 0;  // the CUDA device ordinal (0 for the CPU)
+
+  // "cpu", "cuda" (device 0) or "cuda:N". Throws Error{kInvalidArgument} for anything else,
+  // Error{kUnsupported} for a known kind ckpt does not load into ("mps", "xpu", "meta", ...).
+  static Device parse(std::string_view text);
+  static Device cuda(int index = 0) { return {Kind::kCuda, index}; }
+  bool is_cpu() const noexcept { return kind == Kind::kCpu; }
+  bool is_cuda() const noexcept { return kind == Kind::kCuda; }
+  std::string str() const;  // "cpu", "cuda:0"
+  friend bool operator==(const Device&, const Device&) = default;
+};
+
+// Whether loads into `device` can run here: an empty string when they can, else what is missing
+// ("no CUDA runtime: libcudart.so.13, libcudart.so.12, libcudart.so not found", "CUDA device 3
+// of 1 does not exist", ...). Never throws. Thread-safe (the runtime is loaded once).
+std::string device_unavailable(const Device& device);
+
+// A description of a usable device ("cuda:0 NVIDIA H200, 139 GiB, CUDA runtime 13.0"); throws
+// Error{kUnsupported} with device_unavailable()'s reason otherwise.
+std::string describe_device(const Device& device);
+
+// Seconds one copy of `bytes` from pinned host memory into `device` memory takes (the link's
+// speed, what no load into the device can beat): the median of `repeat` copies after one
+// warm-up. For benchmarks (`ckpt bench --device`). Throws like describe_device().
+double time_pinned_copy(const Device& device, uint64_t bytes, int repeat = 5);
+
+struct Storage;
+// Copies `dst.size()` bytes of a storage's memory from byte `offset` into host memory, wherever
+// the storage is (a device storage through its device's runtime; a host one by memcpy). Throws
+// Error{kInvalidArgument} past the storage's end, Error{kIo} naming the device on a failed copy.
+void copy_to_host(const Storage& storage, uint64_t offset, std::span<std::byte> dst);
+
+// Pinned host memory kept for the next device load (the staging ring): registering or faulting
+// fresh pinned memory costs about as much as the copy, so a load returns its staging buffers to
+// a per-device cache instead of freeing them. Returns the bytes released now (0 if none).
+// Thread-safe.
+uint64_t release_device_staging();
+
+}  // namespace ckpt

@@ -1,0 +1,105 @@
+#pragma once
+// CopyEngine: what a device load needs from a device, and nothing more — device memory, host
+// staging memory the device copies from asynchronously, and asynchronous host-to-device copies
+// on a few lanes (CUDA streams) with a completion mark per staging slot.
+//
+// The load pipeline (src/load/device_load.cc) is written against this interface only, so its
+// staging, ordering, overlap, memory bound, error and cancellation logic runs in the unit tests
+// on a HostCopyEngine (memcpy on worker threads, with injected delays and failures). The CUDA
+// engine (cuda_engine.cc) is the only part that needs a GPU.
+//
+// Threads: an engine is shared by every load into its device (thread-safe). A CopySession is one
+// load's: its slots are used by that load's reader threads, each slot by one thread at a time
+// (different slots from different threads at once is the normal case).
+//
+// Layer: base (src/device), beside io; it knows nothing of formats or plans.
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "ckpt/device.h"
+
+namespace ckpt::internal {
+
+class CopySession {
+ public:
+  virtual ~CopySession() = default;  // waits for every queued copy (errors dropped)
+  // Queues a copy of `n` bytes from host `src` (inside staging memory of the same engine) to
+  // device `dst`, on lane `slot % lanes`, after that lane's earlier copies, and marks `slot`:
+  // wait(slot) returns once this copy is done. Returns at once. Throws Error on a failure the
+  // engine reports at queueing time.
+  virtual void copy(int slot, std::byte* dst, const std::byte* src, uint64_t n) = 0;
+  // Blocks until the last copy marked with `slot` is done; no-op if none is queued. Throws Error
+  // (kIo, naming the device) if it failed.
+  virtual void wait(int slot) = 0;
+  // Waits for every queued copy; throws the first failure.
+  virtual void finish() = 0;
+};
+
+class CopyEngine {
+ public:
+  virtual ~CopyEngine() = default;
+  virtual Device device() const = 0;
+  virtual std::string describe() const = 0;
+  // Device memory of `bytes` (at least 256-byte aligned), freed when the last copy of the owner
+  // dies. Throws Error{kLimitExceeded} when the device lacks it, naming the sizes.
+  virtual std::shared_ptr<std::byte> allocate(uint64_t bytes) = 0;
+  // Host memory the engine copies from asynchronously (pinned for CUDA), reused between loads:
+  // the buffer returns to the engine's cache when the owner dies. Throws Error{kLimitExceeded}.
+  virtual std::shared_ptr<std::byte> staging(uint64_t bytes) = 0;
+  // A session of `slots` slots over `lanes` lanes (streams).
+  virtual std::unique_ptr<CopySession> start(int slots, int lanes) = 0;
+  // Synchronous copies, for checks and tests: device to host, and host to device (any host
+  // memory).
+  virtual void to_host(std::byte* dst, const std::byte* src, uint64_t n) = 0;
+  virtual void to_device(std::byte* dst, const std::byte* src, uint64_t n) = 0;
+  // Staging memory cached now, and releasing it (returns the bytes released).
+  virtual uint64_t cached_staging() const = 0;
+  virtual uint64_t release_staging() = 0;
+};
+
+// The engine of a CUDA device, shared process-wide (created on first use). Throws
+// Error{kUnsupported} naming what is missing (no runtime library, no such device).
+CopyEngine& cuda_engine(int index);
+// The engine loads into `device` use: the test override when one is set, else cuda_engine().
+CopyEngine& engine_for(const Device& device);
+// Tests: every device load goes to `engine` (nullptr: back to CUDA). Not for concurrent use with
+// loads in flight.
+void set_engine_override(CopyEngine* engine);
+
+// For tests: host memory posing as a device. Copies run on one worker thread per lane, each after
+// `delay_us`; the copy number `fail_at` (counted from 1 over the engine's life; 0: never) fails
+// with Error{kIo}. `staging_peak()` is the most staging memory held at once.
+struct HostEngineOptions {
+  uint32_t delay_us = 0;
+  uint64_t fail_at = 0;
+  uint64_t device_bytes = UINT64_MAX;  // allocate() beyond this throws kLimitExceeded
+};
+class HostCopyEngine : public CopyEngine {
+ public:
+  explicit HostCopyEngine(HostEngineOptions options = {});
+  ~HostCopyEngine() override;
+  Device device() const override { return Device::cuda(0); }
+  std::string describe() const override { return "host copy engine (test)"; }
+  std::shared_ptr<std::byte> allocate(uint64_t bytes) override;
+  std::shared_ptr<std::byte> staging(uint64_t bytes) override;
+  std::unique_ptr<CopySession> start(int slots, int lanes) override;
+  void to_host(std::byte* dst, const std::byte* src, uint64_t n) override;
+  void to_device(std::byte* dst, const std::byte* src, uint64_t n) override;
+  uint64_t cached_staging() const override;
+  uint64_t release_staging() override;
+
+  uint64_t staging_peak() const;
+  uint64_t device_in_use() const;
+  uint64_t copies() const;  // copies queued so far
+  int max_lanes_busy() const;  // the most lanes copying at one moment (overlap)
+
+  struct State;
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+}  // namespace ckpt::internal

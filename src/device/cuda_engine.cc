@@ -1,0 +1,412 @@
+// The CUDA CopyEngine, through the CUDA runtime library loaded at run time (dlopen): no CUDA
+// header or library is needed to build ckpt, and a machine without CUDA runs everything else.
+//
+// Only a handful of runtime entry points are used, declared here with the plain C types of their
+// stable ABI (cudaError_t is an int, streams and events are pointers, the enum values below are
+// the runtime's documented ones): cudaGetDeviceCount, cudaSetDevice, cudaMalloc/cudaFree,
+// cudaHostAlloc/cudaFreeHost, cudaStreamCreateWithFlags/cudaStreamDestroy, cudaMemcpyAsync,
+// cudaMemcpy, cudaEventCreateWithFlags/Record/Synchronize/Destroy, cudaMemGetInfo,
+// cudaRuntimeGetVersion, cudaGetErrorString, and cudaGetDeviceProperties(_v2) for the name only.
+
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include "ckpt/device.h"
+#include "ckpt/error.h"
+#include "ckpt/tensor.h"
+#include "device/copy_engine.h"
+
+namespace ckpt::internal {
+namespace {
+
+using cudaError = int;
+using Stream = void*;
+using Event = void*;
+constexpr int kMemcpyHostToDevice = 1;
+constexpr int kMemcpyDeviceToHost = 2;
+constexpr unsigned kHostAllocPortable = 1;
+constexpr unsigned kStreamNonBlocking = 1;
+constexpr unsigned kEventDisableTiming = 2;
+
+struct Runtime {
+  void* handle = nullptr;
+  std::string path, missing;  // the file loaded, or why none could be
+  cudaError (*GetDeviceCount)(int*) = nullptr;
+  cudaError (*SetDevice)(int) = nullptr;
+  cudaError (*Malloc)(void**, size_t) = nullptr;
+  cudaError (*Free)(void*) = nullptr;
+  cudaError (*HostAlloc)(void**, size_t, unsigned) = nullptr;
+  cudaError (*FreeHost)(void*) = nullptr;
+  cudaError (*StreamCreateWithFlags)(Stream*, unsigned) = nullptr;
+  cudaError (*StreamDestroy)(Stream) = nullptr;
+  cudaError (*MemcpyAsync)(void*, const void*, size_t, int, Stream) = nullptr;
+  cudaError (*Memcpy)(void*, const void*, size_t, int) = nullptr;
+  cudaError (*EventCreateWithFlags)(Event*, unsigned) = nullptr;
+  cudaError (*EventRecord)(Event, Stream) = nullptr;
+  cudaError (*EventSynchronize)(Event) = nullptr;
+  cudaError (*EventDestroy)(Event) = nullptr;
+  cudaError (*MemGetInfo)(size_t*, size_t*) = nullptr;
+  cudaError (*RuntimeGetVersion)(int*) = nullptr;
+  const char* (*GetErrorString)(cudaError) = nullptr;
+  cudaError (*GetDeviceProperties)(void*, int) = nullptr;  // optional
+};
+
+template <typename F>
+bool bind(void* h, const char* name, F& f) {
+  f = reinterpret_cast<F>(::dlsym(h, name));
+  return f != nullptr;
+}
+
+const Runtime& runtime() {
+  static const Runtime rt = [] {
+    Runtime r;
+    std::vector<std::string> names;
+    if (const char* env = std::getenv("CKPT_CUDART"); env && *env) names.push_back(env);
+    for (const char* n : {"libcudart.so.13", "libcudart.so.12", "libcudart.so",
+                          "/usr/local/cuda/lib64/libcudart.so"})
+      names.push_back(n);
+    for (const std::string& n : names) {
+      r.handle = ::dlopen(n.c_str(), RTLD_NOW | RTLD_LOCAL);
+      if (r.handle) {
+        r.path = n;
+        break;
+      }
+    }
+    if (!r.handle) {
+      r.missing = "no CUDA runtime: none of";
+      for (const std::string& n : names) r.missing += " " + n;
+      r.missing += " could be loaded (set CKPT_CUDART to its path)";
+      return r;
+    }
+    void* h = r.handle;
+    bool ok = bind(h, "cudaGetDeviceCount", r.GetDeviceCount) && bind(h, "cudaSetDevice", r.SetDevice) &&
+              bind(h, "cudaMalloc", r.Malloc) && bind(h, "cudaFree", r.Free) &&
+              bind(h, "cudaHostAlloc", r.HostAlloc) && bind(h, "cudaFreeHost", r.FreeHost) &&
+              bind(h, "cudaStreamCreateWithFlags", r.StreamCreateWithFlags) &&
+              bind(h, "cudaStreamDestroy", r.StreamDestroy) &&
+              bind(h, "cudaMemcpyAsync", r.MemcpyAsync) && bind(h, "cudaMemcpy", r.Memcpy) &&
+              bind(h, "cudaEventCreateWithFlags", r.EventCreateWithFlags) &&
+              bind(h, "cudaEventRecord", r.EventRecord) &&
+              bind(h, "cudaEventSynchronize", r.EventSynchronize) &&
+              bind(h, "cudaEventDestroy", r.EventDestroy) && bind(h, "cudaMemGetInfo", r.MemGetInfo) &&
+              bind(h, "cudaRuntimeGetVersion", r.RuntimeGetVersion) &&
+              bind(h, "cudaGetErrorString", r.GetErrorString);
+    if (!ok) {
+      r.missing = "the CUDA runtime " + r.path + " lacks an entry point ckpt needs";
+      r.handle = nullptr;  // left loaded: unloading a runtime is never safe
+      return r;
+    }
+    if (!bind(h, "cudaGetDeviceProperties_v2", r.GetDeviceProperties))
+      bind(h, "cudaGetDeviceProperties", r.GetDeviceProperties);
+    return r;
+  }();
+  return rt;
+}
+
+std::string cuda_text(const Runtime& rt, cudaError e) {
+  const char* s = rt.GetErrorString ? rt.GetErrorString(e) : nullptr;
+  return std::string(s ? s : "unknown CUDA error") + " (" + std::to_string(e) + ")";
+}
+
+// Why device `index` cannot be used, or "" (and the device count in `count`).
+std::string unavailable(int index) {
+  const Runtime& rt = runtime();
+  if (!rt.handle) return rt.missing;
+  int count = 0;
+  if (cudaError e = rt.GetDeviceCount(&count); e != 0)
+    return "no usable CUDA device (" + rt.path + ": " + cuda_text(rt, e) + ")";
+  if (index < 0 || index >= count)
+    return "CUDA device " + std::to_string(index) + " does not exist (this machine has " +
+           std::to_string(count) + ")";
+  return {};
+}
+
+class CudaEngine;
+
+void check(const Runtime& rt, cudaError e, const char* what, int index) {
+  if (e != 0)
+    throw Error(ErrorCode::kIo, std::string(what) + " on cuda:" + std::to_string(index) + ": " +
+                                    cuda_text(rt, e));
+}
+
+// The device every CUDA call of this thread refers to.
+void use_device(const Runtime& rt, int index) {
+  thread_local int current = -1;
+  if (current != index) {
+    check(rt, rt.SetDevice(index), "cudaSetDevice", index);
+    current = index;
+  }
+}
+
+class CudaSession : public CopySession {
+ public:
+  CudaSession(const Runtime& rt, int index, int slots, int lanes) : rt_(rt), index_(index) {
+    use_device(rt_, index_);
+    streams_.assign(static_cast<size_t>(lanes), nullptr);
+    events_.assign(static_cast<size_t>(slots), nullptr);
+    queued_.assign(static_cast<size_t>(slots), 0);
+    try {
+      for (auto& s : streams_)
+        check(rt_, rt_.StreamCreateWithFlags(&s, kStreamNonBlocking), "cudaStreamCreate", index_);
+      for (auto& e : events_)
+        check(rt_, rt_.EventCreateWithFlags(&e, kEventDisableTiming), "cudaEventCreate", index_);
+    } catch (...) {
+      destroy();
+      throw;
+    }
+  }
+  ~CudaSession() override {
+    try {
+      use_device(rt_, index_);
+    } catch (...) {
+    }
+    for (size_t k = 0; k < events_.size(); ++k)
+      if (events_[k] && queued_[k]) rt_.EventSynchronize(events_[k]);
+    destroy();
+  }
+
+  void copy(int slot, std::byte* dst, const std::byte* src, uint64_t n) override {
+    use_device(rt_, index_);
+    const size_t k = static_cast<size_t>(slot);
+    Stream s = streams_[k % streams_.size()];
+    check(rt_, rt_.MemcpyAsync(dst, src, n, kMemcpyHostToDevice, s), "cudaMemcpyAsync", index_);
+    check(rt_, rt_.EventRecord(events_.at(k), s), "cudaEventRecord", index_);
+    queued_[k] = 1;
+  }
+
+  void wait(int slot) override {
+    const size_t k = static_cast<size_t>(slot);
+    if (!queued_.at(k)) return;
+    use_device(rt_, index_);
+    check(rt_, rt_.EventSynchronize(events_[k]), "copy to the device", index_);
+    queued_[k] = 0;
+  }
+
+  void finish() override {
+    for (size_t k = 0; k < events_.size(); ++k) wait(static_cast<int>(k));
+  }
+
+ private:
+  void destroy() noexcept {
+    for (Event& e : events_)
+      if (e) rt_.EventDestroy(std::exchange(e, nullptr));
+    for (Stream& s : streams_)
+      if (s) rt_.StreamDestroy(std::exchange(s, nullptr));
+  }
+  const Runtime& rt_;
+  int index_;
+  std::vector<Stream> streams_;
+  std::vector<Event> events_;
+  std::vector<uint8_t> queued_;  // per slot: a copy was marked and not yet waited for
+};
+
+class CudaEngine : public CopyEngine {
+ public:
+  explicit CudaEngine(int index) : rt_(runtime()), index_(index) {}
+
+  Device device() const override { return Device::cuda(index_); }
+
+  std::string describe() const override {
+    use_device(rt_, index_);
+    std::string name = "CUDA device";
+    if (rt_.GetDeviceProperties) {
+      // Only the first member (char name[256]) is read; the buffer is far larger than any
+      // version's cudaDeviceProp.
+      std::vector<char> prop(1 << 16, 0);
+      if (rt_.GetDeviceProperties(prop.data(), index_) == 0) name.assign(prop.data(), strnlen(prop.data(), 256));
+    }
+    size_t free_b = 0, total_b = 0;
+    rt_.MemGetInfo(&free_b, &total_b);
+    int v = 0;
+    rt_.RuntimeGetVersion(&v);
+    return "cuda:" + std::to_string(index_) + " " + name + ", " +
+           std::to_string(total_b >> 30) + " GiB, CUDA runtime " + std::to_string(v / 1000) + "." +
+           std::to_string(v % 1000 / 10) + " (" + rt_.path + ")";
+  }
+
+  std::shared_ptr<std::byte> allocate(uint64_t bytes) override {
+    use_device(rt_, index_);
+    void* p = nullptr;
+    if (cudaError e = rt_.Malloc(&p, std::max<uint64_t>(bytes, 1)); e != 0) {
+      size_t free_b = 0, total_b = 0;
+      rt_.MemGetInfo(&free_b, &total_b);
+      throw Error(ErrorCode::kLimitExceeded,
+                  "cannot allocate " + std::to_string(bytes) + " bytes on cuda:" +
+                      std::to_string(index_) + " (" + std::to_string(free_b) + " of " +
+                      std::to_string(total_b) + " free): " + cuda_text(rt_, e));
+    }
+    const Runtime* rt = &rt_;
+    int index = index_;
+    return std::shared_ptr<std::byte>(static_cast<std::byte*>(p), [rt, index](std::byte* q) {
+      try {
+        use_device(*rt, index);
+      } catch (...) {
+      }
+      rt->Free(q);
+    });
+  }
+
+  std::shared_ptr<std::byte> staging(uint64_t bytes) override {
+    void* p = nullptr;
+    uint64_t size = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (cached_ && cached_size_ >= bytes) {
+        p = std::exchange(cached_, nullptr);
+        size = std::exchange(cached_size_, 0);
+      }
+    }
+    if (!p) {
+      use_device(rt_, index_);
+      if (cudaError e = rt_.HostAlloc(&p, std::max<uint64_t>(bytes, 1), kHostAllocPortable); e != 0)
+        throw Error(ErrorCode::kLimitExceeded, "cannot allocate " + std::to_string(bytes) +
+                                                   " bytes of pinned host memory: " + cuda_text(rt_, e));
+      size = bytes;
+    }
+    return std::shared_ptr<std::byte>(static_cast<std::byte*>(p), [this, size](std::byte* q) {
+      void* drop = q;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!cached_ || cached_size_ < size) {
+          drop = std::exchange(cached_, q);
+          cached_size_ = size;
+        }
+      }
+      if (drop) rt_.FreeHost(drop);
+    });
+  }
+
+  std::unique_ptr<CopySession> start(int slots, int lanes) override {
+    return std::make_unique<CudaSession>(rt_, index_, slots, std::max(1, lanes));
+  }
+
+  void to_host(std::byte* dst, const std::byte* src, uint64_t n) override {
+    use_device(rt_, index_);
+    check(rt_, rt_.Memcpy(dst, src, n, kMemcpyDeviceToHost), "cudaMemcpy", index_);
+  }
+  void to_device(std::byte* dst, const std::byte* src, uint64_t n) override {
+    use_device(rt_, index_);
+    check(rt_, rt_.Memcpy(dst, src, n, kMemcpyHostToDevice), "cudaMemcpy", index_);
+  }
+
+  uint64_t cached_staging() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return cached_ ? cached_size_ : 0;
+  }
+  uint64_t release_staging() override {
+    void* p;
+    uint64_t n;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      p = std::exchange(cached_, nullptr);
+      n = std::exchange(cached_size_, 0);
+    }
+    if (p) rt_.FreeHost(p);
+    return p ? n : 0;
+  }
+
+ private:
+  const Runtime& rt_;
+  int index_;
+  mutable std::mutex mu_;
+  void* cached_ = nullptr;  // one pinned staging buffer kept for the next load
+  uint64_t cached_size_ = 0;
+};
+
+std::mutex engines_mu;
+std::map<int, CudaEngine*>& engines() {
+  // Engines live until the process ends (their cached staging is pinned memory the runtime
+  // frees at exit): never destroyed, so no static-destruction order issue with the runtime.
+  static auto* m = new std::map<int, CudaEngine*>;
+  return *m;
+}
+
+}  // namespace
+
+CopyEngine& cuda_engine(int index) {
+  std::lock_guard<std::mutex> lock(engines_mu);
+  auto& m = engines();
+  if (auto it = m.find(index); it != m.end()) return *it->second;
+  if (std::string why = unavailable(index); !why.empty())
+    throw Error(ErrorCode::kUnsupported, "cannot load into cuda:" + std::to_string(index) + ": " + why);
+  auto* e = new CudaEngine(index);
+  m.emplace(index, e);
+  return *e;
+}
+
+namespace {
+std::atomic<CopyEngine*> override_engine{nullptr};
+}
+
+CopyEngine& engine_for(const Device& device) {
+  if (CopyEngine* e = override_engine.load()) return *e;
+  if (!device.is_cuda())
+    throw Error(ErrorCode::kInvalidArgument, "no copy engine for device " + device.str());
+  return cuda_engine(device.index);
+}
+
+void set_engine_override(CopyEngine* engine) { override_engine.store(engine); }
+
+}  // namespace ckpt::internal
+
+namespace ckpt {
+
+std::string device_unavailable(const Device& device) {
+  if (device.is_cpu()) return {};
+  return internal::unavailable(device.index);
+}
+
+std::string describe_device(const Device& device) {
+  if (device.is_cpu()) return "cpu";
+  return internal::cuda_engine(device.index).describe();
+}
+
+double time_pinned_copy(const Device& device, uint64_t bytes, int repeat) {
+  internal::CopyEngine& e = internal::engine_for(device);
+  auto host = e.staging(bytes);
+  std::memset(host.get(), 1, bytes);
+  auto dev = e.allocate(bytes);
+  std::vector<double> t;
+  for (int i = 0; i <= std::max(1, repeat); ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    auto s = e.start(1, 1);
+    s->copy(0, dev.get(), host.get(), bytes);
+    s->finish();
+    if (i) t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+void copy_to_host(const Storage& storage, uint64_t offset, std::span<std::byte> dst) {
+  if (offset > storage.info.nbytes || dst.size() > storage.info.nbytes - offset)
+    throw Error(ErrorCode::kInvalidArgument,
+                "copy_to_host: bytes [" + std::to_string(offset) + ", +" +
+                    std::to_string(dst.size()) + ") are past the storage's " +
+                    std::to_string(storage.info.nbytes),
+                {}, storage.info.key);
+  if (dst.empty()) return;
+  if (storage.on_host()) {
+    std::memcpy(dst.data(), storage.data + offset, dst.size());
+    return;
+  }
+  internal::engine_for(storage.device).to_host(dst.data(), storage.data + offset, dst.size());
+}
+
+uint64_t release_device_staging() {
+  uint64_t n = 0;
+  std::lock_guard<std::mutex> lock(internal::engines_mu);
+  for (auto& [i, e] : internal::engines()) n += e->release_staging();
+  return n;
+}
+
+}  // namespace ckpt

@@ -1,0 +1,184 @@
+// HostCopyEngine: the CopyEngine of the unit tests. "Device" memory is host memory; each lane is
+// a worker thread that runs its queued copies in order, so the pipeline above sees the same
+// asynchrony, ordering and failures as with CUDA streams.
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <algorithm>
+#include <deque>
+#include <exception>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "ckpt/error.h"
+#include "device/copy_engine.h"
+
+namespace ckpt::internal {
+
+struct HostCopyEngine::State {
+  HostEngineOptions options;
+  mutable std::mutex mu;
+  uint64_t staging_now = 0, staging_peak = 0, device_now = 0;
+  std::atomic<uint64_t> copies{0};
+  std::atomic<int> busy{0}, busy_peak{0};
+};
+
+namespace {
+
+class HostSession : public CopySession {
+ public:
+  HostSession(std::shared_ptr<HostCopyEngine::State> st, int slots, int lanes)
+      : st_(std::move(st)), pending_(static_cast<size_t>(slots), 0), lanes_(lanes) {
+    queues_.resize(static_cast<size_t>(lanes));
+    for (int l = 0; l < lanes; ++l) workers_.emplace_back([this, l] { run(l); });
+  }
+  ~HostSession() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : workers_) t.join();
+  }
+
+  void copy(int slot, std::byte* dst, const std::byte* src, uint64_t n) override {
+    const uint64_t number = st_->copies.fetch_add(1) + 1;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++pending_.at(static_cast<size_t>(slot));
+      queues_[static_cast<size_t>(slot % lanes_)].push_back({slot, dst, src, n, number});
+    }
+    cv_.notify_all();
+  }
+
+  void wait(int slot) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return pending_.at(static_cast<size_t>(slot)) == 0; });
+    if (failure_) std::rethrow_exception(failure_);
+  }
+
+  void finish() override {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] {
+      for (uint64_t p : pending_)
+        if (p) return false;
+      return true;
+    });
+    if (failure_) std::rethrow_exception(failure_);
+  }
+
+ private:
+  struct Job {
+    int slot;
+    std::byte* dst;
+    const std::byte* src;
+    uint64_t n, number;
+  };
+
+  void run(int lane) {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [&] { return stop_ || !queues_[static_cast<size_t>(lane)].empty(); });
+      auto& q = queues_[static_cast<size_t>(lane)];
+      if (q.empty()) return;  // stopping
+      Job job = q.front();
+      q.pop_front();
+      const bool fail = failure_ != nullptr || job.number == st_->options.fail_at;
+      lock.unlock();
+      if (!fail) {
+        int busy = st_->busy.fetch_add(1) + 1;
+        for (int peak = st_->busy_peak.load(); busy > peak &&
+                                              !st_->busy_peak.compare_exchange_weak(peak, busy);) {
+        }
+        if (st_->options.delay_us)
+          std::this_thread::sleep_for(std::chrono::microseconds(st_->options.delay_us));
+        std::memcpy(job.dst, job.src, job.n);
+        st_->busy.fetch_sub(1);
+      }
+      lock.lock();
+      if (fail && !failure_ && job.number == st_->options.fail_at)
+        failure_ = std::make_exception_ptr(Error(ErrorCode::kIo, "host copy engine: injected failure")
+                                               .with_offset(job.number));
+      --pending_[static_cast<size_t>(job.slot)];
+      cv_.notify_all();
+    }
+  }
+
+  std::shared_ptr<HostCopyEngine::State> st_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<uint64_t> pending_;
+  std::vector<std::deque<Job>> queues_;
+  std::vector<std::thread> workers_;
+  std::exception_ptr failure_;
+  int lanes_;
+  bool stop_ = false;
+};
+
+}  // namespace
+
+HostCopyEngine::HostCopyEngine(HostEngineOptions options) : state_(std::make_shared<State>()) {
+  state_->options = options;
+}
+HostCopyEngine::~HostCopyEngine() = default;
+
+std::shared_ptr<std::byte> HostCopyEngine::allocate(uint64_t bytes) {
+  std::shared_ptr<State> st = state_;
+  {
+    std::lock_guard<std::mutex> lock(st->mu);
+    if (bytes > st->options.device_bytes - std::min(st->device_now, st->options.device_bytes))
+      throw Error(ErrorCode::kLimitExceeded, "host copy engine: out of device memory for " +
+                                                 std::to_string(bytes) + " bytes");
+    st->device_now += bytes;
+  }
+  auto* p = static_cast<std::byte*>(::operator new(std::max<uint64_t>(bytes, 1), std::align_val_t(256)));
+  return std::shared_ptr<std::byte>(p, [st, bytes](std::byte* q) {
+    ::operator delete(q, std::align_val_t(256));
+    std::lock_guard<std::mutex> lock(st->mu);
+    st->device_now -= bytes;
+  });
+}
+
+std::shared_ptr<std::byte> HostCopyEngine::staging(uint64_t bytes) {
+  std::shared_ptr<State> st = state_;
+  {
+    std::lock_guard<std::mutex> lock(st->mu);
+    st->staging_now += bytes;
+    st->staging_peak = std::max(st->staging_peak, st->staging_now);
+  }
+  auto* p = static_cast<std::byte*>(::operator new(std::max<uint64_t>(bytes, 1), std::align_val_t(4096)));
+  return std::shared_ptr<std::byte>(p, [st, bytes](std::byte* q) {
+    ::operator delete(q, std::align_val_t(4096));
+    std::lock_guard<std::mutex> lock(st->mu);
+    st->staging_now -= bytes;
+  });
+}
+
+std::unique_ptr<CopySession> HostCopyEngine::start(int slots, int lanes) {
+  return std::make_unique<HostSession>(state_, slots, std::max(1, lanes));
+}
+
+void HostCopyEngine::to_host(std::byte* dst, const std::byte* src, uint64_t n) {
+  std::memcpy(dst, src, n);
+}
+void HostCopyEngine::to_device(std::byte* dst, const std::byte* src, uint64_t n) {
+  std::memcpy(dst, src, n);
+}
+uint64_t HostCopyEngine::cached_staging() const { return 0; }
+uint64_t HostCopyEngine::release_staging() { return 0; }
+
+uint64_t HostCopyEngine::staging_peak() const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->staging_peak;
+}
+uint64_t HostCopyEngine::device_in_use() const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->device_now;
+}
+uint64_t HostCopyEngine::copies() const { return state_->copies.load(); }
+int HostCopyEngine::max_lanes_busy() const { return state_->busy_peak.load(); }
+
+}  // namespace ckpt::internal

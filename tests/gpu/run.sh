@@ -1,0 +1,62 @@
+#!/bin/bash
+# The GPU table (docs/benchmarks.md, "Loading into GPU memory"), on a CUDA machine with torch and
+# safetensors, from what tests/gpu/pack.sh carried in build-gpu/: nothing of ckpt is built here
+# except the Python module (its Python is this machine's). Usage: tests/gpu/run.sh [--quick]
+#   --quick   exactness and `ckpt bench --device` only (no peers, no cold cache, no module)
+set -u
+ROOT=$(pwd)
+G=$ROOT/build-gpu
+export LD_LIBRARY_PATH=$G/lib:${LD_LIBRARY_PATH:-}
+CKPT=$G/ckpt
+DATA=${CKPT_GPU_DATA:-/tmp/ckpt-gpu}
+QUICK=0; [ "${1:-}" = "--quick" ] && QUICK=1
+PY=python3
+step() { echo; echo "== $* ($(date +%T))"; }
+
+step machine
+nvidia-smi -L; nproc; free -g | head -2; $PY -c 'import torch, safetensors, sys; print(sys.version.split()[0], torch.__version__, safetensors.__version__)'
+$CKPT --version 2>/dev/null || true
+
+step files
+[ -f "$DATA/m8.safetensors" ] || $PY tests/gpu/make_files.py "$DATA" 1 8
+
+step "exactness: ckpt load --device cuda:0 --digest equals the host load's"
+for f in m1.safetensors m1.pt; do
+  $CKPT load "$DATA/$f" --json --digest > /tmp/host.json
+  $CKPT load "$DATA/$f" --json --digest --device cuda:0 > /tmp/dev.json
+  $CKPT load "$DATA/$f" --json --digest --device cuda:0 --verify --staging-mb 8 --threads 3 > /tmp/dev2.json
+  $PY - "$f" <<'PY'
+import json, sys
+h, d, d2 = (json.load(open(p)) for p in ("/tmp/host.json", "/tmp/dev.json", "/tmp/dev2.json"))
+print(sys.argv[1], d["device"], d["tensors"], "tensors; digests equal:", h["digests"] == d["digests"] == d2["digests"], "; %.2f GB/s" % (d["bytes"] / d["seconds"] / 1e9))
+PY
+done
+$CKPT load "$DATA/m1.safetensors" --device cuda:7; echo "cuda:7 (absent): exit $?"
+
+step "ckpt bench --device cuda:0 (8 GiB safetensors, then torch zip)"
+$CKPT bench "$DATA/m8.safetensors" --device cuda:0 --repeat 3
+$CKPT bench "$DATA/m8.pt" --device cuda:0 --repeat 3
+[ $QUICK = 1 ] && exit 0
+
+step "ckpt bench --device cuda:0 (1 GiB)"
+$CKPT bench "$DATA/m1.safetensors" --device cuda:0 --repeat 5
+
+step "Python module (built here against this Python)"
+if [ -f "$G/libckpt.a" ]; then
+  mkdir -p /tmp/ckptpy/ckpt && cp python/ckpt/*.py /tmp/ckptpy/ckpt/
+  EXT=$($PY -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
+  time c++ -O2 -shared -fPIC -std=c++20 -fvisibility=hidden python/src/*.cc -Iinclude -I"$G/include" \
+    $($PY -m pybind11 --includes) "$G/libckpt.a" "$G"/lib/*.so* -lpthread -ldl \
+    -o /tmp/ckptpy/ckpt/_ckpt$EXT && export PYTHONPATH=/tmp/ckptpy
+fi
+
+step "peers and ckpt's Python rows (8 GiB, warm)"
+$PY tests/gpu/peers.py "$DATA/m8.pt" "$DATA/m8.safetensors"
+
+step "cold page cache (8 GiB safetensors): dd, ckpt --device, safetensors"
+cold() { sync; echo 3 > /proc/sys/vm/drop_caches || echo "cannot drop caches"; }
+cold; /usr/bin/time -f "dd: %e s" dd if="$DATA/m8.safetensors" of=/dev/null bs=1M status=none
+cold; $CKPT load "$DATA/m8.safetensors" --device cuda:0
+cold; $PY -c "
+import time, torch; from safetensors.torch import load_file
+t = time.perf_counter(); d = load_file('$DATA/m8.safetensors', device='cuda:0'); torch.cuda.synchronize(); print('safetensors cold: %.2f s' % (time.perf_counter() - t))"
