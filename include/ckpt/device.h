@@ -2,7 +2,8 @@
 // Where loaded bytes live: host memory, or the memory of a CUDA device.
 //
 // CUDA is reached through its runtime library, loaded when first asked for (dlopen of
-// libcudart.so.13, .12 or .so; the environment variable CKPT_CUDART names another file). Nothing
+// libcudart.so.13, .12 or .so, then /usr/local/cuda/lib64; the environment variable CKPT_CUDART
+// names the one file to load instead). Nothing
 // in the library links against CUDA: a machine without it runs everything else, and a device load
 // there fails with Error{kUnsupported} naming what is missing.
 

@@ -70,10 +70,12 @@ const Runtime& runtime() {
   static const Runtime rt = [] {
     Runtime r;
     std::vector<std::string> names;
-    if (const char* env = std::getenv("CKPT_CUDART"); env && *env) names.push_back(env);
-    for (const char* n : {"libcudart.so.13", "libcudart.so.12", "libcudart.so",
-                          "/usr/local/cuda/lib64/libcudart.so"})
-      names.push_back(n);
+    if (const char* env = std::getenv("CKPT_CUDART"); env && *env)
+      names.push_back(env);  // the user's choice, and only it
+    else
+      for (const char* n : {"libcudart.so.13", "libcudart.so.12", "libcudart.so",
+                            "/usr/local/cuda/lib64/libcudart.so"})
+        names.push_back(n);
     for (const std::string& n : names) {
       r.handle = ::dlopen(n.c_str(), RTLD_NOW | RTLD_LOCAL);
       if (r.handle) {
