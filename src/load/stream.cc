@@ -1,7 +1,18 @@
-// Streaming execution of a LoadPlan under a memory budget: a reader thread fills a ring of
-// `budget` bytes storage by storage (file order) while the caller's function consumes them.
+// Streaming execution of a LoadPlan under a memory budget: storages are placed in a ring of
+// `budget` bytes in file order and handed to the caller's function in that order, while several
+// readers fill the slots ahead of it.
+//
+// One thread (the placer) acquires the ring's slots in plan order and queues each storage's
+// fill; `plan.threads` readers (the placer among them when it has nothing to place) take the
+// fills in order — a large raw storage as several 8 MiB pieces, so one storage is read by many
+// threads too — and the placer commits the slots in order as their fills complete. The ring is
+// the one bound on memory: the readers run ahead only as far as the free space allows.
 
 #include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
 #include <thread>
 
 #include "load/plan.h"
@@ -42,18 +53,127 @@ void execute_stream(const LoadPlan& plan, uint64_t budget,
 
   RingBuffer ring(std::max<uint64_t>(budget, RingBuffer::kAlign));
   ProgressMeter meter(plan.progress, plan.progress ? plan_bytes(plan) : 0);
+  const int readers = std::max(1, plan.threads);
   std::thread reader([&] {
-    try {
-      for (const PlannedStorage& p : plan.storages) {
-        auto slot = ring.acquire(d.storages[p.storage].nbytes, p.storage);
-        if (!slot) return;  // the consumer stopped
-        load_into(plan, p, slot->data);
-        if (meter.active()) meter.add(d.storages[p.storage].nbytes);
-        ring.commit();
+    // A fill: storage `k` of the plan (or the bytes [off, off + len) of it) into `dst`.
+    struct Fill {
+      size_t k;
+      std::byte* dst;
+      uint64_t off, len;
+      bool whole;
+    };
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<Fill> fills;        // queued, in plan order
+    std::vector<uint32_t> left(plan.storages.size(), 0);  // pieces not yet done, per storage
+    size_t placed = 0;             // storages placed so far (their slots acquired)
+    bool ending = false;
+    std::exception_ptr failure;
+    auto run_one = [&](std::unique_lock<std::mutex>& lock) {
+      Fill f = fills.front();
+      fills.pop_front();
+      lock.unlock();
+      try {
+        const PlannedStorage& p = plan.storages[f.k];
+        if (f.whole)
+          load_into(plan, p, f.dst);
+        else
+          plan.copy->read_into(d.storages[p.storage].offset + f.off,
+                               std::span<std::byte>(f.dst + f.off, f.len));
+        if (meter.active()) meter.add(f.whole ? d.storages[p.storage].nbytes : f.len);
+      } catch (...) {
+        lock.lock();
+        if (!failure) failure = std::current_exception();
+        fills.clear();
+        cv.notify_all();
+        return;
       }
+      lock.lock();
+      --left[f.k];
+      cv.notify_all();
+    };
+    auto worker = [&] {
+      std::unique_lock<std::mutex> lock(mu);
+      for (;;) {
+        cv.wait(lock, [&] { return ending || failure || !fills.empty(); });
+        if (fills.empty() || failure) return;
+        run_one(lock);
+      }
+    };
+    std::vector<std::thread> pool;
+    try {
+      for (int t = 1; t < readers; ++t) pool.emplace_back(worker);
+      size_t committed = 0;
+      // Commits, in order, the placed storages whose fills are done; with `wait`, waits for all.
+      auto commit_done = [&](std::unique_lock<std::mutex>& lock, bool wait) {
+        for (;;) {
+          while (committed < placed && left[committed] == 0 && !failure) {
+            ring.commit();
+            ++committed;
+          }
+          if (failure) std::rethrow_exception(failure);
+          if (!wait || committed == placed) return;
+          if (!fills.empty())
+            run_one(lock);  // help rather than wait
+          else
+            cv.wait(lock);
+        }
+      };
+      for (size_t k = 0; k < plan.storages.size(); ++k) {
+        const PlannedStorage& p = plan.storages[k];
+        const StorageInfo& si = d.storages[p.storage];
+        std::optional<RingBuffer::Slot> slot = ring.try_acquire(si.nbytes, p.storage);
+        while (!slot) {
+          // No room: commit what is done (the consumer may be waiting for it), help, retry.
+          {
+            std::unique_lock<std::mutex> lock(mu);
+            commit_done(lock, false);
+            if (!fills.empty())
+              run_one(lock);
+            else if (committed < placed)
+              cv.wait_for(lock, std::chrono::milliseconds(1));
+          }
+          if (committed == placed) slot = ring.acquire(si.nbytes, p.storage);  // nothing ahead: block
+          else slot = ring.try_acquire(si.nbytes, p.storage);
+          if (!slot && committed == placed) break;
+        }
+        if (!slot) break;  // the consumer stopped
+        std::unique_lock<std::mutex> lock(mu);
+        constexpr uint64_t kPiece = 8 << 20;
+        if (p.route == Route::kRead && !p.check_crc && !p.byteswap && si.nbytes > kPiece &&
+            readers > 1) {
+          for (uint64_t off = 0; off < si.nbytes; off += kPiece) {
+            fills.push_back({k, slot->data, off, std::min(kPiece, si.nbytes - off), false});
+            ++left[k];
+          }
+        } else {
+          fills.push_back({k, slot->data, 0, si.nbytes, true});
+          left[k] = 1;
+        }
+        ++placed;
+        cv.notify_all();
+        if (readers == 1)
+          while (!fills.empty() && !failure) run_one(lock);  // the placer is the reader
+        commit_done(lock, false);
+      }
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        commit_done(lock, true);
+        ending = true;
+        cv.notify_all();
+      }
+      for (auto& t : pool) t.join();
       ring.close();
     } catch (...) {
-      ring.fail(std::current_exception());
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        ending = true;
+        if (!failure) failure = std::current_exception();
+        fills.clear();
+        cv.notify_all();
+      }
+      for (auto& t : pool) t.join();
+      ring.fail(failure);
     }
   });
   try {

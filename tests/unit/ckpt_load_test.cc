@@ -244,6 +244,35 @@ TEST(Load, StreamingKeepsToTheBudget) {
   EXPECT_EQ(n, f.tensors.size() - 1);
 }
 
+// Several readers fill the ring ahead of the consumer (large storages in pieces); the consumer
+// still sees every storage whole, in file order, within the budget, for every reader count.
+TEST(Load, StreamingWithSeveralReaders) {
+  Fixture f(6, 3 << 20);  // 12 MiB storages: read in 8 MiB pieces by several threads
+  for (bool mmap : {true, false})
+    for (int threads : {1, 2, 7}) {
+      OpenOptions o;
+      o.mmap = mmap;
+      Checkpoint c = Checkpoint::open(f.path, o);
+      LoadOptions lo;
+      lo.threads = threads;
+      const uint64_t budget = 40 << 20;  // three storages at most
+      std::vector<std::string> names;
+      c.stream(budget, [&](const Tensor& t) {
+        EXPECT_TRUE(f.same(t)) << t.name() << " threads " << threads;
+        names.push_back(t.name());
+      }, lo);
+      ASSERT_EQ(names.size(), f.tensors.size());
+      EXPECT_EQ(names[0], "t0");
+      EXPECT_EQ(names[1], "t0_tail");
+      EXPECT_EQ(names.back(), "t5");
+      // A consumer that stops early: the readers stop too, and the error propagates.
+      int calls = 0;
+      EXPECT_THROW(c.stream(budget, [&](const Tensor&) {
+        if (++calls == 3) throw std::runtime_error("stop");
+      }, lo), std::runtime_error);
+    }
+}
+
 TEST(Load, StreamingErrors) {
   Fixture f(4);
   Checkpoint c = Checkpoint::open(f.path);
