@@ -285,18 +285,16 @@ void add_bench(CLI::App& app) {
     // 64 MiB, or the largest storage when one is bigger (a storage is handed over whole).
     uint64_t budget = 64ull << 20;
     for (const auto& st : warm.storages()) budget = std::max(budget, (st.nbytes + 63) & ~uint64_t(63));
-    const int lim_stream = add("limit: pread into a warm " + human_bytes(budget) + " ring, 1 thread", [&] {
+    const int lim_stream = add("limit: pread into a warm " + human_bytes(budget) + " ring, " + tstr(threads), [&] {
           auto ring = fresh_memory(budget, true);
           std::memset(ring.get(), 0, budget);
+          // 4 MiB pieces of the file, each to its place modulo the ring (a piece never wraps).
+          constexpr uint64_t kPiece = 4 << 20;
+          const uint64_t slots = std::max<uint64_t>(1, budget / kPiece);
           return time_it(r, [&] {
-            uint64_t at = 0;
-            constexpr uint64_t kPiece = 4 << 20;
-            for (uint64_t off = 0; off < fsize; off += kPiece) {
-              uint64_t n = std::min(kPiece, fsize - off);
-              if (at + n > budget) at = 0;
-              pread_all(fd, ring.get() + at, off, n);
-              at += n;
-            }
+            in_pieces(fsize, threads, [&](uint64_t off, uint64_t len) {
+              pread_all(fd, ring.get() + (off / kPiece % slots) * kPiece, off, std::min(len, budget));
+            }, kPiece);
           });
         }(), fsize);
     const int lim_mmap = add("limit: touch a fresh mapping of the file, 1 thread", time_it(r, [&] {
@@ -367,14 +365,14 @@ void add_bench(CLI::App& app) {
     add("ckpt: eager load again (memory kept from the last load), " + tstr(threads), time_it(r, [&] {
           LoadedCheckpoint l = Checkpoint::open_and_load(o->file, {}, host_lo);
         }), bytes, lim_warm);
-    std::string budget_name = "ckpt: streaming load, " + human_bytes(budget) + " budget, 1 reader";
+    std::string budget_name = "ckpt: streaming load, " + human_bytes(budget) + " budget, " + tstr(threads);
     add(budget_name, time_it(r, [&] {
           Checkpoint c = Checkpoint::open(o->file);
           volatile uint64_t sink = 0;
           c.stream(budget, [&](const Tensor& t) {
             const std::byte* p = t.data();
             for (uint64_t off = 0; off < t.info().nbytes(); off += 4096) sink += std::to_integer<uint8_t>(p[off]);
-          });
+          }, host_lo);
         }), bytes, lim_stream);
     double save_seconds = 0, convert_seconds = 0;
     {
