@@ -9,6 +9,7 @@
 #   make python-install - install the Python module and the ckpt command for /usr/bin/python3 (no index)
 #   make wheel-check   - build the wheel as pip does, install it where only torch and numpy are, use it
 #   make peers         - the torch 2.x peer venv (tests/peers/requirements.txt), once per machine
+#   make gpu-pack      - build-gpu/: what tests/gpu/run.sh needs on a lent GPU machine (docs/benchmarks.md)
 # Both install missing Debian packages first (apt-get, non-interactive); make test also the peers.
 
 BUILD ?= build
@@ -50,7 +51,7 @@ BENCH_PACKAGES := python3-boto3 python3-redis python3-libnacl python3-psutil pyt
 FUZZ_PACKAGES := clang libclang-rt-14-dev
 
 .PHONY: all deps peers build demo test unit interop interop-compat asan interop-asan tsan fuzz-build fuzz fuzz-smoke \
-  layers install-check python python-install python-asan wheel-check bench-peers clean
+  layers install-check python python-install python-asan wheel-check bench-peers gpu-pack clean
 
 all: build
 
@@ -166,6 +167,11 @@ python-install: deps peers
 # with auditwheel and used from a venv that holds only torch and numpy, away from the clone.
 wheel-check: deps peers
 	./scripts/check-wheel.sh
+
+# The CLI, its shared libraries and the static library, for a GPU machine that has none of our
+# Debian packages (tests/gpu/run.sh runs them there and builds the module against its Python).
+gpu-pack: build
+	./tests/gpu/pack.sh $(BUILD)
 
 test: layers build
 	$(MAKE) --no-print-directory unit
