@@ -67,7 +67,7 @@ class Output final : public internal::WriteOutput {
 ConvertReport run(const Checkpoint& c, const ConvertOptions& o, const OpenSink& open) {
   ConvertReport r;
   r.format = o.to;
-  internal::Target target = internal::make_target(o);
+  internal::ConvertTarget target = internal::make_target(o);
   std::unique_ptr<internal::Writer> writer = std::move(target.writer);
   r.metadata_not_written = internal::metadata_not_written(c, *writer);
   internal::WriteContent content;

@@ -211,7 +211,7 @@ class ShardWriter final : public Writer {
 
 ConvertReport convert_sharded(const Checkpoint& c, const std::string& out_path,
                               const ConvertOptions& o) {
-  Target target = make_target(o);  // refuses targets without the shard layout
+  ConvertTarget target = make_target(o);  // refuses targets without the shard layout
   const WriterCaps& caps = target.writer->caps();
 
   // Names: DIR/STEM.EXT -> DIR/STEM-0000k-of-0000n.EXT and DIR/STEM.EXT.index.json.

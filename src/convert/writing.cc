@@ -51,8 +51,8 @@ std::unique_ptr<Writer> writer_for(const ConvertOptions& o, const std::string& a
 
 }  // namespace
 
-Target make_target(const ConvertOptions& o) {
-  Target t;
+ConvertTarget make_target(const ConvertOptions& o) {
+  ConvertTarget t;
   t.writer = writer_for(o, o.archive_name, {});
   const WriterCaps& caps = t.writer->caps();
   if (o.max_shard_size && !caps.sharded)
@@ -170,7 +170,8 @@ WriteContent flat_content(const Checkpoint& c, const FlatStateDict& flat,
   WriteContent content;
   content.tensors.reserve(flat.entries.size());
   for (const auto& e : flat.entries) {
-    Tensor t = source.get(e.tensor);
+    // An alias is its tensor again: the same storage object (hashed once, stored once).
+    Tensor t = e.alias_of ? content.tensors[*e.alias_of] : source.get(e.tensor);
     if (t.name() != e.name) t.info().name = e.name;
     content.tensors.push_back(std::move(t));
   }

@@ -36,7 +36,7 @@ class TensorSource {
 using MakeWriter = std::function<std::unique_ptr<Writer>(const std::string& file)>;
 
 // The writer for `o.to` (resolved, not kAuto) with its options taken from `o`.
-struct Target {
+struct ConvertTarget {
   MakeWriter make;
   std::unique_ptr<Writer> writer;  // make(o.archive_name)
   // A new random key goes to this file, committed before the output (encryption.key_file).
@@ -44,7 +44,7 @@ struct Target {
 };
 // Checks `o` against the writer's capabilities (encryption, store_digests, max_shard_size:
 // Error{kInvalidArgument} naming the option), then reads keys and passwords (Error{kNotFound}).
-Target make_target(const ConvertOptions& o);
+ConvertTarget make_target(const ConvertOptions& o);
 
 // A flat target's entries, checked against the writer: meta tensors (MetaTensors), quantized
 // tensors, a single unnamed tensor, dtypes, shared bytes (copy_shared). Fills r.meta_zeroed /
