@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
@@ -26,14 +25,6 @@ namespace ckpt {
 namespace {
 
 using internal::ProgressSink;
-
-// The torch zip folder name save_torch(path, ...) and torch.save derive: the file name up to
-// its first dot.
-std::string archive_name_for(const std::string& path) {
-  std::string base = std::filesystem::path(path).filename().string();
-  base = base.substr(0, base.find('.'));
-  return base.empty() ? "archive" : base;
-}
 
 // Where the output goes: created on first use, so that everything that can be refused before
 // writing is refused before a file (or its temporary) exists.
@@ -100,7 +91,6 @@ ConvertReport convert_to_url(const Checkpoint& c, const std::string& url, Conver
   if (o.max_shard_size)
     throw Error(ErrorCode::kInvalidArgument, "shards are written to local files only",
                 redact_url(url));
-  if (o.archive_name.empty()) o.archive_name = archive_name_for(url);
   std::unique_ptr<ByteSink> sink = create_s3_sink(url, o.remote);
   if (!internal::make_target(o).writer->caps().patches)
     return run(c, o, [&]() -> ByteSink& { return *sink; });
@@ -139,7 +129,6 @@ ConvertReport convert(const Checkpoint& c, const std::string& out_path,
   }
   if (is_url(out_path)) return convert_to_url(c, out_path, o);
   if (o.max_shard_size) return internal::convert_sharded(c, out_path, o);
-  if (o.archive_name.empty()) o.archive_name = archive_name_for(out_path);
   std::unique_ptr<ByteSink> file;
   return run(c, o, [&]() -> ByteSink& {
     file = create_file_sink(out_path, FileSinkOptions{o.atomic, o.fsync});
@@ -150,6 +139,7 @@ ConvertReport convert(const Checkpoint& c, const std::string& out_path,
 ConvertReport convert(const Checkpoint& c, ByteSink& sink, const ConvertOptions& options) {
   ConvertOptions o = options;
   if (o.to == ConvertFormat::kAuto) o.to = convert_format_for_path(sink.name());
+  if (o.archive_name.empty()) o.archive_name = "archive";  // not the sink's name
   if (o.max_shard_size)
     throw Error(ErrorCode::kInvalidArgument,
                 "shards (max_shard_size) are written to files: use the path overload");

@@ -146,14 +146,14 @@ class OneFileOf final : public WriteOutput {
 };
 
 // Sharding around any writer: the content's tensors go into shards by a plan (shard_of[i] for
-// tensor i), each shard is written by the writer made for its file ("STEM-0000k-of-0000n.EXT"),
-// and then the index ({"metadata": {"total_size"}, "weight_map": {name: file}}, names sorted).
+// tensor i), each shard is written by the inner writer into a file of its own
+// ("STEM-0000k-of-0000n.EXT"), and then the index ({"metadata": {"total_size"}, "weight_map":
+// {name: file}}, names sorted).
 class ShardWriter final : public Writer {
  public:
-  ShardWriter(MakeWriter make, std::vector<size_t> shard_of, size_t shards, std::string stem,
-              std::string ext, std::string index, uint64_t total_size)
-      : make_(std::move(make)),
-        inner_(make_("")),
+  ShardWriter(std::unique_ptr<Writer> inner, std::vector<size_t> shard_of, size_t shards,
+              std::string stem, std::string ext, std::string index, uint64_t total_size)
+      : inner_(std::move(inner)),
         shard_of_(std::move(shard_of)),
         n_(shards),
         stem_(std::move(stem)),
@@ -182,7 +182,7 @@ class ShardWriter final : public Writer {
         weight_map[content.tensors[i].name()] = file;
       }
       OneFileOf one(out, file);
-      make_(file.substr(0, file.find('.')))->write(one, shard);
+      inner_->write(one, shard);
       files_.push_back(file);
     }
     // The index last: a reader that finds it finds every shard.
@@ -197,7 +197,6 @@ class ShardWriter final : public Writer {
   const std::vector<std::string>& files() const { return files_; }
 
  private:
-  MakeWriter make_;
   std::unique_ptr<Writer> inner_;
   WriterCaps caps_;
   std::vector<size_t> shard_of_;
@@ -271,13 +270,10 @@ ConvertReport convert_sharded(const Checkpoint& c, const std::string& out_path,
   WriteContent content = flat_content(c, flat, source, *target.writer);
   // A digest list names every tensor of its file: an input's would not match a shard.
   content.metadata.erase(kSafetensorsDigestKey);
-  MakeWriter make = [&](const std::string& file) {
-    std::unique_ptr<Writer> w = target.make(file);
-    if (o.store_digests) w = with_digests(std::move(w), o.load.threads, r.digests_stored);
-    return w;
-  };
+  std::unique_ptr<Writer> inner = std::move(target.writer);
+  if (o.store_digests) inner = with_digests(std::move(inner), o.load.threads, r.digests_stored);
   r.index = (dir / (bp.filename().string() + ".index.json")).string();
-  ShardWriter writer(make, std::move(shard_of), sizes.size(), stem, ext,
+  ShardWriter writer(std::move(inner), std::move(shard_of), sizes.size(), stem, ext,
                      bp.filename().string() + ".index.json", total);
   FilesOutput out(dir, total, o);
   writer.write(out, content);

@@ -26,13 +26,12 @@ TensorSource::TensorSource(const Checkpoint& c, const LoadOptions& o) : c_(c), o
 namespace {
 
 // The one place a target format becomes a writer, and ConvertOptions its options.
-std::unique_ptr<Writer> writer_for(const ConvertOptions& o, const std::string& archive_name,
-                                   const TensorizerSaveOptions& crypt) {
+std::unique_ptr<Writer> writer_for(const ConvertOptions& o, const TensorizerSaveOptions& crypt) {
   switch (o.to) {
     case ConvertFormat::kTorch: {
       SaveOptions so;
       if (o.alignment) so.alignment = o.alignment;
-      so.archive_name = archive_name;
+      so.archive_name = o.archive_name;
       return make_torch_writer(so);
     }
     case ConvertFormat::kSafetensors: {
@@ -53,7 +52,7 @@ std::unique_ptr<Writer> writer_for(const ConvertOptions& o, const std::string& a
 
 ConvertTarget make_target(const ConvertOptions& o) {
   ConvertTarget t;
-  t.writer = writer_for(o, o.archive_name, {});
+  t.writer = writer_for(o, {});
   const WriterCaps& caps = t.writer->caps();
   if (o.max_shard_size && !caps.sharded)
     throw Error(ErrorCode::kInvalidArgument,
@@ -66,17 +65,12 @@ ConvertTarget make_target(const ConvertOptions& o) {
                 std::string("stored digests are only available for safetensors output (") +
                     caps.format +
                     " has no place for them; use `ckpt digest` for a manifest beside the file)");
-  TensorizerSaveOptions crypt;
   if (o.encryption.enabled()) {
     // Keys and passwords are read before anything is written.
     ConvertCrypt c = resolve_encryption(o.encryption);
-    crypt = c.save;
     t.new_key_file = c.new_key_file;
-    t.writer = writer_for(o, o.archive_name, crypt);
+    t.writer = writer_for(o, c.save);
   }
-  t.make = [o, crypt](const std::string& file) {
-    return writer_for(o, o.archive_name.empty() ? file : o.archive_name, crypt);
-  };
   return t;
 }
 

@@ -31,14 +31,9 @@ class TensorSource {
   bool loaded_ = false;
 };
 
-// Makes the writer of a file named `file` (the torch zip's folder name comes from it when
-// ConvertOptions::archive_name is empty).
-using MakeWriter = std::function<std::unique_ptr<Writer>(const std::string& file)>;
-
 // The writer for `o.to` (resolved, not kAuto) with its options taken from `o`.
 struct ConvertTarget {
-  MakeWriter make;
-  std::unique_ptr<Writer> writer;  // make(o.archive_name)
+  std::unique_ptr<Writer> writer;
   // A new random key goes to this file, committed before the output (encryption.key_file).
   std::string new_key_file;
 };

@@ -114,7 +114,8 @@ class Writer {
 
 // The writers. Options as the public save_* functions take them (atomic and fsync belong to
 // the output, not the writer, and are ignored here).
-std::unique_ptr<Writer> make_torch_writer(const SaveOptions& options);  // pt
+// pt: an empty archive_name is the output file's name up to its first dot (as torch.save).
+std::unique_ptr<Writer> make_torch_writer(const SaveOptions& options);
 std::unique_ptr<Writer> make_safetensors_writer(const SafetensorsSaveOptions& options);
 // kRandomKey: the key is returned in WriteResult; options.key_file is not written.
 std::unique_ptr<Writer> make_tensorizer_writer(const TensorizerSaveOptions& options);

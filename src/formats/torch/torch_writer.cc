@@ -406,8 +406,11 @@ class TorchWriter final : public internal::Writer {
   bool holds(DType) const override { return true; }
   internal::WriteResult write(internal::WriteOutput& out,
                               internal::WriteContent& content) override {
-    write_torch_zip(out.file(), content.root ? content.root : state_dict_value(content.tensors),
-                    content.tensors, o_);
+    ByteSink& sink = out.file();
+    SaveOptions o = o_;
+    if (o.archive_name.empty()) o.archive_name = archive_name_for(sink.name());
+    write_torch_zip(sink, content.root ? content.root : state_dict_value(content.tensors),
+                    content.tensors, o);
     return {};
   }
 
