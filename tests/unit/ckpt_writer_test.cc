@@ -211,6 +211,21 @@ TEST(Writer, ConvertRefusesBeforeAnyByteIsWritten) {
   EXPECT_EQ(ok.commits, 1);  // convert commits, the writer does not
 }
 
+TEST(Writer, ShardsCheckTheRulesOfOneFile) {
+  TempDir dir;
+  Checkpoint shared = Checkpoint::open(shared_checkpoint(dir, false));
+  ConvertOptions o;
+  o.fsync = false;
+  o.max_shard_size = 16;
+  Error e = test::capture_error([&] { convert(shared, dir.file("s.safetensors"), o); });
+  EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(std::string(e.what()).find("copy_shared"), std::string::npos) << e.what();
+  o.store_digests = true;
+  e = test::capture_error([&] { convert(shared, dir.file("s.bin"), o); });
+  EXPECT_NE(std::string(e.what()).find("digests"), std::string::npos) << e.what();
+  EXPECT_EQ(files_in(dir.path()), std::vector<std::string>{"in.pt"});
+}
+
 // A writer of a folder of files (the shape a torch.distributed.checkpoint writer has): one
 // safetensors file per tensor and a listing, through the same interface.
 class FolderOfFilesWriter final : public internal::Writer {
