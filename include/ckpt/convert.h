@@ -182,7 +182,9 @@ struct ConvertOptions {
   // of them. Each pt shard is a plain state dict (name -> tensor, flatten_state_dict's names;
   // non-tensor values are reported in not_written). When everything fits one shard, the one
   // file is written under the output's name and no index (as Hugging Face does). Each shard is
-  // written atomically; on failure the shards this call wrote are removed. 0: one file.
+  // written to a temporary beside it (with `atomic`); they are renamed into place together once
+  // all are written, the index last, and on failure the shards this call renamed are removed.
+  // Everything a one-file conversion refuses is refused for shards too. 0: one file.
   uint64_t max_shard_size = 0;
 };
 

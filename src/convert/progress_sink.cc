@@ -12,9 +12,10 @@ constexpr size_t kPiece = 8 << 20;
 }  // namespace
 
 ProgressSink::ProgressSink(ByteSink& inner, uint64_t total, const Callback& fn,
-                           std::chrono::steady_clock::duration every)
+                           std::chrono::steady_clock::duration every, uint64_t base)
     : inner_(inner),
       total_(total),
+      base_(base),
       fn_(fn),
       every_(every),
       caller_(std::this_thread::get_id()),
@@ -52,13 +53,13 @@ void ProgressSink::tick(uint64_t done) {
   const auto now = std::chrono::steady_clock::now();
   if (now - last_ < every_) return;
   last_ = now;
-  reported_ = std::max(reported_, done);
+  reported_ = std::max(reported_, base_ + done);
   fn_(reported_, std::max(total_, reported_));
 }
 
 void ProgressSink::finish() {
   if (!fn_) return;
-  const uint64_t n = std::max(reported_, inner_.position());
+  const uint64_t n = std::max(reported_, base_ + inner_.position());
   reported_ = n;
   fn_(n, n);
 }

@@ -16,9 +16,10 @@ class ProgressSink final : public ByteSink {
  public:
   using Callback = std::function<void(uint64_t done, uint64_t total)>;
   // `total`: the expected size (reported raised to what was written when that passes it).
-  // `fn` is called on the constructing thread only, at most once per `every`.
+  // `fn` is called on the constructing thread only, at most once per `every`. `base`: bytes
+  // written before this sink (earlier files of the same output), added to what it reports.
   ProgressSink(ByteSink& inner, uint64_t total, const Callback& fn,
-               std::chrono::steady_clock::duration every);
+               std::chrono::steady_clock::duration every, uint64_t base = 0);
 
   const std::string& name() const override { return inner_.name(); }
   void write(std::span<const std::byte> bytes) override;
@@ -32,7 +33,7 @@ class ProgressSink final : public ByteSink {
                     const SliceVisitor& visit) override;
   void commit() override { inner_.commit(); }
 
-  // The last call: done == total == position().
+  // The last call: done == total == base + position().
   void finish();
 
  private:
@@ -40,6 +41,7 @@ class ProgressSink final : public ByteSink {
 
   ByteSink& inner_;
   const uint64_t total_;
+  const uint64_t base_;
   const Callback& fn_;
   const std::chrono::steady_clock::duration every_;
   const std::thread::id caller_;

@@ -14,6 +14,7 @@
 
 #include "ckpt/error.h"
 #include "ckpt/safetensors.h"
+#include "formats/writer.h"
 #include "io/gather.h"
 #include "util/bytes.h"
 
@@ -199,5 +200,41 @@ void save_safetensors(const std::string& path, const std::vector<Tensor>& tensor
   save_safetensors(*sink, tensors, metadata, options);
   sink->commit();
 }
+
+namespace internal {
+namespace {
+
+class SafetensorsWriter final : public Writer {
+ public:
+  explicit SafetensorsWriter(const SafetensorsSaveOptions& o) : o_(o) {}
+  const WriterCaps& caps() const override {
+    static const WriterCaps caps = [] {
+      WriterCaps c;
+      c.format = "safetensors";
+      c.metadata = true;
+      c.digests = true;
+      c.sharded = true;
+      return c;
+    }();
+    return caps;
+  }
+  bool holds(DType dtype) const override { return dtype_info(dtype).safetensors; }
+  bool copies_shared() const override { return o_.copy_shared; }
+  WriteResult write(WriteOutput& out, WriteContent& content) override {
+    save_safetensors(out.file(), content.tensors, content.metadata, o_);
+    return {};
+  }
+
+ private:
+  SafetensorsSaveOptions o_;
+};
+
+}  // namespace
+
+std::unique_ptr<Writer> make_safetensors_writer(const SafetensorsSaveOptions& options) {
+  return std::make_unique<SafetensorsWriter>(options);
+}
+
+}  // namespace internal
 
 }  // namespace ckpt

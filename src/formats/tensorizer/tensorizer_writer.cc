@@ -14,6 +14,7 @@
 #include "ckpt/tensorizer.h"
 #include "formats/tensorizer/tensorizer_crypt.h"
 #include "formats/tensorizer/tensorizer_format.h"
+#include "formats/writer.h"
 #include "io/gather.h"
 #include "util/bytes.h"
 #include "util/crc32.h"
@@ -259,5 +260,59 @@ std::string save_tensorizer(const std::string& path, const std::vector<Tensor>& 
   for (size_t i = 0; i < tensors.size(); ++i) entries[i].tensor = tensors[i];
   return save_tensorizer(path, entries, options);
 }
+
+namespace internal {
+namespace {
+
+class TensorizerWriter final : public Writer {
+ public:
+  explicit TensorizerWriter(const TensorizerSaveOptions& o) : o_(o) {}
+  const WriterCaps& caps() const override {
+    static const WriterCaps caps = [] {
+      WriterCaps c;
+      c.format = "tensorizer";
+      c.copies_shared = true;  // every tensor is stored on its own
+      c.meta_tensors = true;
+      c.encryption = true;
+      c.patches = true;  // encrypted tensors' headers, once their MACs are known
+      return c;
+    }();
+    return caps;
+  }
+  bool holds(DType dtype) const override {
+    bool opaque = false;
+    return tzr::dtype_string(dtype, &opaque).has_value();
+  }
+  bool encrypts() const override { return o_.encryption != TensorizerEncryption::kNone; }
+  // A tensor's TensorInfo::type "param" or "buffer" becomes its TensorType; a tensor whose
+  // storage is meta is stored as a meta tensor.
+  WriteResult write(WriteOutput& out, WriteContent& content) override {
+    std::vector<TensorizerEntry> entries;
+    entries.reserve(content.tensors.size());
+    for (auto& t : content.tensors) {
+      TensorizerEntry e;
+      if (t.info().type == "param") e.type = TensorizerTensorType::kParam;
+      if (t.info().type == "buffer") e.type = TensorizerTensorType::kBuffer;
+      e.meta = t.storage() && t.storage()->info.meta;
+      e.tensor = std::move(t);
+      entries.push_back(std::move(e));
+    }
+    content.tensors.clear();
+    WriteResult r;
+    r.key = save_tensorizer(out.file(), entries, o_);
+    return r;
+  }
+
+ private:
+  TensorizerSaveOptions o_;
+};
+
+}  // namespace
+
+std::unique_ptr<Writer> make_tensorizer_writer(const TensorizerSaveOptions& options) {
+  return std::make_unique<TensorizerWriter>(options);
+}
+
+}  // namespace internal
 
 }  // namespace ckpt

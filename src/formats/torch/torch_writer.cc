@@ -21,6 +21,7 @@
 
 #include "ckpt/torch.h"
 #include "ckpt/error.h"
+#include "formats/writer.h"
 #include "pickle/pickler.h"
 #include "util/crc32.h"
 #include "util/text.h"
@@ -321,10 +322,10 @@ class CrcAhead {
   std::thread thread_;
 };
 
-}  // namespace
 
-void save_torch(ByteSink& sink, const ConstValuePtr& root, const std::vector<Tensor>& tensors,
-                const SaveOptions& options) {
+// The torch zip of `root` into `sink`, not committed.
+void write_torch_zip(ByteSink& sink, const ConstValuePtr& root, const std::vector<Tensor>& tensors,
+                     const SaveOptions& options) {
   TorchPickleBuilder builder(tensors);
   ValuePtr tree = builder.convert(root);
   std::string pkl;
@@ -384,6 +385,48 @@ void save_torch(ByteSink& sink, const ConstValuePtr& root, const std::vector<Ten
   std::snprintf(sid, sizeof sid, "%020" PRIu64 "%020" PRIu64, names, crcs);
   zip.add(".data/serialization_id", std::string_view(sid, 40));
   zip.finish();
+}
+
+class TorchWriter final : public internal::Writer {
+ public:
+  explicit TorchWriter(const SaveOptions& o) : o_(o) {}
+  const internal::WriterCaps& caps() const override {
+    static const internal::WriterCaps caps = [] {
+      internal::WriterCaps c;
+      c.format = "pt";
+      c.object_tree = true;
+      c.shared_bytes = true;
+      c.meta_tensors = true;
+      c.quantized = true;
+      c.sharded = true;
+      return c;
+    }();
+    return caps;
+  }
+  bool holds(DType) const override { return true; }
+  internal::WriteResult write(internal::WriteOutput& out,
+                              internal::WriteContent& content) override {
+    ByteSink& sink = out.file();
+    SaveOptions o = o_;
+    if (o.archive_name.empty()) o.archive_name = archive_name_for(sink.name());
+    write_torch_zip(sink, content.root ? content.root : state_dict_value(content.tensors),
+                    content.tensors, o);
+    return {};
+  }
+
+ private:
+  SaveOptions o_;
+};
+
+}  // namespace
+
+std::unique_ptr<internal::Writer> internal::make_torch_writer(const SaveOptions& options) {
+  return std::make_unique<TorchWriter>(options);
+}
+
+void save_torch(ByteSink& sink, const ConstValuePtr& root, const std::vector<Tensor>& tensors,
+                const SaveOptions& options) {
+  write_torch_zip(sink, root, tensors, options);
   sink.commit();
 }
 

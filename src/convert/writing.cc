@@ -1,0 +1,280 @@
+// The steps of convert() (writing.h): the writer for a target and its options, the rules checked
+// against its capabilities, and the content it writes.
+
+#include "convert/writing.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <unordered_map>
+
+#include "ckpt/digest.h"
+#include "ckpt/error.h"
+#include "ckpt/torch.h"
+#include "ckpt/torchscript.h"
+#include "convert/digest_internal.h"
+#include "convert/encryption.h"
+
+namespace ckpt::internal {
+
+TensorSource::TensorSource(const Checkpoint& c, const LoadOptions& o) : c_(c), o_(o) {
+  if (!c.source().memory() || o.copy) {
+    all_ = c.load_all(o);
+    loaded_ = true;
+  }
+}
+
+namespace {
+
+// The one place a target format becomes a writer, and ConvertOptions its options.
+std::unique_ptr<Writer> writer_for(const ConvertOptions& o, const TensorizerSaveOptions& crypt) {
+  switch (o.to) {
+    case ConvertFormat::kTorch: {
+      SaveOptions so;
+      if (o.alignment) so.alignment = o.alignment;
+      so.archive_name = o.archive_name;
+      return make_torch_writer(so);
+    }
+    case ConvertFormat::kSafetensors: {
+      SafetensorsSaveOptions so;
+      if (o.alignment) so.alignment = o.alignment;
+      so.copy_shared = o.copy_shared;
+      return make_safetensors_writer(so);
+    }
+    case ConvertFormat::kTensorizer:
+      return make_tensorizer_writer(crypt);
+    case ConvertFormat::kAuto:
+      break;
+  }
+  throw Error(ErrorCode::kInvalidArgument, "no output format");
+}
+
+}  // namespace
+
+ConvertTarget make_target(const ConvertOptions& o) {
+  ConvertTarget t;
+  t.writer = writer_for(o, {});
+  const WriterCaps& caps = t.writer->caps();
+  if (o.max_shard_size && !caps.sharded)
+    throw Error(ErrorCode::kInvalidArgument,
+                std::string("shards (max_shard_size) are written for pt and safetensors, not ") +
+                    caps.format);
+  if (o.encryption.enabled() && !caps.encryption)
+    throw Error(ErrorCode::kInvalidArgument, "encryption is only available for tensorizer output");
+  if (o.store_digests && !caps.digests)
+    throw Error(ErrorCode::kInvalidArgument,
+                std::string("stored digests are only available for safetensors output (") +
+                    caps.format +
+                    " has no place for them; use `ckpt digest` for a manifest beside the file)");
+  if (o.encryption.enabled()) {
+    // Keys and passwords are read before anything is written.
+    ConvertCrypt c = resolve_encryption(o.encryption);
+    t.new_key_file = c.new_key_file;
+    t.writer = writer_for(o, c.save);
+  }
+  return t;
+}
+
+std::vector<std::string> metadata_not_written(const Checkpoint& c, const Writer& w) {
+  std::vector<std::string> keys;
+  if (c.format() == Format::kSafetensors && !w.caps().metadata)
+    for (const auto& [k, v] : c.properties())
+      if (k.rfind("metadata.", 0) == 0 && k != "metadata.format") keys.push_back(k.substr(9));
+  return keys;
+}
+
+FlatStateDict flat_state(const Checkpoint& c, const Writer& w, const ConvertOptions& o,
+                         ConvertReport& r) {
+  const WriterCaps& caps = w.caps();
+  const std::string target = caps.format;
+  const std::string& in = c.source().name();
+  FlattenOptions fo;
+  fo.limits = o.limits;
+  FlatStateDict flat = flatten_state_dict(c, fo);
+  const auto& infos = c.tensors();
+  auto is_meta = [&](const StateDictEntry& e) {
+    return c.storages().at(infos[e.tensor].storage).meta;
+  };
+  if (!caps.meta_tensors) {
+    // Never invent zeros silently.
+    for (const auto& e : flat.entries) {
+      if (!is_meta(e)) continue;
+      if (o.meta == MetaTensors::kRefuse)
+        throw Error(ErrorCode::kUnsupported,
+                    "is a meta tensor (a dtype and shape without bytes), which " + target +
+                        " cannot hold: --meta=zeros (MetaTensors::kZeros) writes zeros, "
+                        "--meta=skip (kSkip) leaves it out",
+                    in, e.name);
+      (o.meta == MetaTensors::kZeros ? r.meta_zeroed : r.meta_skipped).push_back(e.name);
+    }
+    if (o.meta == MetaTensors::kSkip && !r.meta_skipped.empty()) {
+      // Indices into `entries` (alias_of, shares_with) are renumbered past the removed ones.
+      std::vector<size_t> new_index(flat.entries.size(), SIZE_MAX);
+      std::vector<StateDictEntry> kept;
+      for (size_t i = 0; i < flat.entries.size(); ++i) {
+        if (is_meta(flat.entries[i])) continue;
+        new_index[i] = kept.size();
+        kept.push_back(flat.entries[i]);
+      }
+      for (auto& e : kept) {
+        if (e.alias_of) e.alias_of = new_index[*e.alias_of];
+        if (e.shares_with) e.shares_with = new_index[*e.shares_with];
+      }
+      flat.entries = std::move(kept);
+    }
+  }
+  std::vector<std::pair<std::string, std::string>> shared;  // (tensor, shares with)
+  uint64_t total = 0;
+  for (const auto& e : flat.entries) {
+    const TensorInfo& t = infos[e.tensor];
+    if (t.quantization && !caps.quantized)
+      throw Error(ErrorCode::kUnsupported, "quantized tensors cannot be written to " + target, in,
+                  e.name);
+    if (e.name.empty())
+      throw Error(ErrorCode::kInvalidArgument,
+                  "the checkpoint is a single unnamed tensor; " + target +
+                      " stores tensors by name (convert to pt instead)",
+                  in);
+    if (e.shares_with) shared.emplace_back(e.name, flat.entries[*e.shares_with].name);
+    if (!is_meta(e)) total += t.nbytes();
+  }
+  if (!caps.shared_bytes && !shared.empty() && !w.copies_shared())
+    throw Error(ErrorCode::kInvalidArgument,
+                "shares its storage with '" + shared[0].second + "' (" +
+                    std::to_string(shared.size()) + " such tensors); " + target +
+                    " cannot express shared or tied tensors: "
+                    "use --copy-shared (ConvertOptions::copy_shared) to write each as a "
+                    "separate copy",
+                in, shared[0].first);
+  for (const auto& e : flat.entries) {
+    const TensorInfo& t = infos[e.tensor];
+    if (!t.quantization && !w.holds(t.dtype))
+      throw Error(ErrorCode::kUnsupported,
+                  "dtype " + std::string(dtype_name(t.dtype)) + " cannot be written to " + target,
+                  in, e.name);
+  }
+  if (!caps.shared_bytes) r.copied_shared = std::move(shared);
+  r.not_written = flat.non_tensors;
+  r.tensors = flat.entries.size();
+  r.tensor_bytes = total;
+  return flat;
+}
+
+WriteContent flat_content(const Checkpoint& c, const FlatStateDict& flat,
+                          const TensorSource& source, const Writer& w) {
+  WriteContent content;
+  content.tensors.reserve(flat.entries.size());
+  for (const auto& e : flat.entries) {
+    // An alias is its tensor again: the same storage object (hashed once, stored once).
+    Tensor t = e.alias_of ? content.tensors[*e.alias_of] : source.get(e.tensor);
+    if (t.name() != e.name) t.info().name = e.name;
+    content.tensors.push_back(std::move(t));
+  }
+  if (w.caps().metadata) {
+    for (const auto& [k, v] : c.properties())
+      if (k.rfind("metadata.", 0) == 0 && k.substr(9) != kSafetensorsDigestKey)
+        content.metadata[k.substr(9)] = v;
+    if (content.metadata.empty()) content.metadata["format"] = "pt";
+  }
+  return content;
+}
+
+WriteContent tree_content(const Checkpoint& c, const TensorSource& source, ConvertReport& r) {
+  WriteContent content;
+  std::vector<Tensor>& tensors = content.tensors;
+  tensors.reserve(c.tensors().size());
+  if (c.format() == Format::kTorchScript) {
+    // A TorchScript module becomes its state dict (parameters and buffers by module path),
+    // which load_state_dict accepts: the __torch__ module objects would not torch.load.
+    TorchScriptArchive a = TorchScriptArchive::from(c);
+    for (const auto& [name, index] : a.state_dict()) {
+      Tensor t = source.get(index);
+      t.info().name = name;
+      t.info().requires_grad = false;  // as module.state_dict() gives them
+      tensors.push_back(std::move(t));
+    }
+    // A per-channel quantized tensor's scales and zero points are tensors of the archive's
+    // table, not of the state dict: they follow it, and its quantization points at them there.
+    const size_t n_state = tensors.size();
+    std::unordered_map<size_t, size_t> placed;
+    auto place = [&](size_t index) {
+      auto [it, fresh] = placed.emplace(index, tensors.size());
+      if (fresh) tensors.push_back(source.get(index));
+      return it->second;
+    };
+    for (size_t k = 0; k < n_state; ++k) {
+      std::optional<Quantization> q = tensors[k].info().quantization;
+      if (!q || !q->scales_tensor || !q->zero_points_tensor) continue;
+      q->scales_tensor = place(*q->scales_tensor);
+      q->zero_points_tensor = place(*q->zero_points_tensor);
+      tensors[k].info().quantization = q;
+    }
+    content.root =
+        state_dict_value(std::vector<Tensor>(tensors.begin(), tensors.begin() + n_state));
+  } else {
+    for (size_t i = 0; i < c.tensors().size(); ++i) tensors.push_back(source.get(i));
+    // A safetensors root is a flat dict whose state holds __metadata__ (the reader keeps it
+    // apart from tensor names that way); a pickle cannot give a plain dict a state, so such a
+    // file becomes a plain state dict (metadata_not_written says what is lost).
+    if (c.format() != Format::kSafetensors) content.root = c.root();
+  }
+  uint64_t bytes = 0;
+  for (const auto& s : c.storages()) bytes += s.nbytes;
+  // Per-channel scales and zero points are part of their tensor, not counted apart.
+  r.tensors = std::count_if(tensors.begin(), tensors.end(),
+                            [](const Tensor& t) { return t.info().type != "qparams"; });
+  r.tensor_bytes = bytes;
+  return content;
+}
+
+namespace {
+
+// Each distinct view is hashed once: a tied name (the same storage, offset, shape and strides)
+// repeats its tensor's digest.
+class DigestWriter final : public Writer {
+ public:
+  DigestWriter(std::unique_ptr<Writer> inner, int threads, size_t& stored)
+      : inner_(std::move(inner)), threads_(threads), stored_(stored) {}
+  const WriterCaps& caps() const override { return inner_->caps(); }
+  bool holds(DType d) const override { return inner_->holds(d); }
+  bool copies_shared() const override { return inner_->copies_shared(); }
+  bool encrypts() const override { return inner_->encrypts(); }
+  WriteResult write(WriteOutput& out, WriteContent& content) override {
+    const auto& ts = content.tensors;
+    std::vector<bool> want(ts.size());
+    std::vector<size_t> first(ts.size());
+    std::unordered_map<std::string, size_t> seen;
+    for (size_t i = 0; i < ts.size(); ++i) {
+      const TensorInfo& t = ts[i].info();
+      std::string key = std::to_string(reinterpret_cast<uintptr_t>(ts[i].storage().get())) + "/" +
+                        std::to_string(t.storage_offset) + "/" + std::string(dtype_name(t.dtype));
+      for (int64_t d : t.shape) key += "," + std::to_string(d);
+      key += "/";
+      for (int64_t d : t.strides) key += "," + std::to_string(d);
+      auto [it, fresh] = seen.emplace(ts[i].storage() ? key : std::to_string(i), i);
+      want[i] = fresh;
+      first[i] = it->second;
+    }
+    auto sums = tensor_sha256_all(ts, want, threads_);
+    std::vector<TensorDigest> digests(ts.size());
+    for (size_t i = 0; i < ts.size(); ++i) {
+      digests[i].name = ts[i].name();
+      digests[i].sha256 = sums[first[i]];
+    }
+    content.metadata[kSafetensorsDigestKey] = safetensors_digest_metadata(digests);
+    stored_ += digests.size();
+    return inner_->write(out, content);
+  }
+
+ private:
+  std::unique_ptr<Writer> inner_;
+  const int threads_;
+  size_t& stored_;
+};
+
+}  // namespace
+
+std::unique_ptr<Writer> with_digests(std::unique_ptr<Writer> inner, int threads, size_t& stored) {
+  return std::make_unique<DigestWriter>(std::move(inner), threads, stored);
+}
+
+}  // namespace ckpt::internal

@@ -1,0 +1,66 @@
+#pragma once
+// The steps of convert(): read -> flatten -> writer -> commit (docs/design.md, "Writers").
+// make_target picks the writer for ConvertOptions::to and checks the options against its
+// capabilities; flat_state / tree_content build what it writes, refusing what it cannot hold;
+// the caller commits. Each rule is checked here, once, before the output exists.
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ckpt/checkpoint.h"
+#include "ckpt/convert.h"
+#include "formats/writer.h"
+
+namespace ckpt::internal {
+
+// The checkpoint's tensors with their bytes. A mapped checkpoint gives views (zero-copy; pages
+// are read as the writer reaches them); an unmapped one, or with `copy`, is loaded whole by
+// load_all's reader threads, which is what reading tensor by tensor would hold at the end too.
+// Both references must outlive the source.
+class TensorSource {
+ public:
+  TensorSource(const Checkpoint& c, const LoadOptions& o);
+  Tensor get(size_t index) const { return loaded_ ? all_.at(index) : c_.tensor(index, o_); }
+
+ private:
+  const Checkpoint& c_;
+  const LoadOptions& o_;
+  std::vector<Tensor> all_;
+  bool loaded_ = false;
+};
+
+// The writer for `o.to` (resolved, not kAuto) with its options taken from `o`.
+struct ConvertTarget {
+  std::unique_ptr<Writer> writer;
+  // A new random key goes to this file, committed before the output (encryption.key_file).
+  std::string new_key_file;
+};
+// Checks `o` against the writer's capabilities (encryption, store_digests, max_shard_size:
+// Error{kInvalidArgument} naming the option), then reads keys and passwords (Error{kNotFound}).
+ConvertTarget make_target(const ConvertOptions& o);
+
+// A flat target's entries, checked against the writer: meta tensors (MetaTensors), quantized
+// tensors, a single unnamed tensor, dtypes, shared bytes (copy_shared). Fills r.meta_zeroed /
+// meta_skipped, r.copied_shared, r.not_written, r.tensors, r.tensor_bytes.
+FlatStateDict flat_state(const Checkpoint& c, const Writer& w, const ConvertOptions& o,
+                         ConvertReport& r);
+// The entries' tensors under their flat names (aliases share their tensor's storage), and the
+// metadata a writer with metadata keeps (the input's safetensors __metadata__, else
+// {"format": "pt"}). With o.store_digests, `w` must be wrapped by with_digests.
+WriteContent flat_content(const Checkpoint& c, const FlatStateDict& flat,
+                          const TensorSource& source, const Writer& w);
+// A writer with object_tree: the whole tree (a TorchScript archive: its state dict, then the
+// per-channel scales and zero points it refers to; a safetensors file: a state dict). Fills
+// r.tensors and r.tensor_bytes.
+WriteContent tree_content(const Checkpoint& c, const TensorSource& source, ConvertReport& r);
+
+// `inner` storing each tensor's SHA-256 in the metadata under kSafetensorsDigestKey (every
+// write: each file of a shard set gets its own); `stored` counts the digests stored.
+std::unique_ptr<Writer> with_digests(std::unique_ptr<Writer> inner, int threads, size_t& stored);
+
+// Keys of a safetensors input's __metadata__ a writer without metadata drops.
+std::vector<std::string> metadata_not_written(const Checkpoint& c, const Writer& w);
+
+}  // namespace ckpt::internal
