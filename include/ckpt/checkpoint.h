@@ -107,9 +107,10 @@ class Checkpoint {
   // making a Storage: for callers that wrap the bytes themselves (the Python module's
   // mmap=True). nullptr where storage() would read or decode (not mapped, compressed,
   // encrypted, byte-swapped, meta). For a set, the view into the mapping of the shard that
-  // holds the storage. The bytes stay valid while view_owner(index) (or the Checkpoint) lives:
-  // the mapping of the file that holds them (for a single file, source().memory_owner()).
-  // Never throws for a valid index (Error{kInvalidArgument} otherwise); checks no CRC.
+  // holds the storage. The bytes stay valid while the Checkpoint (or a copy) lives, and while
+  // view_owner(index) does: the mapping of the file that holds them (for a single file,
+  // source().memory_owner(); null where view() is null). Neither throws for a valid index
+  // (Error{kInvalidArgument} otherwise); view() checks no CRC.
   const std::byte* view(size_t index) const;
   std::shared_ptr<const void> view_owner(size_t index) const;
   // A tensor with its storage loaded (see storage()). Throws Error{kNotFound} for a bad name.
