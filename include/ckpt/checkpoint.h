@@ -1,6 +1,8 @@
 #pragma once
-// Checkpoint: an opened file of any supported format. Opening reads metadata only; tensor bytes
-// are read when asked for.
+// Checkpoint: an opened checkpoint of any supported format: a single file, or a set of files
+// opened as one (a sharded checkpoint's index, or open_set). Opening reads metadata only; tensor
+// bytes are read when asked for. Every method below holds for every kind: a set is listed,
+// loaded, streamed, viewed and verified as a file is, each tensor's bytes read from its file.
 
 #include <functional>
 #include <map>
@@ -78,9 +80,21 @@ class Checkpoint {
   SourcePtr source_ptr() const;
   // Index of the tensor with this name.
   std::optional<size_t> find(std::string_view name) const;
-  // A sharded set's shards, in order (empty for one file), and the shard that holds tensor
-  // `index` (0 for one file). source() of a set is its index (or, for open_set, a description of
-  // the files); a shard's source() is its file.
+  // The files the checkpoint reads tensor bytes from, by name, in order: one for a single file
+  // (source().name()), a set's shard files in shard order. A StorageInfo's offset is in the file
+  // files_of() names. source() of a set is its index (or, for open_set, a description of the
+  // files), which is not among them.
+  const std::vector<std::string>& files() const;
+  // Indices into files() of the files that hold tensor `tensor`'s bytes, in the order the bytes
+  // are in them: never empty; exactly one for a single file (0) and for a set (its shard). The
+  // span stays valid while the Checkpoint (or a copy) lives. Throws Error{kNotFound} for a bad
+  // index.
+  std::span<const uint32_t> files_of(size_t tensor) const;
+  // The files as checkpoints of their own, in files() order, where each file is one (a set's
+  // shards: a shard's source() is its file); empty where the checkpoint is not made of others
+  // (a single file). shard_of(tensor) is files_of(tensor)[0]: the index of the file (for a set,
+  // the shard) that holds the tensor, 0 for a single file. Throws Error{kNotFound} for a bad
+  // index.
   const std::vector<Checkpoint>& shards() const;
   size_t shard_of(size_t tensor) const;
 
@@ -89,17 +103,22 @@ class Checkpoint {
   // writable memory (also with options.copy). Storages stay shared: asking twice while the first
   // result lives returns the same object. Throws Error.
   StoragePtr storage(size_t index, const LoadOptions& options = {}) const;
-  // Where storage() would return a view, the view's bytes (info.nbytes of them, alive while
-  // source().memory_owner() is), found without making a Storage: for callers that wrap the
-  // bytes themselves (the Python module's mmap=True). nullptr where storage() would read or
-  // decode (not mapped, compressed, encrypted, byte-swapped, meta; a sharded set). Never throws
-  // for a valid index (Error{kInvalidArgument} otherwise); checks no CRC.
+  // Where storage() would return a view, the view's bytes (info.nbytes of them), found without
+  // making a Storage: for callers that wrap the bytes themselves (the Python module's
+  // mmap=True). nullptr where storage() would read or decode (not mapped, compressed,
+  // encrypted, byte-swapped, meta). For a set, the view into the mapping of the shard that
+  // holds the storage. The bytes stay valid while the Checkpoint (or a copy) lives, and while
+  // view_owner(index) does: the mapping of the file that holds them (for a single file,
+  // source().memory_owner(); null where view() is null). Neither throws for a valid index
+  // (Error{kInvalidArgument} otherwise); view() checks no CRC.
   const std::byte* view(size_t index) const;
+  std::shared_ptr<const void> view_owner(size_t index) const;
   // A tensor with its storage loaded (see storage()). Throws Error{kNotFound} for a bad name.
   Tensor tensor(size_t index, const LoadOptions& options = {}) const;
   Tensor tensor(std::string_view name, const LoadOptions& options = {}) const;
   // Loads every tensor (or those `filter` accepts) eagerly into owned memory with a coalesced
-  // read plan and several threads. Order follows tensors().
+  // read plan and several threads (a set: file after file). Order follows tensors().
+  // LoadOptions::on_placed and progress hold for every kind (see options.h).
   std::vector<Tensor> load_all(const LoadOptions& options = {},
                                const TensorFilter& filter = {}) const;
   // Copies tensor `index`'s elements (row-major, contiguous) into `dst`, which must hold exactly
@@ -107,12 +126,13 @@ class Checkpoint {
   // (kInvalidArgument for a wrong size, kCorrupt with options.verify on a CRC mismatch).
   void read_into(size_t index, std::span<std::byte> dst, const LoadOptions& options = {}) const;
 
-  // Streams the tensors (or those `filter` accepts) to `fn` in file order, storage by storage,
-  // with at most `budget_bytes` of storage bytes in memory at once: a reader thread fills a ring
-  // buffer of that size while `fn` runs. The tensor passed to `fn` (and its storage) is valid only
-  // during the call: copy what you keep. Tensors sharing a storage are handed one after another
-  // while it is loaded. Throws Error{kInvalidArgument} when one storage is larger than the budget,
-  // and whatever `fn` or a read throws. Peak memory: budget + a small constant.
+  // Streams the tensors (or those `filter` accepts) to `fn` in file order (a set: file after
+  // file), storage by storage, with at most `budget_bytes` of storage bytes in memory at once: a
+  // reader thread fills a ring buffer of that size while `fn` runs. The tensor passed to `fn`
+  // (and its storage) is valid only during the call: copy what you keep. Tensors sharing a
+  // storage are handed one after another while it is loaded. Throws Error{kInvalidArgument}
+  // when one storage is larger than the budget, and whatever `fn` or a read throws. Peak
+  // memory: budget + a small constant. `progress` counts against the whole selection's bytes.
   void stream(uint64_t budget_bytes, const std::function<void(const Tensor&)>& fn,
               const LoadOptions& options = {},
               const TensorFilter& filter = {}) const;
@@ -124,7 +144,7 @@ class Checkpoint {
 
   // Checks every record that has a CRC32 (a set: each shard's, in order). Throws Error{kCorrupt}
   // naming the first bad record and its file. Returns the number of records checked.
-  // `progress` (may be empty) counts the bytes checked.
+  // `progress` (may be empty) counts the bytes checked (a set: every shard's, against their sum).
   size_t verify(const ProgressFn& progress = {}) const;
 
  private:

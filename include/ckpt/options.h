@@ -92,11 +92,14 @@ struct LoadOptions {
   int threads = 0;      // reader threads; 0 = pick for the machine
   bool copy = false;    // with an mmap source: copy into owned memory instead of views
   // Bytes of the loaded storages (load_all, open_and_load, stream; Checkpoint::verify(progress)
-  // counts the bytes it checks). Not called for zero-copy views, which read nothing.
+  // counts the bytes it checks). Not called for zero-copy views, which read nothing. For a set
+  // of files, one count over all of them: the total is the sum of the files' totals.
   ProgressFn progress;
-  // Eager loads of one file (load_all, open_and_load; not a sharded set): called once, on the
+  // Eager loads (load_all, open_and_load), of every kind of checkpoint: called once, on the
   // calling thread, when every tensor the load will return has its storage's final address
   // while reader threads may still be filling the bytes, with the checkpoint and those tensors.
+  // (A set loads file after file: the call comes while its last file is read, the files
+  // before it being loaded already.)
   // For a caller that builds its own objects over the memory meanwhile (the Python module makes
   // its torch tensors there, overlapping them with the reads). It must not read the bytes, nor
   // let anything made over them out, before the load returns; if the load then throws, drop

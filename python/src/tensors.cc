@@ -173,7 +173,9 @@ std::vector<size_t> view_tensors(const Checkpoint& c, bool private_map, const py
   if (n_out != infos.size() || n_bufs != sinfos.size())
     throw pyb::value_error("view_tensors: list sizes differ from the checkpoint's tables");
   std::vector<uint8_t> need(sinfos.size(), 0);
-  const bool ok = private_map && !from_dlpack.is_none();
+  // Only the file opened through the private mapping: a sharded set's views are into the
+  // shards' own (read-only) mappings.
+  const bool ok = private_map && c.shards().empty() && !from_dlpack.is_none();
   std::shared_ptr<const void> owner = ok ? c.source().memory_owner() : nullptr;
   for (size_t i = 0; i < infos.size(); ++i) {
     const TensorInfo& t = infos[i];

@@ -1,8 +1,8 @@
-// Sharded checkpoints opened as one: an index file (a JSON object whose "weight_map" maps each
+// The opener of sharded checkpoints: an index file (a JSON object whose "weight_map" maps each
 // tensor name to the shard file that holds it) or a list of shard files. Each shard is opened as
 // an ordinary Checkpoint; the merged model describes them as one (tensors and storages in shard
-// order, an OrderedDict root), and Checkpoint's load paths hand every read to the shard that
-// holds the bytes (api/checkpoint.cc), so a single file's load path is untouched.
+// order, an OrderedDict root), and the set's body (api/kind_set.cc) hands every read to the
+// shard that holds the bytes, so a single file's load path is untouched.
 
 #include <algorithm>
 #include <cctype>
@@ -63,7 +63,7 @@ Checkpoint merge(std::vector<Checkpoint> shards, std::vector<std::string> paths,
                  const std::vector<std::pair<std::string, size_t>>* weight_map,
                  std::map<std::string, std::string> extra_properties) {
   auto model = std::make_shared<CheckpointModel>();
-  auto set = std::make_shared<ShardSet>();
+  FileSet set;
   model->format = shards.at(0).format();
   model->source = source;
   model->options = options;
@@ -76,15 +76,15 @@ Checkpoint merge(std::vector<Checkpoint> shards, std::vector<std::string> paths,
   }
   model->tensors.reserve(total_tensors);
   model->storages.reserve(total_storages);
-  set->tensor_shard.reserve(total_tensors);
-  set->storage_shard.reserve(total_storages);
+  set.tensor_part.reserve(total_tensors);
+  set.storage_part.reserve(total_storages);
   owner.reserve(total_tensors);
   root->entries().reserve(total_tensors);
   for (size_t k = 0; k < shards.size(); ++k) {
     const Checkpoint& c = shards[k];
     const size_t tbase = model->tensors.size(), sbase = model->storages.size();
-    set->tensor_base.push_back(tbase);
-    set->storage_base.push_back(sbase);
+    set.tensor_base.push_back(tbase);
+    set.storage_base.push_back(sbase);
     const ConstValuePtr& r = c.root();
     if (!r || !r->is_dict())
       throw Error(ErrorCode::kUnsupported,
@@ -95,11 +95,11 @@ Checkpoint merge(std::vector<Checkpoint> shards, std::vector<std::string> paths,
       TensorInfo m = t;
       m.storage += sbase;
       model->tensors.push_back(std::move(m));
-      set->tensor_shard.push_back(static_cast<uint32_t>(k));
+      set.tensor_part.push_back(static_cast<uint32_t>(k));
     }
     for (const StorageInfo& s : c.storages()) {
       model->storages.push_back(s);
-      set->storage_shard.push_back(static_cast<uint32_t>(k));
+      set.storage_part.push_back(static_cast<uint32_t>(k));
     }
     for (const auto& [key, value] : r->entries()) {
       if (!key || key->kind() != Value::Kind::kString)
@@ -146,21 +146,20 @@ Checkpoint merge(std::vector<Checkpoint> shards, std::vector<std::string> paths,
   for (auto& [k, v] : extra_properties) props[k] = v;
   model->properties = std::move(props);
   model->root = std::move(root);
-  set->shards = std::move(shards);
-  set->paths = std::move(paths);
   // Records: each shard's, named "<shard file>:<record>".
-  std::shared_ptr<const ShardSet> cset = set;
-  model->make_records = [cset](std::vector<RecordInfo>& out) {
-    for (size_t k = 0; k < cset->shards.size(); ++k) {
-      const std::string prefix = file_name(cset->paths[k]) + ":";
-      for (RecordInfo r : cset->shards[k].records()) {
+  model->make_records = [shards, paths](std::vector<RecordInfo>& out) {
+    for (size_t k = 0; k < shards.size(); ++k) {
+      const std::string prefix = file_name(paths[k]) + ":";
+      for (RecordInfo r : shards[k].records()) {
         r.name = prefix + r.name;
         out.push_back(std::move(r));
       }
     }
   };
   model->index_names();
-  return CheckpointAccess::make(std::move(model), std::move(set));
+  set.parts = std::move(shards);
+  set.paths = std::move(paths);
+  return CheckpointAccess::make(set_kind(std::move(model), std::move(set)));
 }
 
 // A shard name from an index: a relative path that stays inside the index's folder.

@@ -57,14 +57,14 @@ LoadedCheckpoint Checkpoint::open_and_load(const std::string& path, const OpenOp
     if (!internal::looks_like_json(*source)) throw;
   }
   if (!model) {
-    // A sharded checkpoint's index: each shard opens, then loads (api/checkpoint_set.cc).
+    // A sharded checkpoint's index: each shard opens, then loads (api/kind_set.cc).
     Checkpoint set = Checkpoint::open(source, open_options);
     std::vector<Tensor> tensors = set.load_all(load_options);
     return {std::move(set), std::move(tensors)};
   }
   Checkpoint c = internal::CheckpointAccess::make(std::move(model));
-  internal::LoadPlan plan =
-      internal::make_plan(*c.impl_->model, c.impl_->copy, load_options, {}, false);
+  internal::LoadPlan plan = internal::make_plan(internal::CheckpointAccess::model(c), copy,
+                                                load_options, {}, false);
   internal::PlacedFn placed;
   if (load_options.on_placed)
     placed = [&](const std::vector<Tensor>& t) { load_options.on_placed(c, t); };

@@ -5,8 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "ckpt/ckpt.h"
 #include "ckpt/convert.h"
@@ -161,6 +163,147 @@ TEST(Shards, OpenSetOfFiles) {
   EXPECT_EQ(c.verify(), one.verify());
   EXPECT_FALSE(c.records().empty());
   EXPECT_EQ(c.records()[0].name.rfind("m-00002-of-00003.bin:", 0), 0u);
+}
+
+// files() and files_of() mean the same for every kind: a single file is one file, a set its
+// shards; shard_of(t) is files_of(t)[0].
+TEST(Shards, FilesOfEveryKind) {
+  Set s;
+  Checkpoint c = Checkpoint::open(s.index);
+  EXPECT_EQ(c.files(), s.files);
+  for (size_t i = 0; i < c.tensors().size(); ++i) {
+    std::span<const uint32_t> f = c.files_of(i);
+    ASSERT_EQ(f.size(), 1u);
+    EXPECT_EQ(f[0], c.shard_of(i));
+    EXPECT_EQ(c.files()[f[0]], c.shards()[f[0]].source().name());
+  }
+  Checkpoint one = Checkpoint::open(s.files[1]);
+  EXPECT_EQ(one.files(), std::vector<std::string>{s.files[1]});
+  ASSERT_EQ(one.files_of(0).size(), 1u);
+  EXPECT_EQ(one.files_of(0)[0], 0u);
+  EXPECT_EQ(test::capture_error([&] { (void)c.files_of(c.tensors().size()); }).code(),
+            ErrorCode::kNotFound);
+}
+
+// view() of a set: the bytes in the mapping of the shard that holds the storage, kept alive by
+// view_owner() after the set is gone; nullptr where the shard would read.
+TEST(Shards, ViewOfASetIsTheShardsMapping) {
+  Set s;
+  auto want = all_parts();
+  std::vector<std::shared_ptr<const void>> owners;
+  std::vector<const std::byte*> views;
+  {
+    Checkpoint c = Checkpoint::open(s.index);
+    for (size_t st = 0; st < c.storages().size(); ++st) {
+      const std::byte* v = c.view(st);
+      ASSERT_NE(v, nullptr) << st;
+      EXPECT_EQ(v, c.storage(st)->data);
+      owners.push_back(c.view_owner(st));
+      ASSERT_NE(owners.back(), nullptr);
+    }
+    for (const TensorInfo& t : c.tensors()) views.push_back(c.view(t.storage));
+    EXPECT_EQ(c.view_owner(0), c.shards()[0].source().memory_owner());
+    EXPECT_EQ(test::capture_error([&] { (void)c.view(c.storages().size()); }).code(),
+              ErrorCode::kInvalidArgument);
+  }
+  for (size_t i = 0; i < want.size(); ++i)  // contiguous, whole storages, native order
+    EXPECT_EQ(std::memcmp(views[i], want[i].contiguous_bytes().data(), want[i].info().nbytes()),
+              0)
+        << want[i].name();
+  OpenOptions no_map;
+  no_map.mmap = false;
+  Checkpoint unmapped = Checkpoint::open(s.index, no_map);
+  EXPECT_EQ(unmapped.view(0), nullptr);
+  EXPECT_EQ(unmapped.view_owner(0), nullptr);
+}
+
+// LoadOptions::on_placed holds for a set: called once, on the calling thread, with the set and
+// exactly the tensors the load returns (same addresses), filtered or not, and through
+// open_and_load of an index; an exception it throws fails the load.
+TEST(Shards, OnPlacedIsCalledOnceForASet) {
+  Set s;
+  auto want = all_parts();
+  const TensorFilter weights = [](const TensorInfo& t) { return t.name.ends_with("weight"); };
+  const TensorFilter none = [](const TensorInfo&) { return false; };
+  for (int how = 0; how < 4; ++how) {
+    int calls = 0;
+    std::vector<const std::byte*> seen;
+    std::vector<std::string> names;
+    size_t seen_tensors = 0;
+    const std::thread::id me = std::this_thread::get_id();
+    LoadOptions lo;
+    lo.on_placed = [&](const Checkpoint& c, const std::vector<Tensor>& ts) {
+      ++calls;
+      EXPECT_EQ(std::this_thread::get_id(), me);
+      seen_tensors = c.tensors().size();
+      for (const Tensor& t : ts) {
+        seen.push_back(t.storage()->data);
+        names.push_back(t.name());
+      }
+    };
+    std::vector<Tensor> got;
+    if (how == 0) got = Checkpoint::open(s.index).load_all(lo);
+    if (how == 1) got = Checkpoint::open_set(s.files).load_all(lo, weights);
+    if (how == 2) got = Checkpoint::open_and_load(s.index, {}, lo).tensors;
+    if (how == 3) got = Checkpoint::open(s.index).load_all(lo, none);
+    ASSERT_EQ(calls, 1) << how;
+    EXPECT_EQ(seen_tensors, want.size());
+    ASSERT_EQ(seen.size(), got.size());
+    EXPECT_EQ(got.size(), how == 1 ? 3u : how == 3 ? 0u : want.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_EQ(seen[i], got[i].storage()->data) << got[i].name();
+      EXPECT_EQ(names[i], got[i].name());
+      expect_same(got[i], want[*Checkpoint::open(s.index).find(got[i].name())]);
+    }
+  }
+  LoadOptions lo;
+  lo.on_placed = [](const Checkpoint&, const std::vector<Tensor>&) {
+    throw Error(ErrorCode::kInvalidArgument, "refused by the hook");
+  };
+  Error e = test::capture_error([&] { Checkpoint::open(s.index).load_all(lo); });
+  EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(std::string(e.what()).find("refused by the hook"), std::string::npos);
+}
+
+// Progress of a set is one count: its last total is the sum of its files' own totals, for
+// load_all, stream and verify, and `done` never goes back.
+TEST(Shards, ProgressOfASetIsTheSumOfItsFiles) {
+  Set s;
+  struct Seen {
+    uint64_t done = 0, total = 0;
+    int back = 0;
+    ProgressFn fn() {
+      return [this](uint64_t d, uint64_t t) {
+        if (d < done) ++back;
+        done = d;
+        total = t;
+      };
+    }
+  };
+  enum Op { kLoad, kStream, kVerify };
+  auto run = [](const Checkpoint& c, Op op, Seen& seen) {
+    LoadOptions lo;
+    lo.progress = seen.fn();
+    if (op == kLoad) (void)c.load_all(lo);
+    if (op == kStream) c.stream(1 << 20, [](const Tensor&) {}, lo);
+    if (op == kVerify) (void)c.verify(seen.fn());
+  };
+  Checkpoint c = Checkpoint::open(s.index);
+  for (Op op : {kLoad, kStream, kVerify}) {
+    Seen set;
+    run(c, op, set);
+    uint64_t sum = 0;
+    for (const Checkpoint& shard : c.shards()) {
+      Seen one;
+      run(shard, op, one);
+      EXPECT_EQ(one.done, one.total);
+      sum += one.total;
+    }
+    EXPECT_GT(sum, 0u) << op;
+    EXPECT_EQ(set.total, sum) << op;
+    EXPECT_EQ(set.done, sum) << op;
+    EXPECT_EQ(set.back, 0) << op;
+  }
 }
 
 TEST(Shards, DuplicateNameNamesBothShards) {
