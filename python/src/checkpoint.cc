@@ -156,7 +156,8 @@ void bind_open(PyClass& c) {
 // What the file says, no bytes read.
 void bind_tables(PyClass& c) {
   c.def_property_readonly("format", [](const PyCheckpoint& p) { return format_name(p.c.format()); })
-      .def_property_readonly("name", [](const PyCheckpoint& p) { return text(p.c.source().name()); })
+      .def_property_readonly("name",
+                             [](const PyCheckpoint& p) { return text(p.c.source().name()); })
       .def_property_readonly("size", [](const PyCheckpoint& p) { return p.c.source().size(); })
       .def_property_readonly("properties",
                              [](const PyCheckpoint& p) {
