@@ -38,11 +38,12 @@ pyb::object new_list(size_t n) {
 
 // Tensors over `storages` (a list by storage index: Spans, tensors made already, None), then
 // the result. Reads no tensor byte: may run while reader threads still fill the memory.
-pyb::object result(const PyCheckpoint& pc, pyb::list storages, pyb::list tensors,
+// `ck` is the _ckpt.Checkpoint (one Python object per load: it is freed, in the background when
+// large, once, when the load drops it).
+pyb::object result(const pyb::object& ck, pyb::list storages, pyb::list tensors,
                    const Want& w) {
-  const Checkpoint& c = pc.c;
+  const Checkpoint& c = ck.cast<const PyCheckpoint&>().c;
   size_t made = w.torch ? plain_tensors(c, storages, tensors, w.from_dlpack.ptr()) : 0;
-  pyb::object ck = pyb::cast(pc);
   if (made < c.tensors().size()) w.build.attr("finish")(ck, storages, tensors);
   if (w.flat) {
     pyb::dict out;
@@ -70,8 +71,8 @@ pyb::object result(const PyCheckpoint& pc, pyb::list storages, pyb::list tensors
 
 // mmap=True: tensors straight over the writable mapping where the bytes are raw, the Storages
 // of the rest loaded (decoded, or copied from a shard's read-only mapping).
-pyb::object load_mapped(const PyCheckpoint& pc, bool verify, const Want& w) {
-  const Checkpoint& c = pc.c;
+pyb::object load_mapped(const pyb::object& ck, bool verify, const Want& w) {
+  const Checkpoint& c = ck.cast<const PyCheckpoint&>().c;
   if (verify) {
     pyb::gil_scoped_release nogil;
     c.verify();
@@ -90,7 +91,7 @@ pyb::object load_mapped(const PyCheckpoint& pc, bool verify, const Want& w) {
       PyList_SetItem(storages.ptr(), static_cast<Py_ssize_t>(need[k]),
                      Py_NewRef(PyList_GET_ITEM(spans.ptr(), static_cast<Py_ssize_t>(k))));
   }
-  return result(pc, storages, tensors, w);
+  return result(ck, storages, tensors, w);
 }
 
 // Eager: the tensors and the result are made while the reader threads still fill the memory
@@ -103,8 +104,7 @@ pyb::object load_eager(const std::string& path, const OpenOptions& oo, bool veri
   lo.on_placed = [&](const Checkpoint& c, const std::vector<Tensor>& loaded) {
     pyb::gil_scoped_acquire gil;
     try {
-      PyCheckpoint pc{c};
-      out = result(pc, loaded_spans(c, loaded),
+      out = result(pyb::cast(PyCheckpoint{c}), loaded_spans(c, loaded),
                    pyb::reinterpret_steal<pyb::list>(new_list(c.tensors().size()).release()), w);
     } catch (pyb::error_already_set& e) {
       build_error.emplace(std::move(e));
@@ -121,20 +121,21 @@ pyb::object load_eager(const std::string& path, const OpenOptions& oo, bool veri
     throw;
   }
   if (out) return out;
-  PyCheckpoint pc{l->checkpoint};
-  return result(pc, loaded_spans(pc.c, l->tensors),
-                pyb::reinterpret_steal<pyb::list>(new_list(pc.c.tensors().size()).release()), w);
+  const Checkpoint& c = l->checkpoint;
+  return result(pyb::cast(PyCheckpoint{c}), loaded_spans(c, l->tensors),
+                pyb::reinterpret_steal<pyb::list>(new_list(c.tensors().size()).release()), w);
 }
 
 // Every storage read into memory of its own (ckpt.open(...).load(), a file object's bytes).
-pyb::object load_all(const PyCheckpoint& pc, bool verify, const Want& w) {
+pyb::object load_all(const pyb::object& ck, bool verify, const Want& w) {
+  const Checkpoint& c = ck.cast<const PyCheckpoint&>().c;
   std::vector<Tensor> loaded;
   {
     pyb::gil_scoped_release nogil;
-    loaded = pc.c.load_all(load_options(verify, 0));
+    loaded = c.load_all(load_options(verify, 0));
   }
-  return result(pc, loaded_spans(pc.c, loaded),
-                pyb::reinterpret_steal<pyb::list>(new_list(pc.c.tensors().size()).release()), w);
+  return result(ck, loaded_spans(c, loaded),
+                pyb::reinterpret_steal<pyb::list>(new_list(c.tensors().size()).release()), w);
 }
 
 Want want(bool flat, const pyb::object& from_dlpack, const pyb::object& build,
@@ -164,21 +165,21 @@ void bind_load(pyb::module_& m) {
           auto pair = source.cast<pyb::tuple>();
           std::string_view view = pair[0].cast<pyb::bytes>();
           SourcePtr src = memory_source(view, pair[1].cast<std::string>());
-          std::optional<PyCheckpoint> pc;
+          std::optional<Checkpoint> c;
           {
             pyb::gil_scoped_release nogil;
-            pc.emplace(Checkpoint::open(src, oo));
+            c.emplace(Checkpoint::open(src, oo));
           }
-          return load_all(*pc, verify, w);
+          return load_all(pyb::cast(PyCheckpoint{std::move(*c)}), verify, w);
         }
         const std::string path = source.cast<std::string>();
         if (mmap && !is_url(path)) {
-          std::optional<PyCheckpoint> pc;
+          std::optional<Checkpoint> c;
           {
             pyb::gil_scoped_release nogil;
-            pc.emplace(Checkpoint::open(open_mmap_source(path, true), oo));
+            c.emplace(Checkpoint::open(open_mmap_source(path, true), oo));
           }
-          return load_mapped(*pc, verify, w);
+          return load_mapped(pyb::cast(PyCheckpoint{std::move(*c)}), verify, w);
         }
         return load_eager(path, oo, verify, w);
       },
@@ -189,10 +190,10 @@ void bind_load(pyb::module_& m) {
       "(bytes, name), its tensors made through from_dlpack (None: numpy, by build.finish).");
   m.def(
       "load_checkpoint",
-      [](const PyCheckpoint& pc, bool verify, const pyb::object& from_dlpack,
+      [](const pyb::object& ck, bool verify, const pyb::object& from_dlpack,
          const pyb::object& build, const pyb::module_& tree, const pyb::object& script) {
         LoadScope scope;
-        return load_all(pc, verify, want(false, from_dlpack, build, tree, script));
+        return load_all(ck, verify, want(false, from_dlpack, build, tree, script));
       },
       pyb::arg("checkpoint"), pyb::arg("verify"), pyb::arg("from_dlpack"), pyb::arg("build"),
       pyb::arg("tree"), pyb::arg("script"), "Checkpoint.load(): every storage read, the tree.");

@@ -119,16 +119,18 @@ std::vector<size_t> view_tensors(const Checkpoint& c, const pyb::list& storages,
       static_cast<size_t>(PyList_GET_SIZE(storages.ptr())) != sinfos.size())
     throw pyb::value_error("view_tensors: list sizes differ from the checkpoint's tables");
   std::vector<uint8_t> need(sinfos.size(), 0);
-  std::shared_ptr<const void> owner =
-      from_dlpack && c.source().memory_writable() ? c.source().memory_owner() : nullptr;
+  // One HandOff for every view (the mapping's owner copied once, not per tensor).
+  HandOff h;
+  if (from_dlpack && c.source().memory_writable()) h.owner = c.source().memory_owner();
   for (size_t i = 0; i < infos.size(); ++i) {
     const TensorInfo& t = infos[i];
     if (PyList_GET_ITEM(tensors.ptr(), i) != Py_None || t.storage >= sinfos.size()) continue;
     PyObject* have = PyList_GET_ITEM(storages.ptr(), static_cast<Py_ssize_t>(t.storage));
     const StorageInfo& si = sinfos[t.storage];
-    if (owner && have == Py_None && plain(t, sinfos)) {
+    if (h.owner && have == Py_None && plain(t, sinfos)) {
       if (const std::byte* data = c.view(t.storage)) {
-        HandOff h{data, static_cast<size_t>(si.nbytes), owner, DLDevice{kDLCPU, 0}};
+        h.data = data;
+        h.nbytes = static_cast<size_t>(si.nbytes);
         if (PyObject* made = make_tensor(h, t, from_dlpack)) {
           Py_INCREF(made);
           PyList_SetItem(storages.ptr(), static_cast<Py_ssize_t>(t.storage), made);
