@@ -60,6 +60,11 @@ class ByteSource {
   // live as long as `memory_owner()`.
   virtual const std::byte* memory() const { return nullptr; }
   virtual std::shared_ptr<const void> memory_owner() const { return nullptr; }
+  // True when callers may write memory(): a private copy-on-write file mapping opened with
+  // `writable_views` (open_mmap_source). A write copies the page for this process only: the file
+  // and other processes never see it; later reads of this source (and views of the same bytes)
+  // do. Storages viewing such memory say Storage::writable. False for every other source.
+  virtual bool memory_writable() const { return false; }
 
   // Says that [offset, offset + len) will not be read again soon: a file mapping drops those
   // pages from the process (they stay in the page cache, so a later read is a cheap fault);
@@ -98,9 +103,14 @@ using SourcePtr = std::shared_ptr<const ByteSource>;
 
 // A file read with pread. Throws Error{kNotFound} or Error{kIo}.
 SourcePtr open_file_source(const std::string& path);
-// A file mapped read-only with MAP_PRIVATE (PROT_READ|PROT_WRITE copy-on-write so that callers
-// may modify tensors in place without touching the file). Throws like open_file_source.
-SourcePtr open_mmap_source(const std::string& path);
+// A file mapped with MAP_PRIVATE, PROT_READ|PROT_WRITE and MAP_NORESERVE: copy-on-write memory,
+// charged only for pages a caller writes. With `writable_views` the mapping is handed out as
+// writable (memory_writable(); views of it are Storage::writable): a caller may change tensors in
+// place, and the writes stay in this process, never reaching the file. Without it views are
+// read-only by contract (Storage::writable false). The mapping lives while any view's owner
+// (memory_owner()) does, also after the file is deleted or renamed over; truncating the file in
+// place meanwhile is undefined, as for any mapping. Throws like open_file_source.
+SourcePtr open_mmap_source(const std::string& path, bool writable_views = false);
 // Bytes in memory; `name` is used in errors.
 SourcePtr memory_source(std::vector<std::byte> bytes, std::string name = "<memory>");
 SourcePtr memory_source(std::string_view bytes, std::string name = "<memory>");

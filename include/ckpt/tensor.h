@@ -80,7 +80,8 @@ struct Storage {
   // never writable, so mutable_bytes() refuses it too).
   Device device;
   // True when `data` is memory allocated for this storage (an eager load, a copy, a stream's
-  // ring slot during the callback); false for views into a mapped file or caller memory.
+  // ring slot during the callback) or a view of a writable copy-on-write mapping
+  // (ByteSource::memory_writable); false for other views into a mapped file or caller memory.
   bool writable = false;
 
   std::span<const std::byte> bytes() const noexcept { return {data, info.nbytes}; }

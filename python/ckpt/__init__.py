@@ -18,14 +18,14 @@ import gc
 import os
 import threading
 
-from . import _ckpt, _script, _tree
+from . import _build, _ckpt, _script, _tree
 from ._build import Builder, backend
 from ._build import untyped_storage as _untyped_storage
 from ._errors import (AuthError, CorruptError, Error, InvalidArgumentError, IoError,
                       LimitExceededError, NotFoundError, TruncatedError, UnsupportedError, error)
 from ._tree import Global, Opaque, OpaqueDict
 
-# Large checkpoints are freed on a background thread (module.cc, reap); wait for them at exit.
+# Large checkpoints are freed on a background thread (python/src/reaper.cc); wait for them at exit.
 atexit.register(_ckpt.drain_reaped)
 
 __version__ = "0.1.0"
@@ -35,8 +35,6 @@ __all__ = [
     "CorruptError", "UnsupportedError", "LimitExceededError", "InvalidArgumentError",
     "AuthError", "set_kept_memory_limit", "release_kept_memory", "kept_memory",
 ]
-
-_MAX_DEPTH = 1000  # the library's Limits::max_pickle_depth
 
 TensorInfo = collections.namedtuple(
     "TensorInfo", "name dtype shape strides storage_offset storage requires_grad is_parameter "
@@ -77,11 +75,10 @@ def _is_url(path):
     return path.split("://", 1)[0].lower() in ("http", "https", "s3") and "://" in path
 
 
-def _open_path(path, private_map, strict, key, password):
-    # A URL (http://, https://, s3://bucket/key) is read with ranged requests: nothing to map.
-    if _is_url(path):
-        private_map = False
-    return _ckpt.Checkpoint.open(path, private_map, strict, _key(key), password or "")
+def _open_path(path, mmap, strict, key, password):
+    # mmap: a private mapping with writable copy-on-write views. A URL (http://, https://,
+    # s3://bucket/key) is read with ranged requests: nothing to map.
+    return _ckpt.Checkpoint.open(path, mmap, strict, _key(key), password or "")
 
 
 def _key(key):
@@ -93,12 +90,13 @@ def _key(key):
 class _NoGC:
     """The cyclic garbage collector paused while a load makes its objects.
 
-    A load makes a few objects per tensor (tensors, tuples, dict entries) and none of them forms
-    a cycle the load leaves behind; with the collector on, 20,000 tensors trigger full
-    collections over every object of the interpreter (torch's included), ~40 ms of a 70 ms mmap
-    load. Paused (gc.disable) by the first of concurrent loads and restored by the last one, and
-    only if the collector was on when the first began: never re-enabled behind a caller that
-    disabled it.
+    A load makes a few objects per tensor (tensors, dict entries) and none of them forms a cycle
+    the load leaves behind; with the collector on, 20,000 tensors trigger full collections over
+    every object of the interpreter (torch's included), ~40 ms of a 70 ms mmap load. This is
+    about the number of objects any loader makes, not about how the bytes are handed over, so it
+    stays. Paused (gc.disable) by the first of concurrent loads and restored by the last one,
+    and only if the collector was on when the first began: never re-enabled behind a caller
+    that disabled it.
     """
 
     _lock = threading.Lock()
@@ -111,10 +109,8 @@ class _NoGC:
                 _NoGC._was_enabled = gc.isenabled()
                 gc.disable()
             _NoGC._depth += 1
-        _ckpt.load_begin()  # checkpoints freed in the background wait until no load runs
 
     def __exit__(self, *exc):
-        _ckpt.load_end()
         with _NoGC._lock:
             _NoGC._depth -= 1
             if _NoGC._depth == 0 and _NoGC._was_enabled:
@@ -122,14 +118,11 @@ class _NoGC:
         return False
 
 
-def _result(ck, builder, tensors):
-    _tree._MODE["torch"] = builder.framework == "torch"
-    if ck.format == "torchscript":
-        # TorchScript archives: their state dict (torch.load would run the TorchScript module),
-        # quantized Linear modules' packed parameters included (_script.py).
-        return _script.state_dict(ck, tensors, lambda: ck.tree(tensors, _tree, _MAX_DEPTH),
-                                  builder.framework == "torch")
-    return ck.tree(tensors, _tree, _MAX_DEPTH)
+def _loader(fw):
+    """The arguments every C++ load takes after its own: from_dlpack (torch's, or None for
+    numpy), and the helper modules it calls (leftover tensors, tree objects, TorchScript)."""
+    _tree._MODE["torch"] = fw == "torch"
+    return (_build.from_dlpack(), _build, _tree, _script)
 
 
 def load(f, *, map_location="cpu", mmap=False, verify=False, strict=False, key=None,
@@ -163,52 +156,14 @@ def load(f, *, map_location="cpu", mmap=False, verify=False, strict=False, key=N
         return _load(f, mmap, verify, bool(strict or weights_only), key, password)
 
 
-def _load(f, mmap, verify, strict, key, password):
+def _load(f, mmap, verify, strict, key, password, flat=False):
+    # One call: the bytes, the tensors and the tree (python/src/load.cc).
     fw = _framework(None)
     if isinstance(f, (str, bytes, os.PathLike)):
-        path = os.fsdecode(f)
-        if mmap and not _is_url(path):
-            ck = _open_path(path, True, strict, key, password)
-            if verify:
-                ck.verify()
-            b = Builder(ck, fw, ck.name)
-            n = b.storage_count()
-            from_dlpack = b.from_dlpack() if not verify else None
-            if from_dlpack is not None:
-                # Tensors over the mapping made directly (module.cc view_tensors); buffers only
-                # for the storages of the rest.
-                bufs = [None] * n
-                need = _ckpt.view_tensors(ck, bufs, b.tensors, from_dlpack)
-                if need:
-                    for i, buf in zip(need, ck.storages(need, verify)):
-                        bufs[i] = buf
-                b.add_buffers(bufs)
-            else:
-                b.add_buffers(ck.storages(list(range(n)), verify))
-            return _result(ck, b, b.all())
-        else:
-            # The tensors and the tree are made while the reader threads still fill the memory
-            # (module.cc, open_and_load): none of that reads a tensor's bytes.
-            ck, bufs, built = _ckpt.Checkpoint.open_and_load(
-                path, strict, _key(key), password or "", verify, 0,
-                lambda c, placed: _build_result(c, placed, fw))
-            if built is not None:
-                return built
+        source = os.fsdecode(f)
     else:
-        data = f.read()
-        name = getattr(f, "name", "<stream>")
-        ck = _ckpt.Checkpoint.open_bytes(bytes(data), str(name), strict, _key(key),
-                                         password or "")
-        bufs = ck.load_all(verify, 0)
-    return _build_result(ck, bufs, fw)
-
-
-def _build_result(ck, bufs, fw):
-    """The object tree of checkpoint `ck` over storage buffers `bufs`. May run while the bytes
-    are still arriving (an eager load's on_placed): it must never read a tensor's bytes."""
-    b = Builder(ck, fw, ck.name)
-    b.add_buffers(bufs)
-    return _result(ck, b, b.all())
+        source = (bytes(f.read()), str(getattr(f, "name", "<stream>")))
+    return _ckpt.load(source, mmap, verify, strict, _key(key), password or "", flat, *_loader(fw))
 
 
 # --- saving ---------------------------------------------------------------------------------
@@ -293,14 +248,7 @@ def load_file(filename, device="cpu"):
     torch checkpoint: its flattened state dict, dotted names)."""
     _check_cpu(device)
     with _NoGC():
-        def flat(ck, bufs):
-            b = Builder(ck, backend(), ck.name)
-            b.add_buffers(bufs)
-            tensors = b.all()
-            return {n: tensors[i] for n, i in ck.state_dict_entries()}
-        ck, bufs, built = _ckpt.Checkpoint.open_and_load(os.fsdecode(filename), False, "", "",
-                                                         False, 0, flat)
-        return built if built is not None else flat(ck, bufs)
+        return _load(filename, False, False, False, None, None, flat=True)
 
 
 # --- safe_open ------------------------------------------------------------------------------
@@ -391,7 +339,7 @@ class safe_open:
                 bufs = self._ck.storages(need, False)
                 for s, buf in zip(need, bufs):
                     if buf is not None:
-                        self._b.storages[s] = self._b._storage(buf)
+                        self._b.storages[s] = buf
             return self._b.tensor(i)
 
     def get_tensor(self, name):
@@ -436,9 +384,7 @@ class Checkpoint:
     def load(self, *, verify=False):
         """The whole object tree, eagerly loaded (like ckpt.load(path))."""
         with _NoGC():
-            b = Builder(self._ck, backend(), self._ck.name)
-            b.add_buffers(self._ck.load_all(verify, 0))
-            return _result(self._ck, b, b.all())
+            return _ckpt.load_checkpoint(self._ck, verify, *_loader(backend()))
 
     def verify(self):
         """Checks every stored CRC32; returns the number of records checked. Raises
@@ -541,9 +487,7 @@ def _copy_buffer(buf, fw):
         import torch
         if len(buf) == 0:
             return torch.UntypedStorage(0)
-        import numpy
-        arr = numpy.array(memoryview(buf), dtype=numpy.uint8)  # own copy
-        return _untyped_storage(torch.from_numpy(arr))
+        return _untyped_storage(torch.from_dlpack(buf).clone())  # own copy
     import numpy
     return numpy.array(memoryview(buf), dtype=numpy.uint8)
 

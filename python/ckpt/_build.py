@@ -1,14 +1,18 @@
-"""Tensors from the buffers the C++ core hands over: torch tensors (one torch storage per
-checkpoint storage, tensors set onto it with their offset, shape and strides, so storages shared
-in the file stay shared) or, without torch, numpy arrays.
+"""The tensors the C++ core leaves to Python: torch tensors (one torch storage per checkpoint
+storage, tensors set onto it with their offset, shape and strides, so storages shared in the file
+stay shared) or, without torch, numpy arrays.
 
-An eager load runs the builder while its reader threads are still filling the buffers
-(LoadOptions::on_placed): making tensors over them is fine, reading their bytes is not."""
+Storages arrive as ``_ckpt.Span`` objects (a storage's bytes, its device and their owner):
+torch takes them through ``torch.from_dlpack`` as bytes (uint8), and each tensor gets its
+dtype by being set onto that storage, which also serves the dtypes DLPack has no code for
+(bool, float8, complex32, uint16-64, quantized); numpy views them through the buffer protocol.
+
+An eager load runs the builder while its reader threads are still filling the memory
+(LoadOptions::on_placed): making tensors over it is fine, reading their bytes is not."""
 
 import collections
 import sys
 
-from . import _ckpt
 from ._errors import CorruptError, UnsupportedError, error
 
 _NP_TYPES = {
@@ -41,19 +45,33 @@ def backend():
         return "numpy"
 
 
+def finish(ck, storages, tensors):
+    """Makes the tensors the C++ loop left (None in `tensors`, a list by tensor index) over
+    `storages` (a list by storage index: a Span, a tensor made already, or None). Called by the
+    C++ load (python/src/load.cc)."""
+    Builder(ck, backend(), ck.name, storages, tensors).all()
+
+
+def from_dlpack():
+    """torch.from_dlpack when tensors are torch tensors, else None (numpy)."""
+    if backend() != "torch":
+        return None
+    import torch
+    return torch.from_dlpack
+
+
 class Builder:
     """Makes the tensors of one checkpoint, each storage once."""
 
-    def __init__(self, ck, framework, source_name=""):
+    def __init__(self, ck, framework, source_name="", storages=None, tensors=None):
         self.ck = ck
         self.framework = framework
         self._infos = self._sinfos = None  # made when first needed (20,000 tuples: ~6 ms)
         self.source = source_name
         self._dtypes = {}
-        self._sizes = {}
-        self._storages = {}  # storage index -> buffer, then torch tensor / UntypedStorage
-        self._bufs = None  # the buffers of add_buffers, by index, until `storages` is needed
-        self.tensors = [None] * self.tensor_count()  # made when first asked for
+        # storage index -> Span, then its torch tensor / UntypedStorage; None: not loaded
+        self.storages = storages if storages is not None else [None] * self.storage_count()
+        self.tensors = tensors if tensors is not None else [None] * self.tensor_count()
         if framework == "torch":
             import torch
             self.torch = torch
@@ -68,13 +86,6 @@ class Builder:
         else:
             import numpy
             self.np = numpy
-
-    def from_dlpack(self):
-        """torch._C._from_dlpack (tensors over our memory, module.cc), or None (numpy; a torch
-        without it)."""
-        if self.framework != "torch" or not isinstance(self.ck, _ckpt.Checkpoint):
-            return None
-        return getattr(self.torch._C, "_from_dlpack", None)
 
     @property
     def infos(self):
@@ -96,97 +107,35 @@ class Builder:
         return self.ck.storage_count() if self._sinfos is None and \
             hasattr(self.ck, "storage_count") else len(self.sinfos)
 
-    @property
-    def storages(self):
-        """storage index -> buffer (then its torch tensor / UntypedStorage once made)."""
-        if self._bufs is not None:
-            bufs, self._bufs = self._bufs, None
-            self._storages = {i: b for i, b in enumerate(bufs) if b is not None}
-        return self._storages
-
-    def add_buffers(self, bufs):
-        if self._bufs is None and not self._storages:
-            # Kept as the list (index -> buffer or None): plain_tensors takes it as it is, and
-            # the dict is made only if some tensor is left for tensor() (~1.5 ms per 20,000).
-            self._bufs = bufs if type(bufs) is list else list(bufs)
-            return
-        for i, b in enumerate(bufs):
-            if b is not None and i not in self.storages:
-                self.storages[i] = self._storage(b)
-
-    def _storage(self, b):
-        # torch: the buffer itself; the first tensor made over it creates its torch storage
-        # (_torch_tensor), so that the common one-tensor-per-storage case costs one frombuffer.
-        return b
-
     def all(self):
         """Every tensor, as a list in table order (quantization parameters first)."""
         n = len(self.tensors)
-        made = self._plain_tensors() if self.framework == "torch" else 0
-        if made < n:
-            order = [i for i in range(n) if self.infos[i][8] is None] + \
-                    [i for i in range(n) if self.infos[i][8] is not None]
-            for i in order:
-                self.tensor(i)
+        if self.framework == "torch":
+            self._shared_tensors()
+        order = [i for i in range(n) if self.tensors[i] is None and self.infos[i][8] is None] + \
+                [i for i in range(n) if self.tensors[i] is None and self.infos[i][8] is not None]
+        for i in order:
+            self.tensor(i)
         return self.tensors
 
-    def _plain_tensors(self):
-        # The common case (a plain tensor over a storage's buffer) inlined: on a file of many
-        # small tensors this loop is most of the Python side's time. The rest goes to tensor().
+    def _shared_tensors(self):
+        # Plain tensors over a storage whose first tensor exists already (views, tied weights):
+        # set_ onto its storage, inlined (a file may have many). The rest goes to tensor().
         torch = self.torch
-        frombuffer, empty, Tensor = torch.frombuffer, torch.empty, torch.Tensor
-        tensors = self.tensors
-        # dtype name -> (torch dtype, element size), looked up once per dtype, not per tensor
-        dtypes = {}
-        for dt, d in self._dtypes.items():
-            if dt.startswith("q"):
-                continue  # quantized (qint8...): tensor() makes them
-            try:
-                dtypes[dt] = (d, self._itemsize(d))
-            except RuntimeError:
-                pass  # tensor() makes (or reports) them
-        made = 0
-        if isinstance(self.ck, _ckpt.Checkpoint):
-            # The same loop in C++ (module.cc plain_tensors), for tensors that are the first of
-            # their storage; this one makes what it left (shared storages...).
-            made = _ckpt.plain_tensors(
-                self.ck, self._bufs if self._bufs is not None else self._storages, tensors,
-                dtypes, frombuffer, self.from_dlpack())
-            if made == len(tensors):
-                return made
-        storages, sinfos = self.storages, self.sinfos
-        for i, (name, dt, shape, strides, offset, si, rg, is_param, q, _, dense) in \
-                enumerate(self.infos):
-            if q is not None or tensors[i] is not None or rg or is_param or sinfos[si][3]:
+        empty, Tensor = torch.empty, torch.Tensor
+        tensors, storages, dtypes = self.tensors, self.storages, self._dtypes
+        for i, t in enumerate(tensors):
+            if t is not None:
                 continue
-            ds = dtypes.get(dt)
-            if ds is None:
-                continue
-            dtype, size = ds
+            name, dt, shape, strides, offset, si, rg, is_param, q = self.infos[i][:9]
             s = storages[si]
-            if isinstance(s, Tensor):
-                if s.dtype is not dtype:
-                    continue
-                try:
-                    t = empty(0, dtype=dtype).set_(s).as_strided_(shape, strides, offset)
-                except RuntimeError:
-                    continue  # tensor() reports it
-            else:
-                n = len(s)
-                if not n or n % size:
-                    continue
-                t = frombuffer(s, dtype=dtype)
-                try:
-                    if not dense:
-                        t.as_strided_(shape, strides, offset)
-                    elif len(shape) != 1 or shape[0] * size != n:
-                        t.resize_(shape)  # contiguous from offset 0: cheaper than as_strided_
-                except RuntimeError:
-                    continue  # tensor() reports it
-                storages[si] = t
-            tensors[i] = t
-            made += 1
-        return made
+            if q is not None or rg or is_param or not isinstance(s, Tensor) or \
+                    s.dtype is not dtypes.get(dt):
+                continue
+            try:
+                tensors[i] = empty(0, dtype=s.dtype).set_(s).as_strided_(shape, strides, offset)
+            except RuntimeError:
+                pass  # tensor() reports it
 
     def need_storages(self, indices):
         """Storage indices (not yet made) that tensors `indices` need, qparams included."""
@@ -199,7 +148,7 @@ class Builder:
                 for j in (q[4], q[5]):
                     if j is not None:
                         need.add(self.infos[j][5])
-        return sorted(s for s in need if s not in self.storages and not self.sinfos[s][3])
+        return sorted(s for s in need if self.storages[s] is None and not self.sinfos[s][3])
 
     def tensor(self, i):
         t = self.tensors[i]
@@ -253,27 +202,14 @@ class Builder:
         if isinstance(s, self.torch.UntypedStorage):
             return s
         torch = self.torch
-        u = untyped_storage(torch.frombuffer(s, dtype=torch.uint8)) if len(s) else \
-            torch.UntypedStorage(0)
+        # The Span's bytes as uint8 (DLPack), whatever the tensors' dtypes.
+        u = untyped_storage(torch.from_dlpack(s)) if len(s) else torch.UntypedStorage(0)
         self.storages[si] = u
         return u
-
-    def _itemsize(self, dtype):
-        n = self._sizes.get(dtype)
-        if n is None:
-            n = self._sizes[dtype] = self.torch.empty(0, dtype=dtype).element_size()
-        return n
 
     def _plain(self, si, dtype, shape, strides, offset):
         torch = self.torch
         s = self.storages[si]
-        if not isinstance(s, (torch.Tensor, torch.UntypedStorage)) and len(s) and \
-                len(s) % self._itemsize(dtype) == 0:
-            # First tensor of this storage: a tensor over the buffer, re-shaped in place (a leaf,
-            # not a view). Later tensors of the storage share its StorageImpl through set_.
-            t = torch.frombuffer(s, dtype=dtype)
-            self.storages[si] = t
-            return t.as_strided_(shape, strides, offset)
         if isinstance(s, torch.Tensor) and s.dtype == dtype:
             src = s.detach() if s.requires_grad else s
             return torch.empty(0, dtype=dtype).set_(src).as_strided_(shape, strides, offset)

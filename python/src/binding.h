@@ -1,12 +1,14 @@
 #pragma once
-// Shared pieces of the Python binding (ckpt._ckpt): a byte buffer with the buffer protocol, the
-// private copy-on-write file mapping behind mmap=True, and the object-tree conversions. Public
-// API only (<ckpt/...>); no format logic lives here.
+// Shared pieces of the Python binding (ckpt._ckpt): the hand-off of bytes (DLPack), the C++
+// tensor loops and the object-tree conversions. Public API only (<ckpt/...>); no format logic
+// lives here.
 
+#include <dlpack/dlpack.h>
 #include <pybind11/pybind11.h>
 
 #include <cstddef>
 #include <memory>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -17,45 +19,42 @@ namespace ckpt::py {
 
 namespace pyb = pybind11;
 
-// Bytes exported to Python through the buffer protocol (memoryview, torch.frombuffer,
-// numpy.frombuffer). `owner` keeps them alive for as long as this object (and so any tensor or
-// array made over it) lives. `writable`: memory nobody else reads as the file's contents (an
-// eager load's own memory, or a page of a private copy-on-write mapping).
-struct Buffer {
+// --- the hand-off (handoff.cc) -----------------------------------------------------------------
+
+// Bytes handed to Python: `nbytes` at `data` on `device` (kDLCPU for what the library loads
+// today; the caller names it, so a GPU destination passes kDLCUDA), kept alive by `owner` (the
+// Storage, the eager load's arena or the file mapping) for as long as anything made over them.
+struct HandOff {
   const std::byte* data = nullptr;
-  size_t size = 0;
+  size_t nbytes = 0;
   std::shared_ptr<const void> owner;
-  bool writable = false;
+  DLDevice device{kDLCPU, 0};
 };
 
-// Span (span.cc): the Python object a load hands out per storage, exporting `data`/`size`
-// through the buffer protocol and holding a capsule of the shared owner of its memory.
+// The DLPack type of a dtype that torch 1.13 and later take (floats, bfloat16, complex64/128,
+// int8-64, uint8); false for the rest (bool, uint16-64, float8, complex32, quantized), which
+// go over as bytes (bytes_capsule) and get their dtype on the torch side (ckpt._build).
+bool dl_type(DType d, DLDataType* out);
+// A DLPack capsule ("dltensor") over h's bytes with this type, shape and strides (elements). Its
+// deleter drops a copy of h.owner, without the GIL; a capsule never consumed frees it when
+// collected. Throws pyb::error_already_set / pyb::value_error (more than 16 dimensions).
+pyb::object dlpack_capsule(const HandOff& h, DLDataType type, std::span<const int64_t> shape,
+                           std::span<const int64_t> strides);
+// The same, 1-D uint8 over every byte.
+pyb::object bytes_capsule(const HandOff& h);
+// from_dlpack(capsule) (torch.from_dlpack) for tensor `t` over the whole of h: `t` itself when it
+// is every byte of h (contiguous, offset 0), else a 1-D tensor of t's dtype over every byte for
+// the caller to re-stride. A new reference, or nullptr with no Python error set where not
+// applicable (no DLPack type, not a whole number of elements, torch refused).
+PyObject* tensor_over(const HandOff& h, const TensorInfo& t, PyObject* from_dlpack);
+
+// Span (ckpt._ckpt.Span): the per-storage object the Python builder receives, a HandOff with
+// __dlpack__/__dlpack_device__ and, for CPU memory, the buffer protocol (numpy).
 void add_span_type(pyb::module_& m);  // registers ckpt._ckpt.Span; call once at import
-PyTypeObject* span_type();
-// The bytes of a Span (and *size), or nullptr when `o` is not exactly a Span.
-const std::byte* span_data(PyObject* o, size_t* size);
-// The shared owner of a Span's memory (nullptr when `o` is not a Span), and whether torch may
-// write that memory.
-const std::shared_ptr<const void>* span_owner(PyObject* o);
-bool span_writable(PyObject* o);
-// A torch tensor over a Span through torch._C._from_dlpack (dlpack.cc) when `t` is the whole of
-// its storage, contiguous, of a dtype with a DLPack code; a new reference, or nullptr with no
-// Python error set where not applicable (or torch refused): the caller uses frombuffer then.
-PyObject* dlpack_tensor(PyObject* span, const TensorInfo& t, PyObject* from_dlpack);
-// The same over `n` bytes at `data` (writable memory) that `owner` keeps alive.
-PyObject* dlpack_tensor(const std::byte* data, size_t n, const std::shared_ptr<const void>& owner,
-                        const TensorInfo& t, PyObject* from_dlpack);
-// tensors.cc: small Python values made without pybind11's casts (a tuple of ints; a dtype's
-// name, interned once), and the C++ loops that make the common tensors of a load (module.cc
-// binds them as _ckpt.plain_tensors and _ckpt.view_tensors; see there).
-pyb::tuple int_tuple(const std::vector<int64_t>& v);
-pyb::object dtype_str(DType d);
-size_t plain_tensors(const Checkpoint& c, const pyb::object& storages, const pyb::list& tensors,
-                     const pyb::dict& dtypes, const pyb::object& frombuffer,
-                     const pyb::object& from_dlpack);
-std::vector<size_t> view_tensors(const Checkpoint& c, bool private_map, const pyb::list& bufs,
-                                 const pyb::list& tensors, const pyb::object& from_dlpack);
-// Makes Spans, one capsule per distinct owner (the arena or mapping most storages share).
+// Fills *out from a Span and returns whether its consumer may write the bytes; false (out
+// untouched) when `o` is not exactly a Span.
+bool span_view(PyObject* o, HandOff* out);
+// Makes Spans, one owner capsule per distinct owner (the arena or mapping most storages share).
 class SpanMaker {
  public:
   SpanMaker() = default;
@@ -63,18 +62,75 @@ class SpanMaker {
   SpanMaker& operator=(const SpanMaker&) = delete;
   ~SpanMaker();
   // A new reference; throws pyb::error_already_set.
-  PyObject* make(const std::byte* data, size_t size, const std::shared_ptr<const void>& owner,
-                 bool writable);
+  PyObject* make(const HandOff& h, bool writable);
 
  private:
   std::unordered_map<const void*, PyObject*> owners_;
 };
 
-// A source over a private (MAP_PRIVATE, PROT_READ|PROT_WRITE) mapping of a file: views into it
-// are writable copy-on-write memory, so torch accepts them without a read-only warning and a
-// write never reaches the file. The mapping lives while any view's owner does. Throws Error
-// (kNotFound, kIo; an empty file is opened as a plain file source, which reports it).
-SourcePtr open_private_map(const std::string& path);
+// The HandOff of a loaded storage (owner: the storage's owner, else the storage itself).
+inline HandOff hand_off(const StoragePtr& st) {
+  return HandOff{st->data, static_cast<size_t>(st->info.nbytes),
+                 st->owner ? st->owner : std::shared_ptr<const void>(st), DLDevice{kDLCPU, 0}};
+}
+
+// --- the Python Checkpoint (checkpoint.cc, reaper.cc) ------------------------------------------
+
+// Checkpoints of at least reap_threshold() tensors are destroyed on a thread of their own
+// (reaper.cc): freeing a 20,000-tensor checkpoint's tables takes ~3 ms that ckpt.load would
+// otherwise spend after its tensors are made. The thread waits until no load runs (LoadScope).
+void reap(Checkpoint&& c);
+size_t& reap_threshold();
+// A load in progress (ckpt.load and friends) for its whole duration: background frees wait.
+struct LoadScope {
+  LoadScope();
+  ~LoadScope();
+  LoadScope(const LoadScope&) = delete;
+  LoadScope& operator=(const LoadScope&) = delete;
+};
+void drain_reaped();  // waits (up to 30 s) for background frees (atexit)
+
+// _ckpt.Checkpoint: a Checkpoint, freed in the background when large.
+struct PyCheckpoint {
+  Checkpoint c;
+
+  explicit PyCheckpoint(Checkpoint ck) : c(std::move(ck)) {}
+  PyCheckpoint(PyCheckpoint&& o) noexcept : c(std::move(o.c)) { o.moved = true; }
+  PyCheckpoint(const PyCheckpoint&) = default;
+  PyCheckpoint& operator=(const PyCheckpoint&) = delete;
+  ~PyCheckpoint() {
+    if (!moved && reap_threshold() && c.tensors().size() >= reap_threshold()) reap(std::move(c));
+  }
+  bool moved = false;  // `c` was moved out: nothing to free
+};
+
+OpenOptions open_options(bool strict, const std::string& key, const std::string& password);
+LoadOptions load_options(bool verify, int threads);
+void bind_checkpoint(pyb::module_& m);  // _ckpt.Checkpoint
+void bind_load(pyb::module_& m);        // _ckpt.load, _ckpt.load_checkpoint
+void bind_save(pyb::module_& m);        // _ckpt.save_torch, save_safetensors, save_tensorizer
+void bind_process(pyb::module_& m);     // kept memory, reaping, error exit statuses
+// Spans of every storage in `which` (None for the rest), a writable view or owned memory each:
+// a read-only view (a sharded set's shards, which the library maps itself) is copied.
+pyb::list storage_spans(const Checkpoint& c, const std::vector<size_t>& which,
+                        const LoadOptions& lo);
+// Spans of the storages of loaded tensors (by storage index, None where no tensor uses one).
+pyb::list loaded_spans(const Checkpoint& c, const std::vector<Tensor>& loaded);
+
+// --- tensors (tensors.cc) ---------------------------------------------------------------------
+
+// Small Python values made without pybind11's casts (a tuple of ints; a dtype's name, interned).
+pyb::tuple int_tuple(const std::vector<int64_t>& v);
+pyb::object dtype_str(DType d);
+// torch tensors made in C++ for the common case, see tensors.cc. `storages` is a list by
+// storage index (a Span, or None); `tensors` a list by tensor index (None: not made yet).
+// Returns how many tensors exist afterwards.
+size_t plain_tensors(const Checkpoint& c, const pyb::list& storages, const pyb::list& tensors,
+                     PyObject* from_dlpack);
+// mmap: tensors straight over a writable mapping's views (Checkpoint::view), with no Span;
+// returns the storage indices that the tensors it did not make need.
+std::vector<size_t> view_tensors(const Checkpoint& c, const pyb::list& storages,
+                                 const pyb::list& tensors, PyObject* from_dlpack);
 
 // Text from a file: UTF-8, undecodable bytes kept as surrogates (never a UnicodeDecodeError).
 inline pyb::object text(const std::string& s) {

@@ -109,13 +109,15 @@ class MemorySourceBase : public ByteSource {
 
 class MmapSource final : public MemorySourceBase {
  public:
-  MmapSource(std::string path, std::shared_ptr<Mapping> m, uint64_t size, std::shared_ptr<Fd> fd)
-      : fd_(std::move(fd)) {
+  MmapSource(std::string path, std::shared_ptr<Mapping> m, uint64_t size, std::shared_ptr<Fd> fd,
+             bool writable)
+      : fd_(std::move(fd)), writable_(writable && size > 0) {
     name_ = std::move(path);
     base_ = static_cast<const std::byte*>(m->addr);
     size_ = size;
     owner_ = std::move(m);
   }
+  bool memory_writable() const override { return writable_; }
   SourcePtr pread_twin() const override {
     std::call_once(twin_once_, [&] { twin_ = std::make_shared<FileSource>(name_, fd_, size_); });
     return twin_;
@@ -133,6 +135,7 @@ class MmapSource final : public MemorySourceBase {
 
  private:
   std::shared_ptr<Fd> fd_;
+  bool writable_ = false;  // views handed out writable (open_mmap_source's writable_views)
   mutable std::once_flag twin_once_;
   mutable SourcePtr twin_;
 };
@@ -166,7 +169,7 @@ SourcePtr open_file_source(const std::string& path) {
   return std::make_shared<FileSource>(path, std::move(fd), size);
 }
 
-SourcePtr open_mmap_source(const std::string& path) {
+SourcePtr open_mmap_source(const std::string& path, bool writable_views) {
   uint64_t size = 0;
   auto fd = open_fd(path, &size);
   auto m = std::make_shared<Mapping>();
@@ -179,7 +182,7 @@ SourcePtr open_mmap_source(const std::string& path) {
     m->addr = p;
     m->len = size;
   }
-  return std::make_shared<MmapSource>(path, std::move(m), size, std::move(fd));
+  return std::make_shared<MmapSource>(path, std::move(m), size, std::move(fd), writable_views);
 }
 
 SourcePtr memory_source(std::vector<std::byte> bytes, std::string name) {

@@ -139,7 +139,7 @@ StoragePtr load_one(const LoadPlan& plan, const PlannedStorage& p) {
       uint32_t crc = crc32(std::span<const std::byte>(data, si.nbytes));
       if (crc != *si.crc32) throw crc_mismatch(m, p.storage, crc);
     }
-    return make_storage(si, data, m.source->memory_owner(), false);
+    return make_storage(si, data, m.source->memory_owner(), m.source->memory_writable());
   }
   auto buf = allocate_arena(si.nbytes);
   load_into(plan, p, buf.get());

@@ -360,6 +360,25 @@ TEST(Load, MappedViewsAreReadOnlyLoadsAreWritable) {
             ErrorCode::kInvalidArgument);
 }
 
+// A mapping opened with writable views: storages over it may be written, copy-on-write, and the
+// file never changes (a fresh open reads the old bytes).
+TEST(Load, WritableMappedViewsAreCopyOnWrite) {
+  Fixture f(3, 1000);
+  SourcePtr src = open_mmap_source(f.path, true);
+  EXPECT_TRUE(src->memory_writable());
+  EXPECT_FALSE(open_mmap_source(f.path)->memory_writable());
+  EXPECT_FALSE(open_file_source(f.path)->memory_writable());
+  Checkpoint c = Checkpoint::open(src);
+  StoragePtr view = c.storage(0);
+  ASSERT_TRUE(view->writable);
+  EXPECT_EQ(view->data, c.view(0));  // a view, not a copy
+  std::vector<std::byte> before(view->data, view->data + 4);
+  for (auto& b : view->mutable_bytes().first(4)) b = ~b;
+  EXPECT_NE(std::memcmp(view->data, before.data(), 4), 0);
+  Checkpoint fresh = Checkpoint::open(f.path);
+  EXPECT_EQ(std::memcmp(fresh.storage(0)->data, before.data(), 4), 0);  // the file is unchanged
+}
+
 // Every path builds the same plan: one storage loaded by storage(), load_all, stream and
 // read_into gives the same bytes, with and without verification, mapped or read.
 TEST(Load, EveryPathAgreesOnEveryStorage) {
