@@ -57,18 +57,33 @@ def _framework(framework):
     raise error(InvalidArgumentError, f"unknown framework {framework!r} (use 'pt' or 'np')")
 
 
-def _check_cpu(map_location):
-    if map_location is None:
-        return
-    if isinstance(map_location, dict):  # {"cuda:0": "cpu"}: every location to the CPU
-        if all(str(v) == "cpu" for v in map_location.values()):
-            return
-        loc = None
-    else:
-        loc = str(map_location)
-    if loc != "cpu":
-        raise error(InvalidArgumentError, f"map_location={map_location!r}: only 'cpu' is "
-                    "supported (move the tensors afterwards)")
+def _device(map_location, framework="torch"):
+    """The device a load puts every tensor on: "cpu" or "cuda[:N]" (the library checks N).
+    map_location / device forms: None, "cpu", "cuda", "cuda:N", an int N (cuda:N), a
+    torch.device, or a dict whose values all name one device ({"cuda:1": "cpu"})."""
+    loc = map_location
+    if loc is None:
+        return "cpu"
+    if isinstance(loc, dict):
+        targets = {str(v) for v in loc.values()}
+        if not targets:
+            return "cpu"
+        if len(targets) > 1:
+            raise error(InvalidArgumentError, f"map_location={map_location!r}: ckpt loads every "
+                        "tensor onto one device; name one target device")
+        loc = targets.pop()
+    if isinstance(loc, int) and not isinstance(loc, bool):
+        loc = f"cuda:{loc}"
+    loc = str(loc)
+    if loc in ("cpu", "cpu:0"):
+        return "cpu"
+    if loc == "cuda" or loc.startswith("cuda:"):
+        if framework != "torch":
+            raise error(InvalidArgumentError, f"device {loc!r}: numpy arrays live in host memory "
+                        "(use framework='pt' for CUDA tensors)")
+        return loc
+    raise error(InvalidArgumentError, f"map_location={map_location!r}: ckpt loads onto 'cpu' "
+                "or 'cuda[:N]' (move the tensors afterwards)")
 
 
 def _is_url(path):
@@ -134,7 +149,12 @@ def load(f, *, map_location="cpu", mmap=False, verify=False, strict=False, key=N
       or a binary file object (read whole into memory).
       Any format ckpt reads: torch.save zip and legacy files, TorchScript archives (their state
       dict), safetensors (an OrderedDict of name -> tensor), tensorizer.
-    map_location: only "cpu" (None and torch.device("cpu") too).
+    map_location: where the tensors go: "cpu" (also None), "cuda", "cuda:N", an int N, a
+      torch.device, or a dict whose values name one device. CUDA: the bytes are read by several
+      threads into pinned staging buffers and copied into one device allocation, and the
+      tensors are CUDA tensors over it (handed to torch through DLPack, no host copy; the memory
+      is freed when the last of them dies). Without a usable GPU: ckpt.UnsupportedError naming
+      what is missing. mmap does not apply to a device load.
     mmap: tensors are zero-copy views of a private copy-on-write mapping of the file (writable:
       writes stay in this process); the mapping lives while any tensor uses it. The file may be
       deleted or replaced by rename meanwhile; truncating it in place is undefined, as for any
@@ -151,19 +171,20 @@ def load(f, *, map_location="cpu", mmap=False, verify=False, strict=False, key=N
     and quantized tensors come back as torch makes them. Bytes move with the GIL released.
     Raises ckpt.Error subclasses (NotFoundError, CorruptError, TruncatedError, ...).
     """
-    _check_cpu(map_location)
+    device = _device(map_location, _framework(None))
     with _NoGC():
-        return _load(f, mmap, verify, bool(strict or weights_only), key, password)
+        return _load(f, mmap, verify, bool(strict or weights_only), key, password, device=device)
 
 
-def _load(f, mmap, verify, strict, key, password, flat=False):
+def _load(f, mmap, verify, strict, key, password, flat=False, device="cpu"):
     # One call: the bytes, the tensors and the tree (python/src/load.cc).
     fw = _framework(None)
     if isinstance(f, (str, bytes, os.PathLike)):
         source = os.fsdecode(f)
     else:
         source = (bytes(f.read()), str(getattr(f, "name", "<stream>")))
-    return _ckpt.load(source, mmap, verify, strict, _key(key), password or "", flat, *_loader(fw))
+    return _ckpt.load(source, mmap, verify, strict, _key(key), password or "", flat, *_loader(fw),
+                      device)
 
 
 # --- saving ---------------------------------------------------------------------------------
@@ -246,9 +267,9 @@ def save_file(tensors, filename, metadata=None):
 def load_file(filename, device="cpu"):
     """safetensors.torch.load_file: a dict of name -> tensor, from any format ckpt reads (a
     torch checkpoint: its flattened state dict, dotted names)."""
-    _check_cpu(device)
+    device = _device(device, _framework(None))
     with _NoGC():
-        return _load(filename, False, False, False, None, None, flat=True)
+        return _load(filename, False, False, False, None, None, flat=True, device=device)
 
 
 # --- safe_open ------------------------------------------------------------------------------
@@ -296,8 +317,8 @@ class safe_open:
 
     def __init__(self, filename, framework="pt", device="cpu", *, key=None, password=None,
                  strict=False):
-        _check_cpu(device)
         fw = _framework(framework)
+        self._device = _device(device, fw)
         self._ck = _open_path(os.fsdecode(filename), True, strict, key, password)
         self._b = Builder(self._ck, fw, self._ck.name)
         self._names = collections.OrderedDict(self._ck.state_dict_entries())
@@ -336,7 +357,7 @@ class safe_open:
         with self._lock:
             need = self._b.need_storages([i])
             if need:
-                bufs = self._ck.storages(need, False)
+                bufs = self._ck.storages(need, False, self._device)
                 for s, buf in zip(need, bufs):
                     if buf is not None:
                         self._b.storages[s] = buf

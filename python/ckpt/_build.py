@@ -133,7 +133,8 @@ class Builder:
                     s.dtype is not dtypes.get(dt):
                 continue
             try:
-                tensors[i] = empty(0, dtype=s.dtype).set_(s).as_strided_(shape, strides, offset)
+                tensors[i] = empty(0, dtype=s.dtype, device=s.device).set_(s).as_strided_(
+                    shape, strides, offset)
             except RuntimeError:
                 pass  # tensor() reports it
 
@@ -203,7 +204,11 @@ class Builder:
             return s
         torch = self.torch
         # The Span's bytes as uint8 (DLPack), whatever the tensors' dtypes.
-        u = untyped_storage(torch.from_dlpack(s)) if len(s) else torch.UntypedStorage(0)
+        if len(s):
+            u = untyped_storage(torch.from_dlpack(s))
+        else:  # an empty storage, on the Span's device
+            kind, index = s.__dlpack_device__()
+            u = torch.UntypedStorage(0, device="cpu" if kind == 1 else f"cuda:{index}")
         self.storages[si] = u
         return u
 
@@ -212,8 +217,10 @@ class Builder:
         s = self.storages[si]
         if isinstance(s, torch.Tensor) and s.dtype == dtype:
             src = s.detach() if s.requires_grad else s
-            return torch.empty(0, dtype=dtype).set_(src).as_strided_(shape, strides, offset)
-        return torch.tensor([], dtype=dtype).set_(self._untyped(si), offset, shape, strides)
+            return torch.empty(0, dtype=dtype, device=s.device).set_(src).as_strided_(
+                shape, strides, offset)
+        u = self._untyped(si)
+        return torch.tensor([], dtype=dtype, device=u.device).set_(u, offset, shape, strides)
 
     def _np_array(self, i):
         np = self.np

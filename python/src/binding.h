@@ -70,9 +70,14 @@ class SpanMaker {
 
 // The HandOff of a loaded storage (owner: the storage's owner, else the storage itself).
 inline HandOff hand_off(const StoragePtr& st) {
+  const DLDevice where = st->device.is_cuda() ? DLDevice{kDLCUDA, st->device.index}
+                                              : DLDevice{kDLCPU, 0};
   return HandOff{st->data, static_cast<size_t>(st->info.nbytes),
-                 st->owner ? st->owner : std::shared_ptr<const void>(st), DLDevice{kDLCPU, 0}};
+                 st->owner ? st->owner : std::shared_ptr<const void>(st), where};
 }
+// Whether Python may take the storage's bytes as its own tensor's: memory this load owns (host
+// memory it allocated, a writable mapping, or a device allocation made for it).
+inline bool owned(const StoragePtr& st) { return st->writable || !st->on_host(); }
 
 // --- the Python Checkpoint (checkpoint.cc, reaper.cc) ------------------------------------------
 
@@ -105,7 +110,8 @@ struct PyCheckpoint {
 };
 
 OpenOptions open_options(bool strict, const std::string& key, const std::string& password);
-LoadOptions load_options(bool verify, int threads);
+// `device`: "cpu", "cuda" or "cuda:N" (Device::parse; invalid ones throw ckpt.Error).
+LoadOptions load_options(bool verify, int threads, const std::string& device = "cpu");
 void bind_checkpoint(pyb::module_& m);  // _ckpt.Checkpoint
 void bind_load(pyb::module_& m);        // _ckpt.load, _ckpt.load_checkpoint
 void bind_save(pyb::module_& m);        // _ckpt.save_torch, save_safetensors, save_tensorizer

@@ -21,10 +21,11 @@ OpenOptions open_options(bool strict, const std::string& key, const std::string&
   return o;
 }
 
-LoadOptions load_options(bool verify, int threads) {
+LoadOptions load_options(bool verify, int threads, const std::string& device) {
   LoadOptions o;
   o.verify = verify;
   o.threads = threads;
+  o.device = Device::parse(device);
   return o;
 }
 
@@ -36,7 +37,7 @@ pyb::list storage_spans(const Checkpoint& c, const std::vector<size_t>& which,
     for (size_t i = 0; i < which.size(); ++i) {
       if (which[i] >= c.storages().size() || c.storages()[which[i]].meta) continue;
       st[i] = c.storage(which[i], lo);
-      if (!st[i]->writable) {  // a read-only view: a copy of our own instead
+      if (!owned(st[i])) {  // a read-only view: a copy of our own instead
         LoadOptions o = lo;
         o.copy = true;
         st[i].reset();
@@ -50,7 +51,7 @@ pyb::list storage_spans(const Checkpoint& c, const std::vector<size_t>& which,
   SpanMaker spans;
   for (size_t i = 0; i < st.size(); ++i)
     PyList_SET_ITEM(out, static_cast<Py_ssize_t>(i),
-                    st[i] ? spans.make(hand_off(st[i]), st[i]->writable) : Py_NewRef(Py_None));
+                    st[i] ? spans.make(hand_off(st[i]), owned(st[i])) : Py_NewRef(Py_None));
   return list;
 }
 
@@ -66,7 +67,7 @@ pyb::list loaded_spans(const Checkpoint& c, const std::vector<Tensor>& loaded) {
   for (size_t i = 0; i < by_storage.size(); ++i) {
     const StoragePtr* st = by_storage[i];
     PyList_SET_ITEM(out, static_cast<Py_ssize_t>(i),
-                    st && *st ? spans.make(hand_off(*st), (*st)->writable) : Py_NewRef(Py_None));
+                    st && *st ? spans.make(hand_off(*st), owned(*st)) : Py_NewRef(Py_None));
   }
   return list;
 }
@@ -274,9 +275,11 @@ void bind_checks(PyClass& c) {
 // Bytes for the Python builder: storages by index (safe_open), streamed tensors.
 void bind_bytes(PyClass& c) {
   c.def("storages",
-        [](const PyCheckpoint& p, const std::vector<size_t>& which, bool verify) {
-          return storage_spans(p.c, which, load_options(verify, 0));
-        })
+        [](const PyCheckpoint& p, const std::vector<size_t>& which, bool verify,
+           const std::string& device) {
+          return storage_spans(p.c, which, load_options(verify, 0, device));
+        },
+        pyb::arg("which"), pyb::arg("verify"), pyb::arg("device") = "cpu")
       .def("stream", [](const PyCheckpoint& p, uint64_t budget, const pyb::function& fn,
                         bool verify) {
         pyb::gil_scoped_release nogil;

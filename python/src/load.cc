@@ -97,10 +97,10 @@ pyb::object load_mapped(const pyb::object& ck, bool verify, const Want& w) {
 // Eager: the tensors and the result are made while the reader threads still fill the memory
 // (LoadOptions::on_placed; after the load for a sharded set, which does not call it).
 pyb::object load_eager(const std::string& path, const OpenOptions& oo, bool verify,
-                       const Want& w) {
+                       const std::string& device, const Want& w) {
   pyb::object out;
   std::optional<pyb::error_already_set> build_error;
-  LoadOptions lo = load_options(verify, 0);
+  LoadOptions lo = load_options(verify, 0, device);
   lo.on_placed = [&](const Checkpoint& c, const std::vector<Tensor>& loaded) {
     pyb::gil_scoped_acquire gil;
     try {
@@ -127,12 +127,14 @@ pyb::object load_eager(const std::string& path, const OpenOptions& oo, bool veri
 }
 
 // Every storage read into memory of its own (ckpt.open(...).load(), a file object's bytes).
-pyb::object load_all(const pyb::object& ck, bool verify, const Want& w) {
+pyb::object load_all(const pyb::object& ck, bool verify, const Want& w,
+                     const std::string& device = "cpu") {
   const Checkpoint& c = ck.cast<const PyCheckpoint&>().c;
   std::vector<Tensor> loaded;
   {
+    LoadOptions lo = load_options(verify, 0, device);
     pyb::gil_scoped_release nogil;
-    loaded = c.load_all(load_options(verify, 0));
+    loaded = c.load_all(lo);
   }
   return result(ck, loaded_spans(c, loaded),
                 pyb::reinterpret_steal<pyb::list>(new_list(c.tensors().size()).release()), w);
@@ -157,9 +159,11 @@ void bind_load(pyb::module_& m) {
       "load",
       [](const pyb::object& source, bool mmap, bool verify, bool strict, const std::string& key,
          const std::string& password, bool flat, const pyb::object& from_dlpack,
-         const pyb::object& build, const pyb::module_& tree, const pyb::object& script) {
+         const pyb::object& build, const pyb::module_& tree, const pyb::object& script,
+         const std::string& device) {
         LoadScope scope;
         Want w = want(flat, from_dlpack, build, tree, script);
+        const bool host = Device::parse(device).is_cpu();
         OpenOptions oo = open_options(strict, key, password);
         if (pyb::isinstance<pyb::tuple>(source)) {  // (bytes, name): a file object's contents
           auto pair = source.cast<pyb::tuple>();
@@ -170,10 +174,10 @@ void bind_load(pyb::module_& m) {
             pyb::gil_scoped_release nogil;
             c.emplace(Checkpoint::open(src, oo));
           }
-          return load_all(pyb::cast(PyCheckpoint{std::move(*c)}), verify, w);
+          return load_all(pyb::cast(PyCheckpoint{std::move(*c)}), verify, w, device);
         }
         const std::string path = source.cast<std::string>();
-        if (mmap && !is_url(path)) {
+        if (mmap && host && !is_url(path)) {  // a device load copies: nothing to map
           std::optional<Checkpoint> c;
           {
             pyb::gil_scoped_release nogil;
@@ -181,11 +185,11 @@ void bind_load(pyb::module_& m) {
           }
           return load_mapped(pyb::cast(PyCheckpoint{std::move(*c)}), verify, w);
         }
-        return load_eager(path, oo, verify, w);
+        return load_eager(path, oo, verify, device, w);
       },
       pyb::arg("source"), pyb::arg("mmap"), pyb::arg("verify"), pyb::arg("strict"),
       pyb::arg("key"), pyb::arg("password"), pyb::arg("flat"), pyb::arg("from_dlpack"),
-      pyb::arg("build"), pyb::arg("tree"), pyb::arg("script"),
+      pyb::arg("build"), pyb::arg("tree"), pyb::arg("script"), pyb::arg("device") = "cpu",
       "A whole load: the object tree (flat: the flattened state dict) of a path, URL or "
       "(bytes, name), its tensors made through from_dlpack (None: numpy, by build.finish).");
   m.def(

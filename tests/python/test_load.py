@@ -196,13 +196,18 @@ def test_shared_storage_identity(torch_corpus):
     assert_same(sd, exp)
 
 
-def test_map_location_cpu_only(torch_corpus):
+def test_map_location_forms(torch_corpus):
     p = torch_corpus["files"]["plain_sd"]
     ckpt.load(p, map_location=torch.device("cpu"))
     ckpt.load(p, map_location=None)
     ckpt.load(p, map_location={"cuda:0": "cpu"})
+    # CUDA is a device ckpt loads into (tests/python/test_device.py); without a usable one it
+    # is unsupported, not an invalid argument.
+    if not torch.cuda.is_available():
+        with pytest.raises(ckpt.UnsupportedError):
+            ckpt.load(p, map_location="cuda")
     with pytest.raises(ckpt.InvalidArgumentError):
-        ckpt.load(p, map_location="cuda")
+        ckpt.load(p, map_location="tpu")
 
 
 def test_bytesio_roundtrip():
