@@ -6,7 +6,7 @@
 set -euo pipefail
 BUILD=${1:-build}
 OUT=build-gpu
-rm -rf "$OUT" && mkdir -p "$OUT/lib" "$OUT/include"
+rm -rf "$OUT" && mkdir -p "$OUT/lib" "$OUT/include/dlpack"
 cp "$BUILD/ckpt" "$OUT/" && strip --strip-debug "$OUT/ckpt"  # the carry limit is 64 MiB
 ldd "$BUILD/ckpt" | awk '$3 ~ /^\// {print $3}' | while read -r lib; do
   case "$(basename "$lib")" in
@@ -16,5 +16,5 @@ ldd "$BUILD/ckpt" | awk '$3 ~ /^\// {print $3}' | while read -r lib; do
 done
 # The module is built there: the library (position-independent objects) and the headers it needs.
 if [ -f "$BUILD/libckpt.a" ]; then cp "$BUILD/libckpt.a" "$OUT/" && strip --strip-debug "$OUT/libckpt.a"; fi
-cp /usr/include/dlpack/dlpack.h "$OUT/include/" 2>/dev/null || true
+cp /usr/include/dlpack/dlpack.h "$OUT/include/dlpack/"
 du -sh "$OUT"

@@ -3,6 +3,7 @@
 # safetensors, from what tests/gpu/pack.sh carried in build-gpu/: nothing of ckpt is built here
 # except the Python module (its Python is this machine's). Usage: tests/gpu/run.sh [--quick]
 #   --quick   exactness and `ckpt bench --device` only (no peers, no cold cache, no module)
+#   --python  the module, its tests and the peers' rows only
 set -u
 ROOT=$(pwd)
 G=$ROOT/build-gpu
@@ -10,6 +11,7 @@ export LD_LIBRARY_PATH=$G/lib:${LD_LIBRARY_PATH:-}
 CKPT=$G/ckpt
 DATA=${CKPT_GPU_DATA:-/tmp/ckpt-gpu}
 QUICK=0; [ "${1:-}" = "--quick" ] && QUICK=1
+PYONLY=0; [ "${1:-}" = "--python" ] && PYONLY=1
 PY=python3
 step() { echo; echo "== $* ($(date +%T))"; }
 
@@ -20,6 +22,7 @@ $CKPT --version 2>/dev/null || true
 step files
 [ -f "$DATA/m8.safetensors" ] || $PY tests/gpu/make_files.py "$DATA" 1 8
 
+if [ $PYONLY = 0 ]; then
 step "exactness: ckpt load --device cuda:0 --digest equals the host load's"
 for f in m1.safetensors m1.pt; do
   $CKPT load "$DATA/$f" --json --digest > /tmp/host.json
@@ -41,18 +44,28 @@ $CKPT bench "$DATA/m8.pt" --device cuda:0 --repeat 3
 step "ckpt bench --device cuda:0 (1 GiB)"
 $CKPT bench "$DATA/m1.safetensors" --device cuda:0 --repeat 5
 
+fi
+
 step "Python module (built here against this Python)"
 if [ -f "$G/libckpt.a" ]; then
   mkdir -p /tmp/ckptpy/ckpt && cp python/ckpt/*.py /tmp/ckptpy/ckpt/
   EXT=$($PY -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
-  time c++ -O2 -shared -fPIC -std=c++20 -fvisibility=hidden python/src/*.cc -Iinclude -I"$G/include" \
-    $($PY -m pybind11 --includes) "$G/libckpt.a" "$G"/lib/*.so* -lpthread -ldl \
-    -o /tmp/ckptpy/ckpt/_ckpt$EXT && export PYTHONPATH=/tmp/ckptpy
+  for f in python/src/*.cc; do  # one compiler per file, in parallel
+    c++ -O2 -fPIC -std=c++20 -fvisibility=hidden -c "$f" -Iinclude -I"$G/include" \
+      $($PY -m pybind11 --includes) -o "/tmp/ckptpy/$(basename "$f" .cc).o" &
+  done; wait
+  c++ -shared /tmp/ckptpy/*.o "$G/libckpt.a" "$G"/lib/*.so* -lpthread -ldl \
+    -o /tmp/ckptpy/ckpt/_ckpt$EXT && export PYTHONPATH=/tmp/ckptpy && echo "module: $EXT"
 fi
+
+step "Python tests of device loads (module built here), and the CLI's"
+CKPT_PYTHONPATH=/tmp/ckptpy CKPT_BIN=$CKPT $PY -m pytest -q -p no:cacheprovider \
+  tests/python/test_device.py tests/interop/test_cli_device.py 2>&1 | tail -15
 
 step "peers and ckpt's Python rows (8 GiB, warm)"
 $PY tests/gpu/peers.py "$DATA/m8.pt" "$DATA/m8.safetensors"
 
+[ $PYONLY = 1 ] && exit 0
 step "cold page cache (8 GiB safetensors): dd, ckpt --device, safetensors"
 cold() { sync; echo 3 > /proc/sys/vm/drop_caches || echo "cannot drop caches"; }
 cold; /usr/bin/time -f "dd: %e s" dd if="$DATA/m8.safetensors" of=/dev/null bs=1M status=none
