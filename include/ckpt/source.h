@@ -1,5 +1,5 @@
 #pragma once
-// ByteSource: random-access bytes (a file through pread, an mmap, memory; later HTTP and S3).
+// ByteSource: random-access bytes (a file through pread, an mmap, memory, HTTP and S3).
 // Thread-safe: every method may be called from several threads at once.
 
 #include <atomic>
@@ -38,6 +38,39 @@ struct SourceStats {
   std::atomic<uint64_t> requests{0};
 };
 
+class ByteSource;
+
+// The optional capability of a source whose bytes all sit in this process's memory (a file
+// mapping, a buffer): zero-copy views instead of reads. ByteSource::in_memory() returns it, or
+// null for a source without it (a pread file, a remote object, most sources of your own).
+class InMemory {
+ public:
+  virtual ~InMemory() = default;
+  // The source's first byte; views into it live as long as owner() (or a copy of it) does.
+  virtual const std::byte* base() const = 0;
+  virtual std::shared_ptr<const void> owner() const = 0;
+  // True when callers may write base(): a private copy-on-write file mapping opened with
+  // `writable_views` (open_mmap_source). A write copies the page for this process only: the file
+  // and other processes never see it; later reads of this source (and views of the same bytes)
+  // do. Storages viewing such memory say Storage::writable.
+  virtual bool writable() const { return false; }
+  // Says that [offset, offset + len) will not be read again soon: a file mapping drops those
+  // pages from the process (they stay in the page cache, so a later read is a cheap fault).
+  // Openers call it for metadata they have parsed (data.pkl), so that opening does not leave
+  // megabytes of mapped metadata in the process's resident set.
+  virtual void drop(uint64_t offset, uint64_t len) const {
+    (void)offset;
+    (void)len;
+  }
+  // For a file mapping: a pread source over the same open file (not reopened by name, so a file
+  // replaced since is not read), for copies that should not make the mapping's pages resident.
+  virtual std::shared_ptr<const ByteSource> pread_twin() const { return nullptr; }
+};
+
+// Random-access bytes. What every source does is three methods: size(), name() and read_into()
+// (read() and read_batch() have defaults built on read_into). The rest is optional: in_memory()
+// for zero-copy views, preferred_read_size() for sources that want large reads. A source of your
+// own implements the three.
 class ByteSource {
  public:
   virtual ~ByteSource() = default;
@@ -50,40 +83,40 @@ class ByteSource {
   virtual void read_into(uint64_t offset, std::span<std::byte> dst) const = 0;
 
   // Returns the bytes of [offset, offset + len): a view into the source's own memory when it has
-  // one (mmap, memory), else a fresh buffer. Throws like read_into. Counts one read.
+  // one (in_memory()), else a fresh buffer. Throws like read_into. Counts one read.
   virtual Bytes read(uint64_t offset, uint64_t len) const;
 
   // Several reads; a remote source may serve them with a few parallel requests. Default: in turn.
   virtual void read_batch(std::span<const ReadRequest> requests) const;
 
-  // Base address when the whole source is in memory (mmap or buffer), else nullptr. Views into it
-  // live as long as `memory_owner()`.
-  virtual const std::byte* memory() const { return nullptr; }
-  virtual std::shared_ptr<const void> memory_owner() const { return nullptr; }
-  // True when callers may write memory(): a private copy-on-write file mapping opened with
-  // `writable_views` (open_mmap_source). A write copies the page for this process only: the file
-  // and other processes never see it; later reads of this source (and views of the same bytes)
-  // do. Storages viewing such memory say Storage::writable. False for every other source.
-  virtual bool memory_writable() const { return false; }
+  // Optional: the source's memory, when all of it is in this process (InMemory above).
+  virtual const InMemory* in_memory() const { return nullptr; }
 
-  // Says that [offset, offset + len) will not be read again soon: a file mapping drops those
-  // pages from the process (they stay in the page cache, so a later read is a cheap fault);
-  // other sources ignore it. Openers call it for metadata they have parsed (data.pkl), so that
-  // opening does not leave megabytes of mapped metadata in the process's resident set.
-  virtual void release(uint64_t offset, uint64_t len) const {
-    (void)offset;
-    (void)len;
-  }
-
-  // For a file mapping: a pread source over the same open file (not reopened by name, so a file
-  // replaced since is not read), for copies that should not make the mapping's pages resident.
-  // Null for other sources.
-  virtual std::shared_ptr<const ByteSource> pread_twin() const { return nullptr; }
-
-  // The read size that keeps the source busy: a remote source answers its connections times its
-  // chunk size, and loaders then read in pieces of that size (one read = several parallel
-  // requests) instead of 1 MiB slices. 0 (local sources): the loaders' own sizes.
+  // Optional: the read size that keeps the source busy. A remote source answers its connections
+  // times its chunk size, and loaders then read in pieces of that size (one read = several
+  // parallel requests) instead of 1 MiB slices. 0 (local sources): the loaders' own sizes.
   virtual uint64_t preferred_read_size() const { return 0; }
+
+  // Shorthands over in_memory(): nullptr / null / false / nothing / null without it.
+  const std::byte* memory() const {
+    const InMemory* m = in_memory();
+    return m ? m->base() : nullptr;
+  }
+  std::shared_ptr<const void> memory_owner() const {
+    const InMemory* m = in_memory();
+    return m ? m->owner() : nullptr;
+  }
+  bool memory_writable() const {
+    const InMemory* m = in_memory();
+    return m && m->writable();
+  }
+  void release(uint64_t offset, uint64_t len) const {
+    if (const InMemory* m = in_memory()) m->drop(offset, len);
+  }
+  std::shared_ptr<const ByteSource> pread_twin() const {
+    const InMemory* m = in_memory();
+    return m ? m->pread_twin() : nullptr;
+  }
 
   SourceStats& stats() const { return stats_; }
 

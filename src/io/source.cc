@@ -88,7 +88,7 @@ struct Mapping {
   }
 };
 
-class MemorySourceBase : public ByteSource {
+class MemorySourceBase : public ByteSource, public InMemory {
  public:
   uint64_t size() const override { return size_; }
   const std::string& name() const override { return name_; }
@@ -97,8 +97,9 @@ class MemorySourceBase : public ByteSource {
     count(dst.size());
     if (!dst.empty()) std::memcpy(dst.data(), base_ + offset, dst.size());
   }
-  const std::byte* memory() const override { return base_; }
-  std::shared_ptr<const void> memory_owner() const override { return owner_; }
+  const InMemory* in_memory() const override { return this; }
+  const std::byte* base() const override { return base_; }
+  std::shared_ptr<const void> owner() const override { return owner_; }
 
  protected:
   std::string name_;
@@ -117,14 +118,14 @@ class MmapSource final : public MemorySourceBase {
     size_ = size;
     owner_ = std::move(m);
   }
-  bool memory_writable() const override { return writable_; }
+  bool writable() const override { return writable_; }
   SourcePtr pread_twin() const override {
     std::call_once(twin_once_, [&] { twin_ = std::make_shared<FileSource>(name_, fd_, size_); });
     return twin_;
   }
   // Whole pages inside the range only: a neighbouring page may hold bytes a caller wrote to
   // (the mapping is copy-on-write), which MADV_DONTNEED would throw away.
-  void release(uint64_t offset, uint64_t len) const override {
+  void drop(uint64_t offset, uint64_t len) const override {
     if (offset >= size_ || len == 0) return;
     len = std::min(len, size_ - offset);
     static const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));

@@ -489,3 +489,46 @@ TEST(Load, ProgressReportsEveryPathToTheEnd) {
 
 }  // namespace
 }  // namespace ckpt
+
+namespace ckpt {
+namespace {
+
+// A source of one's own implements three methods (size, name, read_into): every load path works
+// over it, with no mapping (in_memory() is null) and no hints.
+class ThreeMethods final : public ByteSource {
+ public:
+  explicit ThreeMethods(std::vector<std::byte> b) : bytes_(std::move(b)) {}
+  uint64_t size() const override { return bytes_.size(); }
+  const std::string& name() const override { return name_; }
+  void read_into(uint64_t offset, std::span<std::byte> dst) const override {
+    check_range(offset, dst.size());
+    std::memcpy(dst.data(), bytes_.data() + offset, dst.size());
+  }
+
+ private:
+  std::vector<std::byte> bytes_;
+  std::string name_ = "three-methods";
+};
+
+TEST(Load, ASourceOfThreeMethodsLoadsThroughEveryPath) {
+  Fixture f(6, 3000);
+  auto src = std::make_shared<ThreeMethods>(test::read_file(f.path));
+  EXPECT_EQ(src->in_memory(), nullptr);
+  EXPECT_EQ(src->memory(), nullptr);
+  EXPECT_EQ(src->pread_twin(), nullptr);
+  src->release(0, 100);  // a no-op without a mapping
+  Checkpoint c = Checkpoint::open(src);
+  for (const Tensor& t : c.load_all()) EXPECT_TRUE(f.same(t)) << t.name();
+  size_t n = 0;
+  c.stream(1 << 20, [&](const Tensor& t) { n += f.same(t); });
+  EXPECT_EQ(n, f.tensors.size());
+  EXPECT_TRUE(f.same(c.tensor("t3")));
+  EXPECT_EQ(c.view(0), nullptr);
+  std::vector<std::byte> dst(c.tensors()[2].nbytes());
+  c.read_into(2, dst);
+  EXPECT_TRUE(f.same(Tensor::from_bytes("t2", DType::kFloat32, c.tensors()[2].shape, dst)));
+  EXPECT_GT(c.verify(), 0u);
+}
+
+}  // namespace
+}  // namespace ckpt
