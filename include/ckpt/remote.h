@@ -38,7 +38,8 @@ SourcePtr open_source(const std::string& path_or_url, bool mmap,
 // convert() writes those through a local temporary. Throws Error like a URL source.
 std::unique_ptr<ByteSink> create_s3_sink(const std::string& url, const RemoteOptions& options = {});
 
-// The name a URL is shown by (no credentials, no query string).
+// The name a URL is shown by (no credentials, no query string: no password, no presigned
+// signature). Every output of ckpt shows URLs this way. A path (no "://") is returned unchanged.
 std::string redact_url(const std::string& url);
 
 }  // namespace ckpt
