@@ -44,6 +44,9 @@ struct RemoteOptions {
   int retries = 6;
   double retry_base_s = 0.1;
   double retry_max_s = 10;
+  // The most one range may take (at least 1 s), counted from its first request, retries
+  // included, and enforced during a transfer too: a server that trickles or never ends a body
+  // fails with Error{kIo} ("timed out") when it runs out.
   double timeout_s = 300;
   // S3. Empty fields come from the environment: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
   // AWS_SESSION_TOKEN, AWS_REGION / AWS_DEFAULT_REGION, AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL,
