@@ -75,6 +75,15 @@ void add_common(CLI::App& cmd, Common& c) {
   cmd.add_option("--max-records", c.limits.max_records, "most zip entries")
       ->capture_default_str()
       ->group("Limits");
+  cmd.add_option("--max-object-mb", c.max_object_mb,
+                 "memory the metadata's objects may take, MiB, plus "
+                 "--object-bytes-per-byte for each byte of the file")
+      ->capture_default_str()
+      ->group("Limits");
+  cmd.add_option("--object-bytes-per-byte", c.limits.object_bytes_per_byte,
+                 "memory the metadata's objects may take per byte of the file")
+      ->capture_default_str()
+      ->group("Limits");
 }
 
 namespace {
@@ -109,6 +118,7 @@ Limits limits_of(const Common& c) {
       c.max_metadata_mb > (UINT64_MAX >> 20) ? UINT64_MAX : c.max_metadata_mb << 20;
   l.max_inflated_bytes =
       c.max_inflated_mb > (UINT64_MAX >> 20) ? UINT64_MAX : c.max_inflated_mb << 20;
+  l.max_object_bytes = c.max_object_mb > (UINT64_MAX >> 20) ? UINT64_MAX : c.max_object_mb << 20;
   return l;
 }
 
@@ -125,6 +135,7 @@ std::string error_line(const Error& e) {
       {"max_pickle_depth", "--max-pickle-depth"},
       {"max_inflated_bytes", "--max-inflated-mb"},
       {"max_records", "--max-records"},
+      {"max_object_bytes", "--max-object-mb (or --object-bytes-per-byte)"},
   };
   for (const auto& [field, flag] : kFlags)
     if (line.find(field) != std::string::npos) return line + "; raise it with " + flag;

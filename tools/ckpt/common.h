@@ -41,6 +41,7 @@ struct Common {
   // --max-* options (docs/security.md): the bounds a file may ask for; defaults are Limits'.
   uint64_t max_metadata_mb = Limits{}.max_metadata_bytes >> 20;
   uint64_t max_inflated_mb = Limits{}.max_inflated_bytes >> 20;
+  uint64_t max_object_mb = Limits{}.max_object_bytes >> 20;
   Limits limits;
   // URLs (http://, https://, s3://): OpenOptions::remote.
   int connections = RemoteOptions{}.connections;

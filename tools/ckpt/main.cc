@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -83,6 +84,11 @@ int main(int argc, char** argv) {
   } catch (const ckpt::Error& e) {
     std::fprintf(stderr, "ckpt: error: %s\n", ckpt::cli::error_line(e).c_str());
     return ckpt::cli::exit_code(e.code());
+  } catch (const std::bad_alloc&) {
+    // The library names the file where it can (a pickle's objects, a tensor's memory); this is
+    // the last resort.
+    std::fprintf(stderr, "ckpt: error: out of memory [limit_exceeded]\n");
+    return ckpt::cli::exit_code(ckpt::ErrorCode::kLimitExceeded);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ckpt: error: %s\n", e.what());
     return 1;
