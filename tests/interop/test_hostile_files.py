@@ -173,3 +173,119 @@ def test_deflated_storage_verify_and_load_stream(ckpt, tmp_path):
     r, rss = run_measured(ckpt, "load", p)
     assert r.returncode == 0, r.stderr
     assert rss < size + 150 * MiB, f"load of a deflated {size >> 20} MiB tensor: {rss >> 20} MiB"
+
+
+# ----------------------------------------------------------------- FIFOs, ONNX external data
+
+def _onnx_external_model(d, inits, checksum=None):
+    """An ONNX model in folder d whose initializers are float32 tensors of external data:
+    inits = [(name, dims, location, offset)]. Returns the model's path."""
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper
+    tensors = []
+    for name, dims, location, offset in inits:
+        t = TensorProto()
+        t.name = name
+        t.data_type = TensorProto.FLOAT
+        t.dims.extend(dims)
+        t.data_location = TensorProto.EXTERNAL
+        n = 4
+        for x in dims:
+            n *= x
+        for k, v in (("location", location), ("offset", str(offset)), ("length", str(n))) + \
+                ((("checksum", checksum),) if checksum else ()):
+            e = t.external_data.add()
+            e.key, e.value = k, v
+        tensors.append(t)
+    g = helper.make_graph([], "g", [], [], initializer=tensors)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    p = os.path.join(d, "m.onnx")
+    with open(p, "wb") as f:
+        f.write(m.SerializeToString())
+    return p
+
+
+def test_onnx_external_fifo_is_refused_without_blocking(ckpt, tmp_path):
+    os.mkfifo(tmp_path / "w.bin")
+    p = _onnx_external_model(str(tmp_path), [("w", [4], "w.bin", 0)])
+    for cmd in ("load", "verify", "convert"):
+        args = [cmd, p] + ([str(tmp_path / "o.safetensors")] if cmd == "convert" else [])
+        if cmd == "load" and "load" not in ckpt.run("--help").stdout:
+            continue
+        r = ckpt.run(*args, timeout=20)  # blocked forever in open() before
+        assert r.returncode == 8, (cmd, r.stderr)
+        assert "not a regular file" in r.stderr and "FIFO" in r.stderr, r.stderr
+
+
+def test_fifo_checkpoint_and_shard_are_refused(ckpt, tmp_path):
+    fifo = tmp_path / "model.safetensors"
+    os.mkfifo(fifo)
+    r = ckpt.run("ls", fifo, timeout=20)
+    assert r.returncode == 8 and "FIFO" in r.stderr, r.stderr
+    index = tmp_path / "model.safetensors.index.json"
+    index.write_text(json.dumps({"metadata": {}, "weight_map": {"w": "model.safetensors"}}))
+    r = ckpt.run("ls", index, timeout=20)
+    assert r.returncode == 8 and "FIFO" in r.stderr, r.stderr
+
+
+def test_onnx_missing_huge_external_file_names_model_and_tensor(ckpt, tmp_path):
+    # 1 TiB declared, the file missing (then a directory): no 1 TiB mapping is tried first.
+    p = _onnx_external_model(str(tmp_path), [("huge", [1 << 38], "gone.bin", 0)])
+    if "load" not in ckpt.run("--help").stdout:
+        pytest.skip("no load subcommand")
+    r = ckpt.run("load", p)
+    assert r.returncode == 2, r.stderr
+    assert "mmap" not in r.stderr and "huge" in r.stderr and "m.onnx" in r.stderr, r.stderr
+    os.mkdir(tmp_path / "gone.bin")
+    r = ckpt.run("load", p)
+    assert r.returncode == 8, r.stderr
+    assert "mmap" not in r.stderr and "huge" in r.stderr and "directory" in r.stderr, r.stderr
+
+
+def test_onnx_overlapping_initializers_are_refused_at_open(ckpt, tmp_path):
+    (tmp_path / "w.bin").write_bytes(bytes(MiB))
+    p = _onnx_external_model(str(tmp_path),
+                             [(f"w{i}", [MiB // 4], "w.bin", 0) for i in range(200)])
+    for cmd in ("ls", "convert"):
+        args = [cmd, p] + ([str(tmp_path / "o.safetensors")] if cmd == "convert" else [])
+        r = ckpt.run(*args)
+        assert r.returncode == 5, (cmd, r.stderr)
+        assert "overlaps" in r.stderr, r.stderr
+    assert not (tmp_path / "o.safetensors").exists()
+    # Disjoint ranges of one file still open.
+    (tmp_path / "w2.bin").write_bytes(bytes(2 * MiB))
+    os.remove(p)
+    p = _onnx_external_model(str(tmp_path), [("a", [MiB // 4], "w2.bin", 0),
+                                             ("b", [MiB // 4], "w2.bin", MiB)])
+    ckpt.ok("ls", p)
+
+
+def test_rewrite_refuses_a_bad_checksum(ckpt, tmp_path):
+    (tmp_path / "w.bin").write_bytes(bytes(4096))
+    p = _onnx_external_model(str(tmp_path), [("w", [1024], "w.bin", 0)],
+                             checksum="0" * 40)  # SHA-1 of the file is not this
+    r = ckpt.run("verify", p)
+    assert r.returncode == 5, r.stderr
+    out = tmp_path / "out" / "m.onnx"
+    out.parent.mkdir()
+    r = ckpt.run("rewrite", p, out)
+    assert r.returncode == 5, r.stderr
+    assert "fails verification" in r.stderr, r.stderr
+    assert not out.exists()
+
+
+# ----------------------------------------------------------------- control characters
+
+def test_control_characters_are_escaped_in_text_output(ckpt, tmp_path):
+    torch = pytest.importorskip("torch")
+    p = tmp_path / "esc.pt"
+    torch.save({"w\x1b[2J\x07": torch.ones(2), "note": "a\x1b]0;title\x07b"}, p)
+    for args in (["ls", p], ["info", p], ["show", p]):
+        r = ckpt.ok(*args)
+        assert "\x1b" not in r.stdout and "\x07" not in r.stdout, (args, r.stdout)
+        assert "\\x1b" in r.stdout, (args, r.stdout)
+    r = ckpt.run("show", p, "w\x1b[2J\x07.nope")
+    assert r.returncode != 0 and "\x1b" not in r.stderr, r.stderr
+    # JSON keeps the names exact (its own escaping).
+    j = json.loads(ckpt.ok("ls", p, "--json").stdout)
+    assert j["tensors"][0]["name"] == "w\x1b[2J\x07"

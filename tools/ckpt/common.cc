@@ -122,8 +122,25 @@ Limits limits_of(const Common& c) {
   return l;
 }
 
+std::string printable(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (char c : s) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u < 0x20 || u == 0x7f) {
+      static const char kHex[] = "0123456789abcdef";
+      out += "\\x";
+      out += kHex[u >> 4];
+      out += kHex[u & 15];
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
 std::string error_line(const Error& e) {
-  std::string line = e.what();
+  std::string line = printable(e.what());
   if (e.code() != ErrorCode::kLimitExceeded) return line;
   // Library messages name the field ("Limits::max_tensors", "limits.max_records").
   static const std::pair<const char*, const char*> kFlags[] = {

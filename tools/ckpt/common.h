@@ -34,6 +34,11 @@ struct ExitStatus {
   int code;
 };
 
+// `s` for a terminal: control characters (C0, DEL) as \xNN, so that a name from a file cannot
+// move the cursor, clear the screen or hide the lines after it. Text output only (JSON escapes
+// on its own).
+std::string printable(std::string_view s);
+
 struct Common {
   bool no_mmap = false;
   bool strict = false;  // refuse classes ckpt does not know (OpenOptions::strict)
