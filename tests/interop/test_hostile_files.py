@@ -289,3 +289,43 @@ def test_control_characters_are_escaped_in_text_output(ckpt, tmp_path):
     # JSON keeps the names exact (its own escaping).
     j = json.loads(ckpt.ok("ls", p, "--json").stdout)
     assert j["tensors"][0]["name"] == "w\x1b[2J\x07"
+
+
+# ----------------------------------------------------------------- CLI rough edges
+
+def _zero_storage_crcs(data: bytes) -> bytes:
+    """A torch zip with the CRC of every data/ record zeroed (local and central headers), as
+    torch writes them with CRCs off, while data.pkl keeps its CRC."""
+    z = bytearray(data)
+    with zipfile.ZipFile(io.BytesIO(data)) as zf:
+        for info in zf.infolist():
+            if "/data/" in info.filename:
+                z[info.header_offset + 14:info.header_offset + 18] = bytes(4)
+    at = 0
+    while (at := z.find(b"PK\x01\x02", at)) >= 0:
+        n = struct.unpack_from("<H", z, at + 28)[0]
+        if b"/data/" in z[at + 46:at + 46 + n]:
+            z[at + 16:at + 20] = bytes(4)
+        at += 46
+    return bytes(z)
+
+
+def test_verify_of_storages_saved_without_crcs_is_not_verified(ckpt, tmp_path):
+    torch = pytest.importorskip("torch")
+    buf = io.BytesIO()
+    torch.save({"w": torch.ones(4), "b": torch.zeros(3)}, buf)
+    p = tmp_path / "nocrc.pt"
+    p.write_bytes(_zero_storage_crcs(buf.getvalue()))
+    r = ckpt.run("verify", p)
+    assert r.returncode == 10, (r.returncode, r.stdout, r.stderr)
+    assert "not verified" in r.stderr and "without checksums" in r.stderr, r.stderr
+    assert "OK" not in r.stdout
+
+
+def test_convert_max_shard_size_creates_missing_folders(ckpt, tmp_path):
+    torch = pytest.importorskip("torch")
+    p = tmp_path / "m.pt"
+    torch.save({f"w{i}": torch.ones(1024) for i in range(4)}, p)
+    out = tmp_path / "shards" / "deeper" / "model.safetensors"
+    ckpt.ok("convert", p, out, "--max-shard-size", "8KB")
+    assert any(f.endswith(".safetensors") for f in os.listdir(out.parent))
