@@ -329,3 +329,15 @@ def test_convert_max_shard_size_creates_missing_folders(ckpt, tmp_path):
     out = tmp_path / "shards" / "deeper" / "model.safetensors"
     ckpt.ok("convert", p, out, "--max-shard-size", "8KB")
     assert any(f.endswith(".safetensors") for f in os.listdir(out.parent))
+
+
+def test_did_you_mean_for_a_tensor_and_an_option(ckpt, tmp_path):
+    torch = pytest.importorskip("torch")
+    p = tmp_path / "m.pt"
+    torch.save({"embed.weight": torch.ones(2), "head.bias": torch.zeros(2)}, p)
+    r = ckpt.run("show", p, "embed.weigth")
+    assert r.returncode == 2, r.stderr
+    assert "did you mean 'embed.weight'" in r.stderr, r.stderr
+    r = ckpt.run("convert", p, tmp_path / "o.safetensors", "--max-shard-sise", "1MB")
+    assert r.returncode != 0
+    assert "did you mean '--max-shard-size'" in r.stderr, r.stderr

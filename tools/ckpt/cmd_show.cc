@@ -404,8 +404,14 @@ void show_name(const Checkpoint& c, std::string name, bool json) {
       print_value(whole);
       return;
     }
-    throw Error(ErrorCode::kNotFound, "no tensor or value has this name or path", c.source().name(),
-                full);
+    std::vector<std::string> names;
+    names.reserve(c.tensors().size());
+    for (const TensorInfo& t : c.tensors()) names.push_back(t.name);
+    const std::string best = nearest(full, names);
+    throw Error(ErrorCode::kNotFound,
+                "no tensor or value has this name or path" +
+                    (best.empty() ? std::string() : "; did you mean '" + printable(best) + "'?"),
+                c.source().name(), full);
   }
   if (!ti) {
     if (!idx.empty())

@@ -39,6 +39,11 @@ struct ExitStatus {
 // on its own).
 std::string printable(std::string_view s);
 
+// The candidate nearest to `word` by edit distance (insertions, deletions, substitutions,
+// adjacent swaps; a candidate that starts with `word` counts as 1), when it is close enough to
+// be a typo (at most max(2, |word| / 3)); else "". For "did you mean".
+std::string nearest(const std::string& word, const std::vector<std::string>& candidates);
+
 struct Common {
   bool no_mmap = false;
   bool strict = false;  // refuse classes ckpt does not know (OpenOptions::strict)
