@@ -341,3 +341,15 @@ def test_did_you_mean_for_a_tensor_and_an_option(ckpt, tmp_path):
     r = ckpt.run("convert", p, tmp_path / "o.safetensors", "--max-shard-sise", "1MB")
     assert r.returncode != 0
     assert "did you mean '--max-shard-size'" in r.stderr, r.stderr
+
+
+def test_code_accepts_source_ranges_over_empty_text(ckpt, tmp_path):
+    # torch writes debug ranges such as [0, 1) over an empty source text for a scripted
+    # nn.MultiheadAttention; torch.jit.load accepts them, so must code --list/--ranges and
+    # rewrite --debug=table.
+    torch = pytest.importorskip("torch")
+    p = tmp_path / "mha_ts.pt"
+    torch.jit.script(torch.nn.MultiheadAttention(8, 2)).save(str(p))
+    ckpt.ok("code", p, "--list")
+    ckpt.ok("code", p, "--ranges")
+    ckpt.ok("rewrite", p, tmp_path / "out.pt", "--debug=table")
