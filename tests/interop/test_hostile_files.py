@@ -353,3 +353,17 @@ def test_code_accepts_source_ranges_over_empty_text(ckpt, tmp_path):
     ckpt.ok("code", p, "--list")
     ckpt.ok("code", p, "--ranges")
     ckpt.ok("rewrite", p, tmp_path / "out.pt", "--debug=table")
+
+
+def test_bench_columns_align_and_say_no_internal_target(ckpt, tmp_path):
+    torch = pytest.importorskip("torch")
+    p = tmp_path / ("a_rather_long_checkpoint_name_" * 3 + ".pt")
+    torch.save({"w": torch.ones(256, 256)}, p)
+    r = ckpt.ok("bench", p, "--repeat", "1", timeout=300)
+    assert "target <=" not in r.stdout, r.stdout
+    lines = [l for l in r.stdout.splitlines() if l.strip()]
+    head = next(i for i, l in enumerate(lines) if l.startswith("measurement"))
+    ms_end = lines[head].index(" ms") + 3
+    for l in lines[head + 1:]:
+        # the figure under "ms" ends where the header's "ms" ends ("0.98x" for the ratio row)
+        assert l[ms_end - 1] != " " and (len(l) == ms_end or l[ms_end] in " x"), (l, lines[head])
