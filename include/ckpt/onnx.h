@@ -52,6 +52,9 @@ struct OnnxRewriteReport {
   std::string data_path;    // the external-data file written, if any
 };
 
+// Verifies the input first (Checkpoint::verify: external-data SHA-1 checksums, pre-pack
+// checksums): a model that fails is Error{kCorrupt} and nothing is written, since the output
+// would carry no checksum to show the damage.
 OnnxRewriteReport onnx_rewrite(const std::string& in, const std::string& out,
                                const OnnxRewriteOptions& options);
 

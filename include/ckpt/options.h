@@ -26,6 +26,18 @@ struct Limits {
   uint32_t max_pickle_depth = 1000;          // nesting when converting/printing trees
   uint64_t max_inflated_bytes = 4ull << 30;  // one deflated record's inflated size
   uint64_t max_records = 16ull << 20;        // zip entries
+  // Memory the metadata of one file may make: a pickle's objects (and the tree made of them) and
+  // an inflated data.pkl may take max_object_bytes, plus object_bytes_per_byte for each byte of
+  // the file (object_bytes_for()). A small file cannot ask for gigabytes; a large checkpoint
+  // gets room in proportion.
+  uint64_t max_object_bytes = 256ull << 20;
+  uint64_t object_bytes_per_byte = 256;
+  // max_object_bytes + object_bytes_per_byte * file_size, saturating at UINT64_MAX.
+  uint64_t object_bytes_for(uint64_t file_size) const noexcept {
+    if (object_bytes_per_byte != 0 && file_size > (UINT64_MAX - max_object_bytes) / object_bytes_per_byte)
+      return UINT64_MAX;
+    return max_object_bytes + object_bytes_per_byte * file_size;
+  }
 };
 
 // Reading (and, for S3, writing) objects named by URL: http://, https://, s3://bucket/key

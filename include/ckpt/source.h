@@ -134,7 +134,9 @@ class ByteSource {
 
 using SourcePtr = std::shared_ptr<const ByteSource>;
 
-// A file read with pread. Throws Error{kNotFound} or Error{kIo}.
+// A file read with pread. Only regular files are opened (opened with O_NONBLOCK, so that a FIFO
+// cannot block the call): a directory, FIFO, device or socket is Error{kInvalidArgument}. Throws
+// Error{kNotFound} or Error{kIo} as well.
 SourcePtr open_file_source(const std::string& path);
 // A file mapped with MAP_PRIVATE, PROT_READ|PROT_WRITE and MAP_NORESERVE: copy-on-write memory,
 // charged only for pages a caller writes. With `writable_views` the mapping is handed out as

@@ -34,10 +34,10 @@ class Value {
   enum class Call : uint8_t { kReduce, kNewObj };
 
   Value() = default;
-  Value(const Value&) = default;
-  Value(Value&&) = default;
-  Value& operator=(const Value&) = default;
-  Value& operator=(Value&&) = default;
+  Value(const Value& other);
+  Value(Value&&) noexcept = default;
+  Value& operator=(const Value& other);
+  Value& operator=(Value&&) noexcept = default;
   // Frees children without recursion, so that a deeply nested tree (a hostile pickle can nest
   // 1e6 lists) cannot overflow the stack when it dies.
   ~Value();
@@ -74,14 +74,14 @@ class Value {
   bool is_none() const noexcept { return kind_ == Kind::kNone; }
   bool is_dict() const noexcept { return kind_ == Kind::kDict; }
   bool is_sequence() const noexcept { return kind_ == Kind::kList || kind_ == Kind::kTuple; }
-  bool is_frozenset() const noexcept { return kind_ == Kind::kSet && name_ == "frozenset"; }
+  bool is_frozenset() const noexcept { return kind_ == Kind::kSet && rare().name == "frozenset"; }
 
   // Scalars: each is meaningful for its kind only (false / 0 / empty otherwise).
   bool as_bool() const noexcept { return b_; }              // kBool
   int64_t as_int() const noexcept { return i_; }  // kInt (when !is_big_int()); kObject: its tag
   bool is_big_int() const noexcept { return kind_ == Kind::kInt && !s_.empty(); }
-  double as_float() const noexcept { return f_; }           // kFloat
-  std::complex<double> as_complex() const noexcept { return c_; }  // kComplex
+  double as_float() const noexcept { return kind_ == Kind::kFloat ? f_ : 0; }  // kFloat
+  std::complex<double> as_complex() const noexcept { return rare().c; }  // kComplex
   // kString: UTF-8 text; kBytes: the raw bytes; kInt: the decimal digits of a big int.
   const std::string& str() const noexcept { return s_; }
   bool is_bytearray() const noexcept { return bytearray_; }  // kBytes: was a bytearray
@@ -97,11 +97,14 @@ class Value {
   std::vector<std::pair<ValuePtr, ValuePtr>>& entries() noexcept { return entries_; }
   // kGlobal: the name; kObject and kDict: the class (empty for a plain dict); kSet:
   // builtins.frozenset for a frozenset, empty for a set.
-  const std::string& module() const noexcept { return module_; }
-  const std::string& name() const noexcept { return name_; }
+  const std::string& module() const noexcept { return rare().module; }
+  const std::string& name() const noexcept { return rare().name; }
   // kObject/kDict: state from BUILD (e.g. OrderedDict's _metadata); may be null.
-  const ValuePtr& state() const noexcept { return state_; }
-  void set_state(ValuePtr state) noexcept { state_ = std::move(state); }
+  const ValuePtr& state() const noexcept { return rare().state; }
+  // May allocate (the rarely used fields live apart): throws std::bad_alloc.
+  void set_state(ValuePtr state) {
+    if (state || rare_) own_rare().state = std::move(state);
+  }
 
   // --- Opaque objects ------------------------------------------------------------------------
   // A class or function a reader does not know is kept as it was pickled, never called: a
@@ -114,13 +117,18 @@ class Value {
   bool foreign() const noexcept { return foreign_; }
   void set_foreign(bool f) noexcept { foreign_ = f; }
   // kObject: the elements APPEND(S)ed onto it after construction (a list subclass, a deque).
-  const std::vector<ValuePtr>& appended() const noexcept { return appended_; }
-  std::vector<ValuePtr>& appended() noexcept { return appended_; }
+  const std::vector<ValuePtr>& appended() const noexcept { return rare().appended; }
+  // For adding to: may allocate (the rarely used fields live apart), so read through the const
+  // overload.
+  std::vector<ValuePtr>& appended() { return own_rare().appended; }
   // A value read from a call (a numpy scalar as kFloat/kInt/kBool/kComplex, a numpy array as
   // kTensor): the call as the pickle made it (a kObject), which writers pickle instead of the
   // value so that the output holds the same object. Null for values read as they are.
-  const ValuePtr& origin() const noexcept { return origin_; }
-  void set_origin(ValuePtr origin) noexcept { origin_ = std::move(origin); }
+  const ValuePtr& origin() const noexcept { return rare().origin; }
+  // May allocate, as set_state.
+  void set_origin(ValuePtr origin) {
+    if (origin || rare_) own_rare().origin = std::move(origin);
+  }
 
   // kDict: the value under a string or int key, or null.
   ValuePtr get(std::string_view key) const;
@@ -137,21 +145,36 @@ class Value {
   static ValuePtr make(Kind kind);
   static ValuePtr with_items(Kind kind, std::vector<ValuePtr> items);
   static ValuePtr with_names(Kind kind, std::string module, std::string name);
+  // The fields few values use (a class's names, BUILD state, an origin, a complex value) live
+  // apart, made when first set: a plain value (an int, a string, an empty list) takes 104 bytes,
+  // not 240, which is most of what a pickle's object costs (docs/security.md).
+  struct Rare {
+    std::complex<double> c;
+    std::string module, name;
+    ValuePtr state;
+    ValuePtr origin;
+    std::vector<ValuePtr> appended;
+  };
+  const Rare& rare() const noexcept { return rare_ ? *rare_ : kNoRare; }
+  Rare& own_rare() {
+    if (!rare_) rare_ = std::make_unique<Rare>();
+    return *rare_;
+  }
+  static const Rare kNoRare;
+
   Kind kind_ = Kind::kNone;
   bool b_ = false;
   bool bytearray_ = false;
   bool foreign_ = false;
   Call call_ = Call::kReduce;
-  int64_t i_ = 0;
-  double f_ = 0;
-  std::complex<double> c_;
+  union {
+    int64_t i_ = 0;  // kInt, kBool's twin, kTensor, kObject's tag
+    double f_;       // kFloat
+  };
   std::string s_;
   std::vector<ValuePtr> items_;
   std::vector<std::pair<ValuePtr, ValuePtr>> entries_;
-  std::string module_, name_;
-  ValuePtr state_;
-  std::vector<ValuePtr> appended_;
-  ValuePtr origin_;
+  std::unique_ptr<Rare> rare_;
 };
 
 // The name a dict key or list index contributes to a dotted tensor path ("0", "exp_avg").

@@ -149,7 +149,18 @@ def make_object(module, name, args, state, appended, items, call, foreign):
         if module == "argparse" and name == "Namespace" and not args and \
                 isinstance(state, dict) and all(isinstance(k, str) for k in state):
             import argparse
-            return argparse.Namespace(**state)
+            # Attribute names from the file: a dunder (``__class__``, ``__dict__``) would change
+            # what the object is, or make setattr raise; such a state is no Namespace's.
+            bad = [k for k in state if k.startswith("__") and k.endswith("__")]
+            if bad:
+                from ._errors import CorruptError, error
+                raise error(CorruptError, f"argparse.Namespace state sets {bad[0]!r}, which no "
+                                          "Namespace holds")
+            try:
+                return argparse.Namespace(**state)
+            except (TypeError, ValueError, AttributeError) as e:
+                from ._errors import CorruptError, error
+                raise error(CorruptError, f"argparse.Namespace state cannot be set: {e}") from None
     return Opaque(module, name, args, state, appended, items, call, foreign)
 
 

@@ -270,6 +270,17 @@ OnnxRewriteReport onnx_rewrite(const std::string& in, const std::string& out,
   const auto* ext = dynamic_cast<const internal::OnnxExtension*>(
       internal::CheckpointAccess::model(c).extension.get());
   if (!ext) throw Error(ErrorCode::kCorrupt, "no ONNX state", in);
+  // The output carries no checksum of the input's (external-data SHA-1s are dropped, pre-packs
+  // get new ones): a model that fails verification would come out verifying clean. Refused.
+  try {
+    c.verify();
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::kCorrupt) throw;
+    throw Error(ErrorCode::kCorrupt,
+                "refusing to rewrite a model that fails verification (the output would carry no "
+                "checksum to show it): " + e.message(),
+                e.source(), e.record(), e.offset());
+  }
   std::optional<Checkpoint> weights;
   if (!o.weights.empty()) weights = Checkpoint::open(o.weights);
 

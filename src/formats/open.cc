@@ -3,6 +3,7 @@
 #include "formats/open.h"
 
 #include <cstring>
+#include <new>
 #include <span>
 #include <string>
 #include <string_view>
@@ -86,8 +87,10 @@ bool onnx_head(const unsigned char* h, size_t n, const std::string& name) {
 
 }  // namespace
 
-std::shared_ptr<CheckpointModel> open_model(SourcePtr source, const OpenOptions& options,
-                                            const OpenHooks& hooks) {
+namespace {
+
+std::shared_ptr<CheckpointModel> open_model_of(SourcePtr source, const OpenOptions& options,
+                                               const OpenHooks& hooks) {
   if (source->size() == 0)
     throw Error(ErrorCode::kTruncated, "empty file (0 bytes)", source->name(), {}, 0);
   std::byte head[16] = {};
@@ -143,6 +146,19 @@ std::shared_ptr<CheckpointModel> open_model(SourcePtr source, const OpenOptions&
     throw;
   }
   return data;
+}
+
+}  // namespace
+
+std::shared_ptr<CheckpointModel> open_model(SourcePtr source, const OpenOptions& options,
+                                            const OpenHooks& hooks) {
+  try {
+    return open_model_of(source, options, hooks);
+  } catch (const std::bad_alloc&) {
+    // Whatever a hostile file made the reader allocate: a typed error that names the file.
+    throw Error(ErrorCode::kLimitExceeded, "out of memory reading the file's metadata",
+                source->name());
+  }
 }
 
 }  // namespace ckpt::internal

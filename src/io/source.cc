@@ -156,11 +156,26 @@ class BufferSource final : public MemorySourceBase {
 
 std::shared_ptr<Fd> open_fd(const std::string& path, uint64_t* size) {
   auto fd = std::make_shared<Fd>();
-  fd->fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO for reading otherwise waits for a writer, forever. Only regular
+  // files are read; the flag is cleared once that is known.
+  fd->fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd->fd < 0) throw_errno("cannot open", path, errno);
   struct stat st;
   if (::fstat(fd->fd, &st) != 0) throw_errno("cannot stat", path, errno);
   if (S_ISDIR(st.st_mode)) throw Error(ErrorCode::kInvalidArgument, "is a directory", path);
+  if (!S_ISREG(st.st_mode))
+    throw Error(ErrorCode::kInvalidArgument,
+                std::string("is not a regular file (") +
+                    (S_ISFIFO(st.st_mode)   ? "a FIFO"
+                     : S_ISCHR(st.st_mode)  ? "a character device"
+                     : S_ISBLK(st.st_mode)  ? "a block device"
+                     : S_ISSOCK(st.st_mode) ? "a socket"
+                                            : "not a file") +
+                    "); only regular files are read",
+                path);
+  const int flags = ::fcntl(fd->fd, F_GETFL);
+  if (flags < 0 || ::fcntl(fd->fd, F_SETFL, flags & ~O_NONBLOCK) != 0)
+    throw_errno("cannot clear O_NONBLOCK on", path, errno);
   *size = static_cast<uint64_t>(st.st_size);
   return fd;
 }

@@ -58,6 +58,15 @@ LoadPlan empty_plan(const CheckpointModel& m, SourcePtr copy, const LoadOptions&
 
 }  // namespace
 
+namespace {
+// What the decoder can check before the storages are allocated (StorageDecoder::check).
+void check_decoded(const CheckpointModel& m, const LoadPlan& plan) {
+  if (!m.decoder) return;
+  for (const PlannedStorage& p : plan.storages)
+    if (p.route == Route::kDecode) m.decoder->check(p.storage, m.storages[p.storage].nbytes);
+}
+}  // namespace
+
 LoadPlan make_plan(const CheckpointModel& m, SourcePtr copy, const LoadOptions& options,
                    const TensorFilter& filter, bool allow_view) {
   LoadPlan plan = empty_plan(m, std::move(copy), options);
@@ -70,6 +79,7 @@ LoadPlan make_plan(const CheckpointModel& m, SourcePtr copy, const LoadOptions& 
   }
   for (size_t s = 0; s < m.storages.size(); ++s)
     if (need[s]) plan.storages.push_back(plan_one(m, s, options, allow_view));
+  check_decoded(m, plan);
   // File order for raw bytes (a remote or cold source then sees ascending ranges); the rest
   // (kNoOffset) after them.
   std::stable_sort(plan.storages.begin(), plan.storages.end(),
@@ -88,6 +98,7 @@ LoadPlan plan_storage(const CheckpointModel& m, SourcePtr copy, size_t s,
                       const LoadOptions& options, bool allow_view) {
   LoadPlan plan = empty_plan(m, std::move(copy), options);
   plan.storages.push_back(plan_one(m, s, options, allow_view));
+  check_decoded(m, plan);
   return plan;
 }
 

@@ -43,6 +43,14 @@ class StorageDecoder {
   // Fills dst (exactly storages[index].nbytes bytes). With `verify`, checks the format's hashes
   // (Error{kCorrupt} naming the tensor on mismatch; Error{kAuth} for failed decryption).
   virtual void read(size_t index, std::span<std::byte> dst, bool verify) const = 0;
+  // Checks, before a load allocates storage `index` (`nbytes`), what can be checked without
+  // reading it (ONNX: its external file opens and holds the range), so that a missing or short
+  // source fails with an error naming the tensor rather than after a huge allocation. Throws
+  // what read() would.
+  virtual void check(size_t index, uint64_t nbytes) const {
+    (void)index;
+    (void)nbytes;
+  }
 };
 
 // State a format keeps beyond the neutral description (a TorchScript archive's code, constants

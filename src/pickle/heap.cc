@@ -1,6 +1,8 @@
 #include "pickle/heap.h"
 
+#include <algorithm>
 #include <bit>
+#include <string>
 #include <unordered_map>
 
 #include "ckpt/error.h"
@@ -13,7 +15,7 @@ PickleHeap::PickleHeap(std::span<const std::byte> input) : input_(input) {
   // elements per ~104-byte entry); reserving a little more than that spares a reallocation
   // that copies every node.
   nodes_.reserve(16 + input.size() / 6);
-  pool_.reserve(16 + input.size() / 6);
+  pool_.reserve(16 + input.size() / 6);  // (a hostile pickle's reserve is bounded by its size)
   nodes_.push_back(Node{});                      // kNoRef
   nodes_.push_back(Node{Kind::kNone});           // kNone
   nodes_.push_back(Node{Kind::kBool, 0, 0, 0});  // kFalse
@@ -22,8 +24,18 @@ PickleHeap::PickleHeap(std::span<const std::byte> input) : input_(input) {
   lists_.emplace_back();
 }
 
-void PickleHeap::too_many_nodes() {
-  throw Error(ErrorCode::kLimitExceeded, "pickle makes more than 2^32 objects");
+void PickleHeap::too_many_nodes() const {
+  if (node_limit_ >= UINT32_MAX)
+    throw Error(ErrorCode::kLimitExceeded, "pickle makes more than 2^32 objects");
+  throw Error(ErrorCode::kLimitExceeded,
+              "pickle makes more than " + std::to_string(node_limit_) + " objects (" +
+                  std::to_string(node_limit_ * kBytesPerObject >> 20) + " MiB); " + limit_why_);
+}
+
+void PickleHeap::set_memory_limit(uint64_t bytes, std::string why) {
+  node_limit_ = std::max<uint64_t>(std::min<uint64_t>(bytes / kBytesPerObject, UINT32_MAX),
+                                   nodes_.size());
+  limit_why_ = std::move(why);
 }
 
 double PickleHeap::float_value(Ref r) const { return std::bit_cast<double>(nodes_[r].b); }

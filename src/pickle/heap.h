@@ -85,6 +85,12 @@ class PickleHeap {
   bool is_container(Ref r) const;
   size_t node_count() const { return nodes_.size(); }
 
+  // Bounds the heap: past `bytes` of estimated memory (kBytesPerObject per object, which covers
+  // the node and the Value that to_value() makes of it), making an object throws
+  // Error{kLimitExceeded} with `why` (which names the limit to raise). Default: 2^32 objects.
+  static constexpr uint64_t kBytesPerObject = 24 + sizeof(Value) + 48;
+  void set_memory_limit(uint64_t bytes, std::string why);
+
   // --- making --------------------------------------------------------------------------------
   // Shared singletons, as CPython shares them.
   Ref none() const { return kNone; }
@@ -163,12 +169,12 @@ class PickleHeap {
   [[gnu::always_inline]] Ref add(const Node& n) {
     // Refs are 32-bit; a pickle would need billions of opcodes to get here, and the metadata
     // limit stops far earlier, but a wrong Ref must never be handed out.
-    if (nodes_.size() >= UINT32_MAX) [[unlikely]]
+    if (nodes_.size() >= node_limit_) [[unlikely]]
       too_many_nodes();
     nodes_.push_back(n);
     return static_cast<Ref>(nodes_.size() - 1);
   }
-  [[noreturn]] static void too_many_nodes();
+  [[noreturn]] void too_many_nodes() const;
   std::vector<Ref>& list_of(Ref r);
   std::vector<Ref>& object_list(Ref obj, bool entries);
   // Children in a fixed order (items, state, dict args, appended, object entries, origin), for
@@ -177,6 +183,8 @@ class PickleHeap {
   Ref child_at(Ref r, size_t k) const;
 
   std::span<const std::byte> input_;
+  uint64_t node_limit_ = UINT32_MAX;
+  std::string limit_why_;
   std::vector<Node> nodes_;
   std::vector<Ref> pool_;                  // tuple elements
   std::vector<std::vector<Ref>> lists_;    // list/set/dict contents ([0] unused)

@@ -37,6 +37,7 @@
 #include "pickle/opcodes.h"
 #include "pickle/pickle_text.h"
 #include "pickle/unpickler_vm.h"
+#include "util/text.h"
 
 namespace ckpt::internal {
 namespace {
@@ -467,6 +468,21 @@ out_of_input:
 #undef CKPT_NEXT_OP
 
 }  // namespace
+
+void check_pickle_start(std::span<const std::byte> head, const std::string& source,
+                        std::string_view record) {
+  if (head.empty()) return;
+  const uint8_t c = static_cast<uint8_t>(head[0]);
+  if (!op::name(c))
+    throw Error(ErrorCode::kCorrupt,
+                "not a pickle: the first byte 0x" + to_hex(head.first(1)) + " is no opcode", source,
+                std::string(record), 0);
+  if (c == op::kProto && head.size() > 1 && static_cast<uint8_t>(head[1]) > 5)
+    throw Error(ErrorCode::kCorrupt,
+                "not a pickle: PROTO " + std::to_string(static_cast<uint8_t>(head[1])) +
+                    " (protocols are 0 to 5)",
+                source, std::string(record), 0);
+}
 
 ValuePtr unpickle(std::span<const std::byte> data, const UnpicklerHooks& hooks,
                   const UnpickleOptions& options, size_t* consumed) {

@@ -62,13 +62,24 @@ struct UnpickleOptions {
   std::string record;        // names the record ("archive/data.pkl")
   uint64_t base_offset = 0;  // absolute offset of data[0] in the file, for error offsets
   Limits limits;  // max_pickle_memo, max_pickle_stack, max_pickle_depth, max_metadata_bytes
+  // Size of the file the pickle came from (0: the pickle's own size): the pickle and its objects
+  // may take limits.object_bytes_for(file_size) bytes.
+  uint64_t file_size = 0;
 };
 
 // Runs the pickle in `data` to its STOP and returns the result. `consumed`, if given, receives
 // the number of bytes read (the legacy format has several pickles back to back). Throws Error:
 // kTruncated, kCorrupt (stack underflow, bad memo index, unknown opcode byte...), kUnsupported
-// (disallowed global, opcode not supported), kLimitExceeded (memo/stack/nesting limits).
+// (disallowed global, opcode not supported), kLimitExceeded (memo/stack/nesting limits, more
+// objects than limits.object_bytes_for(file_size) allows, or memory running out: std::bad_alloc
+// is reported as this, naming the file).
 ValuePtr unpickle(std::span<const std::byte> data, const UnpicklerHooks& hooks,
                   const UnpickleOptions& options, size_t* consumed = nullptr);
+
+// Checks the first bytes of a pickle (at least one) before the rest of it is read or inflated:
+// the first byte must be an opcode, and a PROTO must name protocol 0 to 5. Throws
+// Error{kCorrupt} naming `source`, `record` and offset 0.
+void check_pickle_start(std::span<const std::byte> head, const std::string& source,
+                        std::string_view record);
 
 }  // namespace ckpt::internal

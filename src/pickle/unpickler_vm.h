@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <new>
 #include <span>
 #include <string>
 #include <string_view>
@@ -86,6 +87,12 @@ class Vm {
         budget_(4 * static_cast<uint64_t>(data.size()) + (1u << 20)) {
     memo_.reserve(std::min<size_t>(data.size() / 16, opt.limits.max_pickle_memo));
     stack_.reserve(64);
+    const uint64_t file = opt.file_size ? opt.file_size : data.size();
+    const uint64_t bytes = opt.limits.object_bytes_for(file);
+    heap_.set_memory_limit(
+        bytes, "a file of " + std::to_string(file) + " bytes may make " + std::to_string(bytes >> 20) +
+                   " MiB of objects (limits.max_object_bytes + limits.object_bytes_per_byte per "
+                   "byte of the file)");
   }
 
   ValuePtr run(size_t* consumed) {
@@ -100,6 +107,11 @@ class Vm {
       // Errors from hooks and helpers do not know where they happened.
       e.with_source(opt_.source).with_record(opt_.record).with_offset(abs(op_pos_));
       throw;
+    } catch (const std::bad_alloc&) {
+      throw Error(ErrorCode::kLimitExceeded,
+                  "out of memory making the pickle's objects (" + std::to_string(heap_.node_count()) +
+                      " so far)",
+                  opt_.source, opt_.record, abs(op_pos_));
     }
   }
 

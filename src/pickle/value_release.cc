@@ -1,5 +1,7 @@
 #include "pickle/value_release.h"
 
+#include <utility>
+
 namespace ckpt::internal {
 
 void release_values(std::vector<ValuePtr>& work) noexcept {
@@ -15,7 +17,8 @@ void release_values(std::vector<ValuePtr>& work) noexcept {
       work.push_back(std::move(value));
     }
     if (v->state()) work.push_back(v->state());
-    for (auto& item : v->appended()) work.push_back(std::move(item));
+    if (!std::as_const(*v).appended().empty())
+      for (auto& item : v->appended()) work.push_back(std::move(item));
     if (v->origin()) work.push_back(v->origin());
     v->set_state(nullptr);
     v->set_origin(nullptr);

@@ -8,6 +8,28 @@
 #include "ckpt/error.h"
 
 namespace ckpt {
+const Value::Rare Value::kNoRare{};
+
+Value::Value(const Value& o)
+    : kind_(o.kind_),
+      b_(o.b_),
+      bytearray_(o.bytearray_),
+      foreign_(o.foreign_),
+      call_(o.call_),
+      i_(o.i_),
+      s_(o.s_),
+      items_(o.items_),
+      entries_(o.entries_),
+      rare_(o.rare_ ? std::make_unique<Rare>(*o.rare_) : nullptr) {}
+
+Value& Value::operator=(const Value& o) {
+  if (this != &o) {
+    Value copy(o);
+    *this = std::move(copy);
+  }
+  return *this;
+}
+
 ValuePtr Value::make(Kind k) {
   auto v = std::make_shared<Value>();
   v->kind_ = k;
@@ -20,13 +42,17 @@ ValuePtr Value::with_items(Kind k, std::vector<ValuePtr> items) {
 }
 ValuePtr Value::with_names(Kind k, std::string module, std::string name) {
   auto v = make(k);
-  v->module_ = std::move(module);
-  v->name_ = std::move(name);
+  if (!module.empty() || !name.empty()) {
+    v->own_rare().module = std::move(module);
+    v->own_rare().name = std::move(name);
+  }
   return v;
 }
 
 Value::~Value() {
-  if (items_.empty() && entries_.empty() && !state_ && appended_.empty() && !origin_) return;
+  if (items_.empty() && entries_.empty() &&
+      !(rare_ && (rare_->state || rare_->origin || !rare_->appended.empty())))
+    return;
   // Children with children of their own (and no other owner) are emptied here one by one, from
   // `pending`; every other child dies in place, where its destructor has nothing to recurse on. A
   // state_ dict of 20,000 leaves thus needs no stack, and a chain nested 1e6 deep needs one slot.
@@ -34,8 +60,8 @@ Value::~Value() {
   auto take = [&pending](ValuePtr& p) {
     if (!p) return;
     const Value& c = *p;
-    if (p.use_count() == 1 && (!c.items_.empty() || !c.entries_.empty() || c.state_ ||
-                               !c.appended_.empty() || c.origin_))
+    if (p.use_count() == 1 && (!c.items_.empty() || !c.entries_.empty() || c.state() ||
+                               !c.rare().appended.empty() || c.origin()))
       pending.push_back(std::move(p));
     else
       p.reset();  // a leaf, or shared: no recursion either way
@@ -46,9 +72,11 @@ Value::~Value() {
       take(k);
       take(val);
     }
-    take(v.state_);
-    for (auto& it : v.appended_) take(it);
-    take(v.origin_);
+    if (v.rare_) {
+      take(v.rare_->state);
+      for (auto& it : v.rare_->appended) take(it);
+      take(v.rare_->origin);
+    }
   };
   drain(*this);
   while (!pending.empty()) {
@@ -76,7 +104,7 @@ ValuePtr Value::real(double f) {
 }
 ValuePtr Value::complex(std::complex<double> c) {
   auto v = make(Kind::kComplex);
-  v->c_ = c;
+  if (c != std::complex<double>{}) v->own_rare().c = c;
   return v;
 }
 ValuePtr Value::string(std::string s) {
@@ -100,8 +128,8 @@ ValuePtr Value::set(std::vector<ValuePtr> items) {
 }
 ValuePtr Value::frozenset(std::vector<ValuePtr> items) {
   auto v = with_items(Kind::kSet, std::move(items));
-  v->module_ = "builtins";
-  v->name_ = "frozenset";
+  v->own_rare().module = "builtins";
+  v->own_rare().name = "frozenset";
   return v;
 }
 ValuePtr Value::dict_of(std::string module, std::string name) {
@@ -127,7 +155,7 @@ ValuePtr Value::object(std::string module, std::string name, std::vector<ValuePt
                        ValuePtr state, int64_t tag) {
   auto v = with_names(Kind::kObject, std::move(module), std::move(name));
   v->items_ = std::move(args);
-  v->state_ = std::move(state);
+  v->set_state(std::move(state));
   v->i_ = tag;
   return v;
 }
@@ -207,7 +235,7 @@ std::string Value::repr(size_t max_len) const {
       s = fmt_float(f_);
       break;
     case Kind::kComplex:
-      s = "(" + fmt_float(c_.real()) + "+" + fmt_float(c_.imag()) + "j)";
+      s = "(" + fmt_float(as_complex().real()) + "+" + fmt_float(as_complex().imag()) + "j)";
       break;
     case Kind::kString:
       s = quote(this->s_);
@@ -232,18 +260,18 @@ std::string Value::repr(size_t max_len) const {
       break;
     }
     case Kind::kDict:
-      s = (name_.empty() ? std::string("dict") : name_) + "(" + std::to_string(entries_.size()) +
+      s = (name().empty() ? std::string("dict") : name()) + "(" + std::to_string(entries_.size()) +
           (entries_.size() == 1 ? " item)" : " items)");
       break;
     case Kind::kTensor:
       s = "tensor#" + std::to_string(i_);
       break;
     case Kind::kGlobal:
-      s = module_ + "." + name_;
+      s = module() + "." + name();
       break;
     case Kind::kObject: {
       // torch.Size((3, 4)) prints as torch does: torch.Size([3, 4]).
-      if (module_ == "torch" && name_ == "Size" && items_.size() == 1 && items_[0] &&
+      if (module() == "torch" && name() == "Size" && items_.size() == 1 && items_[0] &&
           items_[0]->is_sequence()) {
         s = "torch.Size([";
         for (size_t n = 0; n < items_[0]->items().size(); ++n) {
@@ -256,7 +284,7 @@ std::string Value::repr(size_t max_len) const {
       }
       // module.name(args, attr=value...): the call as the pickle made it, and a dict state as
       // keyword-like attributes (argparse.Namespace(lr=0.1)).
-      s = module_ + "." + name_ + "(";
+      s = module() + "." + name() + "(";
       bool first = true;
       auto sep = [&] {
         if (!first) s += ", ";
@@ -267,15 +295,15 @@ std::string Value::repr(size_t max_len) const {
         sep();
         s += it ? it->repr(max_len) : "?";
       }
-      if (state_ && state_->kind_ == Kind::kDict) {
-        for (auto& [k, val] : state_->entries_) {
+      if (state() && state()->kind_ == Kind::kDict) {
+        for (auto& [k, val] : state()->entries_) {
           if (s.size() > max_len) break;
           sep();
           s += (k ? path_component(*k) : "?") + "=" + (val ? val->repr(max_len) : "?");
         }
-      } else if (state_ && !state_->is_none() && s.size() <= max_len) {
+      } else if (state() && !state()->is_none() && s.size() <= max_len) {
         sep();
-        s += "state=" + state_->repr(max_len);
+        s += "state=" + state()->repr(max_len);
       }
       s += ")";
       break;
@@ -316,9 +344,12 @@ ValuePtr Value::clone(uint32_t max_depth) const {
       work.push_back({&k, k.get(), it.depth + 1});
       work.push_back({&v, v.get(), it.depth + 1});
     }
-    if (copy->state_) work.push_back({&copy->state_, copy->state_.get(), it.depth + 1});
-    for (auto& c : copy->appended_) work.push_back({&c, c.get(), it.depth + 1});
-    if (copy->origin_) work.push_back({&copy->origin_, copy->origin_.get(), it.depth + 1});
+    if (copy->rare_ && copy->rare_->state)
+      work.push_back({&copy->rare_->state, copy->rare_->state.get(), it.depth + 1});
+    if (copy->rare_)
+      for (auto& c : copy->rare_->appended) work.push_back({&c, c.get(), it.depth + 1});
+    if (copy->rare_ && copy->rare_->origin)
+      work.push_back({&copy->rare_->origin, copy->rare_->origin.get(), it.depth + 1});
   }
   return root;
 }

@@ -13,8 +13,6 @@
 
 #include "zip/zip_reader.h"
 
-#include <libdeflate.h>
-
 #include <algorithm>
 #include <atomic>
 #include <cstring>
@@ -24,6 +22,7 @@
 #include "util/bytes.h"
 #include "util/crc32.h"
 #include "util/text.h"
+#include "zip/inflate_stream.h"
 #include "zip/zip_format.h"
 
 namespace ckpt::internal {
@@ -49,15 +48,6 @@ static_assert(kTailRead >= kMaxComment + kEndSize + kZip64LocatorSize + kZip64En
 [[noreturn]] void fail(ErrorCode code, std::string message, const std::string& source,
                        std::string_view record, uint64_t offset) {
   throw Error(code, std::move(message), source, std::string(record), offset);
-}
-
-libdeflate_decompressor* thread_decompressor() {
-  struct Free {
-    void operator()(libdeflate_decompressor* d) const { libdeflate_free_decompressor(d); }
-  };
-  thread_local std::unique_ptr<libdeflate_decompressor, Free> d(libdeflate_alloc_decompressor());
-  if (!d) throw std::bad_alloc();
-  return d.get();
 }
 
 // A read on behalf of an entry: I/O errors name the entry too.
@@ -652,26 +642,105 @@ void ZipReader::check_crc(size_t i, std::span<const std::byte> data) const {
     throw crc_mismatch(source_->name(), std::string(e.name), e.header_offset, e.crc32, got);
 }
 
-Bytes ZipReader::inflate(size_t i, uint64_t data_offset) const {
+void ZipReader::inflate_into(size_t i, uint64_t data_offset, std::span<std::byte> dst,
+                             bool verify) const {
   const ZipEntry& e = entries_[i];
-  const Bytes in = read_for(*source_, e.name, data_offset, e.compressed_size);
-  // Sized by the directory and capped by check_readable(); never zero-filled.
-  std::shared_ptr<std::byte[]> out(new std::byte[std::max<uint64_t>(e.size, 1)]);
-  size_t produced = 0;
-  const libdeflate_result r = libdeflate_deflate_decompress(
-      thread_decompressor(), in.data.data(), in.size(), out.get(), e.size, &produced);
-  if (r == LIBDEFLATE_INSUFFICIENT_SPACE)
+  InflateStream in(*source_, std::string(e.name), data_offset, e.compressed_size);
+  uint32_t crc = 0;
+  size_t done = 0;
+  while (done < dst.size()) {
+    const size_t n = in.read(dst.subspan(done));
+    if (n == 0) break;
+    if (verify) crc = crc32(crc, dst.subspan(done, n));
+    done += n;
+  }
+  if (done < dst.size())
+    fail(ErrorCode::kCorrupt,
+         "deflate stream inflates to " + std::to_string(done) + " bytes, not the declared " +
+             std::to_string(e.size),
+         source_->name(), e.name, data_offset);
+  std::byte extra[1];
+  if (!in.finished() && in.read(extra) != 0)
     fail(ErrorCode::kCorrupt,
          "deflate stream inflates to more than the declared " + std::to_string(e.size) + " bytes",
          source_->name(), e.name, data_offset);
-  if (r != LIBDEFLATE_SUCCESS)
-    fail(ErrorCode::kCorrupt, "corrupt deflate stream", source_->name(), e.name, data_offset);
-  if (produced != e.size)
-    fail(ErrorCode::kCorrupt,
-         "deflate stream inflates to " + std::to_string(produced) + " bytes, not the declared " +
-             std::to_string(e.size),
-         source_->name(), e.name, data_offset);
+  if (verify && e.crc32 != 0 && crc != e.crc32)
+    throw crc_mismatch(source_->name(), std::string(e.name), e.header_offset, e.crc32, crc);
+}
+
+Bytes ZipReader::inflate(size_t i, uint64_t data_offset, bool verify) const {
+  const ZipEntry& e = entries_[i];
+  // Sized by the directory and capped by check_readable(); never zero-filled, so that pages
+  // the stream never reaches are never touched.
+  std::shared_ptr<std::byte[]> out(new std::byte[std::max<uint64_t>(e.size, 1)]);
+  inflate_into(i, data_offset, std::span<std::byte>(out.get(), e.size), verify);
   return Bytes{std::span<const std::byte>(out.get(), e.size), out};
+}
+
+void ZipReader::read_into(size_t i, std::span<std::byte> dst, bool verify) const {
+  check_readable(i, UINT64_MAX);
+  const ZipEntry& e = entries_[i];
+  if (dst.size() != e.size)
+    fail(ErrorCode::kCorrupt,
+         "record holds " + std::to_string(e.size) + " bytes, not the " +
+             std::to_string(dst.size()) + " expected",
+         source_->name(), e.name, e.header_offset);
+  const uint64_t off = data_offset(i);
+  if (e.method != kMethodStored) return inflate_into(i, off, dst, verify);
+  constexpr uint64_t kPiece = 4 << 20;
+  uint32_t crc = 0;
+  for (uint64_t done = 0; done < e.size; done += kPiece) {
+    const std::span<std::byte> piece = dst.subspan(done, std::min(kPiece, e.size - done));
+    try {
+      source_->read_into(off + done, piece);
+    } catch (Error& err) {
+      err.with_record(std::string(e.name));
+      throw;
+    }
+    if (verify) crc = crc32(crc, piece);
+  }
+  if (verify && e.crc32 != 0 && crc != e.crc32)
+    throw crc_mismatch(source_->name(), std::string(e.name), e.header_offset, e.crc32, crc);
+}
+
+void ZipReader::stream(size_t i, bool verify,
+                       const std::function<void(std::span<const std::byte>)>& sink) const {
+  check_readable(i, UINT64_MAX);
+  const ZipEntry& e = entries_[i];
+  const uint64_t off = data_offset(i);
+  constexpr uint64_t kPiece = 1 << 20;
+  uint32_t crc = 0;
+  if (e.method == kMethodStored) {
+    for (uint64_t done = 0; done < e.size; done += kPiece) {
+      const Bytes b = read_for(*source_, e.name, off + done, std::min(kPiece, e.size - done));
+      if (verify) crc = crc32(crc, b.data);
+      sink(b.data);
+    }
+  } else {
+    InflateStream in(*source_, std::string(e.name), off, e.compressed_size);
+    std::unique_ptr<std::byte[]> buf(new std::byte[kPiece]);
+    uint64_t done = 0;
+    for (;;) {
+      const size_t n = in.read(std::span<std::byte>(buf.get(), kPiece));
+      if (n == 0) break;
+      done += n;
+      if (done > e.size)
+        fail(ErrorCode::kCorrupt,
+             "deflate stream inflates to more than the declared " + std::to_string(e.size) +
+                 " bytes",
+             source_->name(), e.name, off);
+      const std::span<const std::byte> got(buf.get(), n);
+      if (verify) crc = crc32(crc, got);
+      sink(got);
+    }
+    if (done != e.size)
+      fail(ErrorCode::kCorrupt,
+           "deflate stream inflates to " + std::to_string(done) + " bytes, not the declared " +
+               std::to_string(e.size),
+           source_->name(), e.name, off);
+  }
+  if (verify && e.crc32 != 0 && crc != e.crc32)
+    throw crc_mismatch(source_->name(), std::string(e.name), e.header_offset, e.crc32, crc);
 }
 
 std::optional<Bytes> ZipReader::held(uint64_t offset, uint64_t len) const {
@@ -689,9 +758,8 @@ Bytes ZipReader::read_range(std::string_view record, uint64_t offset, uint64_t l
 Bytes ZipReader::read(size_t i, bool verify, uint64_t max_size) const {
   check_readable(i, max_size);
   const uint64_t off = data_offset(i);
-  Bytes b = entries_[i].method == kMethodStored
-                ? read_range(entries_[i].name, off, entries_[i].size)
-                : inflate(i, off);
+  if (entries_[i].method != kMethodStored) return inflate(i, off, verify);
+  Bytes b = read_range(entries_[i].name, off, entries_[i].size);
   if (verify) check_crc(i, b.data);
   return b;
 }

@@ -10,6 +10,7 @@
 // already covers the directory, else two. It never reads a local header at open.
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -75,11 +76,23 @@ class ZipReader {
   bool offset_is_computed(size_t i) const;
 
   // The uncompressed bytes of entry i: a view into the source for stored entries of mapped
-  // sources, else a fresh buffer; deflated entries are inflated (libdeflate) with a cap of
+  // sources, else a fresh buffer; deflated entries are inflated (InflateStream) with a cap of
   // limits.max_inflated_bytes (kLimitExceeded past it). Verifies CRC32 if `verify` and the stored
   // CRC is not 0 (kCorrupt on mismatch, naming the entry). `max_size` caps entry size
   // (kLimitExceeded) before anything is allocated.
   Bytes read(size_t i, bool verify = false, uint64_t max_size = UINT64_MAX) const;
+
+  // Entry i's uncompressed bytes written straight into `dst`, which must be exactly the entry's
+  // size (else kCorrupt): stored entries are read into it in pieces, deflated ones inflated into
+  // it as their compressed bytes stream in (1 MiB at a time), the CRC computed on the way when
+  // `verify`. Nothing the size of the entry is allocated. Same errors as read().
+  void read_into(size_t i, std::span<std::byte> dst, bool verify) const;
+  // Entry i's uncompressed bytes handed to `sink` in pieces of at most 1 MiB (views valid for
+  // the call), the CRC checked at the end when `verify` (after the last piece: a sink that keeps
+  // the bytes must not trust them before stream() returns). Memory: one piece. Same errors as
+  // read(), and whatever `sink` throws.
+  void stream(size_t i, bool verify,
+              const std::function<void(std::span<const std::byte>)>& sink) const;
 
   // Reads local header + data of a stored entry in one read of [header_offset, data end) and
   // checks that the local header agrees with the computed data offset (used for the first record
@@ -102,7 +115,8 @@ class ZipReader {
   Bytes read_range(std::string_view record, uint64_t offset, uint64_t len) const;
   void check_local_header(size_t i, std::span<const std::byte> from_header) const;
   uint16_t local_extra_len(size_t i, const std::byte* p) const;
-  Bytes inflate(size_t i, uint64_t data_offset) const;
+  Bytes inflate(size_t i, uint64_t data_offset, bool verify) const;
+  void inflate_into(size_t i, uint64_t data_offset, std::span<std::byte> dst, bool verify) const;
   void check_crc(size_t i, std::span<const std::byte> data) const;
   void check_readable(size_t i, uint64_t max_size) const;
 

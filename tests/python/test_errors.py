@@ -171,3 +171,17 @@ def test_string_not_utf8():
         z.writestr("archive/version", "3\n")
     with pytest.raises(ckpt.CorruptError):
         ckpt.load(io.BytesIO(b.getvalue()))
+
+
+def test_namespace_state_with_dunder_is_a_ckpt_error(tmp_path):
+    # argparse.Namespace whose pickled state sets __class__ to builtins.int: setattr would raise
+    # TypeError (or, for another dunder, change what the object is).
+    pkl = (b"\x80\x02}X\x04\x00\x00\x00argscargparse\nNamespace\n)\x81}"
+           b"X\x09\x00\x00\x00__class__cbuiltins\nint\nsbs.")
+    p = tmp_path / "ns.pt"
+    with zipfile.ZipFile(p, "w") as z:
+        z.writestr("archive/data.pkl", pkl)
+        z.writestr("archive/version", "3\n")
+    with pytest.raises(ckpt.Error) as e:
+        ckpt.load(p)
+    assert "__class__" in str(e.value)

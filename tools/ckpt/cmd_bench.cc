@@ -183,9 +183,11 @@ void bench_device(const std::string& file, const Device& device, int r, int thre
   }
   std::printf("%s: %s in %zu tensors into %s, medians of %d runs\n", file.c_str(),
               human_bytes(bytes).c_str(), warm.tensors().size(), what.c_str(), r);
-  std::printf("%-62s %10s %9s %8s\n", "measurement", "ms", "GB/s", "x goal");
+  int w = 62;
+  for (const auto& row : rows) w = std::max(w, static_cast<int>(row.name.size()));
+  std::printf("%-*s %10s %9s %8s\n", w, "measurement", "ms", "GB/s", "x goal");
   for (size_t i = 0; i < rows.size(); ++i) {
-    std::printf("%-62s %10.2f %9.2f", rows[i].name.c_str(), rows[i].seconds * 1e3,
+    std::printf("%-*s %10.2f %9.2f", w, rows[i].name.c_str(), rows[i].seconds * 1e3,
                 bytes / rows[i].seconds / 1e9);
     if (i >= first_dev)
       std::printf(" %8.2f\n", goal / rows[i].seconds);
@@ -473,23 +475,29 @@ void add_bench(CLI::App& app) {
     std::printf("%s: %s in %zu tensors, medians of %d runs; each ckpt row beside its limit "
                 "(same work by plain system calls, same threads and memory)\n",
                 o->file.c_str(), human_bytes(bytes).c_str(), warm.tensors().size(), r);
-    std::printf("%-58s %10s %9s %8s\n", "measurement", "ms", "GB/s", "x limit");
+    // The name column fits the longest name (a long one no longer pushes its row's figures
+    // out of their columns).
+    int w = 58;
+    for (auto& row : rows) w = std::max(w, static_cast<int>(row.name.size()));
+    for (auto& m : rss) w = std::max(w, static_cast<int>(m.name.size()));
+    std::printf("%-*s %10s %9s %8s\n", w, "measurement", "ms", "GB/s", "x limit");
     for (auto& row : rows) {
       if (!row.bytes) {
-        std::printf("%-58s %10.3f %9s %8s\n", row.name.c_str(), row.seconds * 1e3, "-", "-");
+        std::printf("%-*s %10.3f %9s %8s\n", w, row.name.c_str(), row.seconds * 1e3, "-", "-");
       } else if (row.limit >= 0) {
-        std::printf("%-58s %10.2f %9.2f %8.2f\n", row.name.c_str(), row.seconds * 1e3,
+        std::printf("%-*s %10.2f %9.2f %8.2f\n", w, row.name.c_str(), row.seconds * 1e3,
                     rate(row) / 1e9, vs_limit(row));
       } else {
-        std::printf("%-58s %10.2f %9.2f %8s\n", row.name.c_str(), row.seconds * 1e3,
+        std::printf("%-*s %10.2f %9.2f %8s\n", w, row.name.c_str(), row.seconds * 1e3,
                     rate(row) / 1e9, "-");
       }
     }
-    std::printf("%-58s %10.2fx  (time of convert to pt / save of loaded tensors; target <= 1.10)\n",
-                "convert vs save", convert_ratio);
+    std::printf("%-*s %10.2fx  (time of convert to pt / time to save the loaded tensors; 1.00: "
+                "converting costs nothing over saving)\n",
+                w, "convert vs save", convert_ratio);
     for (auto& m : rss)
-      std::printf("%-58s %10s   (target <= %s)\n", m.name.c_str(), human_bytes(m.bytes).c_str(),
-                  human_bytes(m.target).c_str());
+      std::printf("%-*s %10s   (expected at most %s)\n", w, m.name.c_str(),
+                  human_bytes(m.bytes).c_str(), human_bytes(m.target).c_str());
   });
 }
 

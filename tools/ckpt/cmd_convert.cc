@@ -147,6 +147,14 @@ void add_convert(CLI::App& app) {
       }
     }
     Checkpoint c = open_checkpoint(o->in, o->common);
+    if (co.max_shard_size != 0 && !is_url(o->out)) {
+      // Shards and their index go to OUT's folder: made as `extract` makes DIR.
+      const auto parent = std::filesystem::path(o->out).parent_path();
+      std::error_code ec;
+      if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+      if (ec)
+        throw Error(ErrorCode::kIo, "cannot create the folder: " + ec.message(), parent.string());
+    }
     ProgressLine line(o->progress);
     co.progress = line.fn();
     if (is_url(o->out)) {

@@ -154,26 +154,30 @@ void add_info(CLI::App& app) {
       std::printf("%s\n", j.dump(1).c_str());
       return;
     }
-    std::printf("file:      %s (%s)\n", o->file.c_str(), human_bytes(c.source().size()).c_str());
+    std::printf("file:      %s (%s)\n", printable(o->file).c_str(),
+                human_bytes(c.source().size()).c_str());
     std::printf("format:    %s\n", format_name(c.format()));
-    for (auto& [k, v] : c.properties()) std::printf("  %-16s %s\n", (k + ":").c_str(), v.c_str());
+    for (auto& [k, v] : c.properties())
+      std::printf("  %-16s %s\n", printable(k + ":").c_str(), printable(v).c_str());
     std::printf("records:   %zu\n", c.records().size());
     std::printf("tensors:   %zu (%s), storages: %zu (%s)\n", count,
                 human_bytes(tensor_bytes).c_str(), c.storages().size(),
                 human_bytes(storage_bytes).c_str());
     for (auto& [k, v] : by_dtype)
-      std::printf("  %-16s %zu tensors, %s\n", k.c_str(), v.first, human_bytes(v.second).c_str());
+      std::printf("  %-16s %zu tensors, %s\n", printable(k).c_str(), v.first,
+                  human_bytes(v.second).c_str());
     if (!top_text.empty()) {
       std::printf("top-level values:\n");
-      for (auto& [k, v] : top_text) std::printf("  %-30s %s\n", (k + ":").c_str(), v.c_str());
+      for (auto& [k, v] : top_text)
+        std::printf("  %-30s %s\n", printable(k + ":").c_str(), printable(v).c_str());
     }
     if (!kinds.empty()) {
       std::printf("non-tensor values:\n");
-      for (auto& [k, v] : kinds) std::printf("  %-30s %zu\n", k.c_str(), v);
+      for (auto& [k, v] : kinds) std::printf("  %-30s %zu\n", printable(k).c_str(), v);
     }
     if (!foreign.empty()) {
       std::printf("foreign classes (kept as opaque objects, never called):\n");
-      for (auto& [k, v] : foreign) std::printf("  %-30s %zu\n", k.c_str(), v);
+      for (auto& [k, v] : foreign) std::printf("  %-30s %zu\n", printable(k).c_str(), v);
     }
     std::printf("opened in %.3f ms\n", open_s * 1e3);
   });

@@ -145,9 +145,9 @@ void add_ls(CLI::App& app) {
         if (p.how == "external") where = p.location + ":" + std::to_string(p.offset);
         else if (p.how != "raw_data" && p.how != "empty") where = p.how;
       }
-      rows.push_back({t.name, std::string(dtype_name(t.dtype)), shape, std::to_string(t.nbytes()),
-                      where, std::move(shard)});
-      wname = std::max(wname, t.name.size());
+      rows.push_back({printable(t.name), std::string(dtype_name(t.dtype)), shape,
+                      std::to_string(t.nbytes()), printable(where), printable(shard)});
+      wname = std::max(wname, rows.back()[0].size());
       wdtype = std::max(wdtype, rows.back()[1].size());
       wshape = std::max(wshape, shape.size());
     }

@@ -404,8 +404,14 @@ void show_name(const Checkpoint& c, std::string name, bool json) {
       print_value(whole);
       return;
     }
-    throw Error(ErrorCode::kNotFound, "no tensor or value has this name or path", c.source().name(),
-                full);
+    std::vector<std::string> names;
+    names.reserve(c.tensors().size());
+    for (const TensorInfo& t : c.tensors()) names.push_back(t.name);
+    const std::string best = nearest(full, names);
+    throw Error(ErrorCode::kNotFound,
+                "no tensor or value has this name or path" +
+                    (best.empty() ? std::string() : "; did you mean '" + printable(best) + "'?"),
+                c.source().name(), full);
   }
   if (!ti) {
     if (!idx.empty())
@@ -557,7 +563,7 @@ void print_values(const Checkpoint& c, const Tensor& t) {
 void print_tree(const Checkpoint& c, const ConstValuePtr& v, const std::string& label, int indent,
                 std::set<const Value*>& seen) {
   std::string pad(indent * 2, ' ');
-  std::string head = pad + label;
+  std::string head = pad + printable(label);
   if (!v) {
     std::printf("%sNone\n", head.c_str());
     return;
@@ -575,7 +581,7 @@ void print_tree(const Checkpoint& c, const ConstValuePtr& v, const std::string& 
     if (wrap && wrap->items()[0] && wrap->items()[0]->kind() == Value::Kind::kGlobal &&
         !(wrap->items()[0]->module() == "torch" && wrap->items()[0]->name() == "Tensor"))
       cls = wrap->items()[0]->module() + "." + wrap->items()[0]->name();
-    std::printf("%s%s(%s, %s%s)%s\n", head.c_str(), cls.c_str(),
+    std::printf("%s%s(%s, %s%s)%s\n", head.c_str(), printable(cls).c_str(),
                 std::string(dtype_name(t.dtype)).c_str(), shape_str(t.shape).c_str(),
                 c.storages()[t.storage].meta ? ", device='meta'" : "",
                 t.requires_grad ? " requires_grad" : "");
@@ -591,11 +597,11 @@ void print_tree(const Checkpoint& c, const ConstValuePtr& v, const std::string& 
       (v->kind() == Value::Kind::kObject && !size &&
        (v->state() || !v->items().empty() || !v->appended().empty() || !v->entries().empty()));
   if (!container) {
-    std::printf("%s%s\n", head.c_str(), v->repr(100).c_str());
+    std::printf("%s%s\n", head.c_str(), printable(v->repr(100)).c_str());
     return;
   }
   if (!seen.insert(v.get()).second || indent > 60) {
-    std::printf("%s<%s, shown above>\n", head.c_str(), v->repr(40).c_str());
+    std::printf("%s<%s, shown above>\n", head.c_str(), printable(v->repr(40)).c_str());
     return;
   }
   std::string kind = v->kind() == Value::Kind::kDict    ? (v->name().empty() ? "dict" : v->name())
@@ -605,7 +611,7 @@ void print_tree(const Checkpoint& c, const ConstValuePtr& v, const std::string& 
                                                         : v->module() + "." + v->name();
   size_t n = v->kind() == Value::Kind::kDict ? v->entries().size() : v->items().size();
   if (v->kind() == Value::Kind::kObject) n += v->appended().size() + v->entries().size();
-  std::printf("%s%s (%zu)\n", head.c_str(), kind.c_str(), n);
+  std::printf("%s%s (%zu)\n", head.c_str(), printable(kind).c_str(), n);
   if (v->kind() == Value::Kind::kDict) {
     for (auto& [k, val] : v->entries())
       print_tree(c, val, (k ? path_component(*k) : "?") + ": ", indent + 1, seen);

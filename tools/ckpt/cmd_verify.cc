@@ -139,6 +139,25 @@ void add_verify(CLI::App& app) {
                      "`ckpt verify FILE --digests MANIFEST` checks them\n");
       throw ExitStatus{kNotVerifiedExit};
     }
+    // A torch file saved with CRCs off has a CRC for data.pkl only: its tensors went unchecked.
+    size_t unchecked = 0, with_bytes = 0;
+    if (c.format() == Format::kTorchZip || c.format() == Format::kTorchScript)
+      for (const StorageInfo& s : c.storages()) {
+        if (s.meta || s.nbytes == 0) continue;
+        ++with_bytes;
+        if (!s.crc32) ++unchecked;
+      }
+    if (unchecked != 0) {
+      if (o->json) print_json(o->file, c, "not_verified", n, total, what, t0);
+      std::fprintf(stderr,
+                   "ckpt: not verified: %s: %zu of %zu storages were written without checksums "
+                   "(torch's compute_crc32=False); %zu of %zu %s checked [not_verified]\n",
+                   printable(o->file).c_str(), unchecked, with_bytes, n, total, what);
+      std::fprintf(stderr,
+                   "ckpt: hint: `ckpt digest FILE -o MANIFEST` records every tensor's SHA-256; "
+                   "`ckpt verify FILE --digests MANIFEST` checks them\n");
+      throw ExitStatus{kNotVerifiedExit};
+    }
     if (o->json) return print_json(o->file, c, "ok", n, total, what, t0);
     std::printf("OK: %zu of %zu %s checked (%s, %.3f s)\n", n, total, what,
                 format_name(c.format()), dt);

@@ -2,6 +2,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -75,6 +76,15 @@ void add_common(CLI::App& cmd, Common& c) {
   cmd.add_option("--max-records", c.limits.max_records, "most zip entries")
       ->capture_default_str()
       ->group("Limits");
+  cmd.add_option("--max-object-mb", c.max_object_mb,
+                 "memory the metadata's objects may take, MiB, plus "
+                 "--object-bytes-per-byte for each byte of the file")
+      ->capture_default_str()
+      ->group("Limits");
+  cmd.add_option("--object-bytes-per-byte", c.limits.object_bytes_per_byte,
+                 "memory the metadata's objects may take per byte of the file")
+      ->capture_default_str()
+      ->group("Limits");
 }
 
 namespace {
@@ -109,11 +119,61 @@ Limits limits_of(const Common& c) {
       c.max_metadata_mb > (UINT64_MAX >> 20) ? UINT64_MAX : c.max_metadata_mb << 20;
   l.max_inflated_bytes =
       c.max_inflated_mb > (UINT64_MAX >> 20) ? UINT64_MAX : c.max_inflated_mb << 20;
+  l.max_object_bytes = c.max_object_mb > (UINT64_MAX >> 20) ? UINT64_MAX : c.max_object_mb << 20;
   return l;
 }
 
+namespace {
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<std::vector<size_t>> d(a.size() + 1, std::vector<size_t>(b.size() + 1));
+  for (size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+  for (size_t i = 1; i <= a.size(); ++i)
+    for (size_t j = 1; j <= b.size(); ++j) {
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1,
+                          d[i - 1][j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+    }
+  return d[a.size()][b.size()];
+}
+}  // namespace
+
+std::string nearest(const std::string& word, const std::vector<std::string>& candidates) {
+  const size_t limit = std::max<size_t>(2, word.size() / 3);
+  std::string best;
+  size_t best_d = SIZE_MAX;
+  for (const std::string& c : candidates) {
+    // Lengths that differ by more than the limit cannot be close: skip the quadratic table
+    // (a checkpoint may have 100,000 names).
+    const size_t gap = c.size() > word.size() ? c.size() - word.size() : word.size() - c.size();
+    if (gap > limit && c.rfind(word, 0) != 0) continue;
+    size_t d = gap > limit ? SIZE_MAX : edit_distance(word, c);
+    if (c.rfind(word, 0) == 0) d = std::min<size_t>(d, 1);  // a prefix
+    if (d < best_d) best_d = d, best = c;
+  }
+  return best_d <= limit ? best : std::string();
+}
+
+std::string printable(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (char c : s) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u < 0x20 || u == 0x7f) {
+      static const char kHex[] = "0123456789abcdef";
+      out += "\\x";
+      out += kHex[u >> 4];
+      out += kHex[u & 15];
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
 std::string error_line(const Error& e) {
-  std::string line = e.what();
+  std::string line = printable(e.what());
   if (line.find("RemoteOptions::download_whole") != std::string::npos)
     return line + "; `ckpt load` and `ckpt convert` download such an object whole";
   if (e.code() != ErrorCode::kLimitExceeded) return line;
@@ -127,6 +187,7 @@ std::string error_line(const Error& e) {
       {"max_pickle_depth", "--max-pickle-depth"},
       {"max_inflated_bytes", "--max-inflated-mb"},
       {"max_records", "--max-records"},
+      {"max_object_bytes", "--max-object-mb (or --object-bytes-per-byte)"},
   };
   for (const auto& [field, flag] : kFlags)
     if (line.find(field) != std::string::npos) return line + "; raise it with " + flag;

@@ -34,6 +34,16 @@ struct ExitStatus {
   int code;
 };
 
+// `s` for a terminal: control characters (C0, DEL) as \xNN, so that a name from a file cannot
+// move the cursor, clear the screen or hide the lines after it. Text output only (JSON escapes
+// on its own).
+std::string printable(std::string_view s);
+
+// The candidate nearest to `word` by edit distance (insertions, deletions, substitutions,
+// adjacent swaps; a candidate that starts with `word` counts as 1), when it is close enough to
+// be a typo (at most max(2, |word| / 3)); else "". For "did you mean".
+std::string nearest(const std::string& word, const std::vector<std::string>& candidates);
+
 struct Common {
   bool no_mmap = false;
   bool strict = false;  // refuse classes ckpt does not know (OpenOptions::strict)
@@ -41,6 +51,7 @@ struct Common {
   // --max-* options (docs/security.md): the bounds a file may ask for; defaults are Limits'.
   uint64_t max_metadata_mb = Limits{}.max_metadata_bytes >> 20;
   uint64_t max_inflated_mb = Limits{}.max_inflated_bytes >> 20;
+  uint64_t max_object_mb = Limits{}.max_object_bytes >> 20;
   Limits limits;
   // URLs (http://, https://, s3://): OpenOptions::remote.
   int connections = RemoteOptions{}.connections;

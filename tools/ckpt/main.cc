@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -9,40 +10,44 @@
 
 namespace {
 
-// Edit distance (insertions, deletions, substitutions, adjacent swaps) for "did you mean".
-size_t distance(const std::string& a, const std::string& b) {
-  std::vector<std::vector<size_t>> d(a.size() + 1, std::vector<size_t>(b.size() + 1));
-  for (size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
-  for (size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
-  for (size_t i = 1; i <= a.size(); ++i)
-    for (size_t j = 1; j <= b.size(); ++j) {
-      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1,
-                          d[i - 1][j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
-        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
-    }
-  return d[a.size()][b.size()];
-}
-
 // `ckpt lss ...`: the first argument names no command. Says so, with the nearest command when
 // one is close. Returns false when the first argument is a flag or a real command.
 bool unknown_command(const CLI::App& app, int argc, char** argv) {
   if (argc < 2 || argv[1][0] == '-') return false;
   const std::string word = argv[1];
-  std::string best;
-  size_t best_d = SIZE_MAX;
+  std::vector<std::string> names;
   for (const CLI::App* sub : app.get_subcommands({})) {
     if (sub->get_name() == word) return false;
-    size_t d = distance(word, sub->get_name());
-    if (sub->get_name().rfind(word, 0) == 0) d = std::min<size_t>(d, 1);  // a prefix
-    if (d < best_d) best_d = d, best = sub->get_name();
+    names.push_back(sub->get_name());
   }
-  if (best_d <= std::max<size_t>(2, word.size() / 3))
+  const std::string best = ckpt::cli::nearest(word, names);
+  if (!best.empty())
     std::fprintf(stderr, "ckpt: unknown command '%s'; did you mean '%s'? (see ckpt --help)\n",
                  word.c_str(), best.c_str());
   else
     std::fprintf(stderr, "ckpt: unknown command '%s' (see ckpt --help)\n", word.c_str());
   return true;
+}
+
+// "; did you mean '--max-shard-size'?" for the first argument that looks like an option and is
+// none of the subcommand's, when one of them is close; else "".
+std::string unknown_option_hint(const CLI::App& app, int argc, char** argv) {
+  const CLI::App* sub = nullptr;
+  for (const CLI::App* s : app.get_subcommands({}))
+    if (argc > 1 && s->get_name() == argv[1]) sub = s;
+  if (!sub) return {};
+  std::vector<std::string> names;
+  for (const CLI::Option* o : sub->get_options({}))
+    for (const std::string& n : o->get_lnames()) names.push_back("--" + n);
+  for (int i = 2; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a.rfind("--", 0) != 0 || a.size() == 2) continue;
+    a = a.substr(0, a.find('='));
+    if (std::find(names.begin(), names.end(), a) != names.end()) continue;
+    const std::string best = ckpt::cli::nearest(a, names);
+    if (!best.empty()) return "; did you mean '" + best + "'?";
+  }
+  return {};
 }
 
 }  // namespace
@@ -76,13 +81,19 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "ckpt: %s (see ckpt --help)\n", e.what());
+    std::fprintf(stderr, "ckpt: %s%s (see ckpt --help)\n", e.what(),
+                 unknown_option_hint(app, argc, argv).c_str());
     return ckpt::cli::kUsageExit;
   } catch (const ckpt::cli::ExitStatus& e) {
     return e.code;
   } catch (const ckpt::Error& e) {
     std::fprintf(stderr, "ckpt: error: %s\n", ckpt::cli::error_line(e).c_str());
     return ckpt::cli::exit_code(e.code());
+  } catch (const std::bad_alloc&) {
+    // The library names the file where it can (a pickle's objects, a tensor's memory); this is
+    // the last resort.
+    std::fprintf(stderr, "ckpt: error: out of memory [limit_exceeded]\n");
+    return ckpt::cli::exit_code(ckpt::ErrorCode::kLimitExceeded);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ckpt: error: %s\n", e.what());
     return 1;

@@ -54,6 +54,7 @@ std::shared_ptr<CheckpointModel> open_torch_legacy(SourcePtr source, const OpenO
   UnpickleOptions uo;
   uo.source = src;
   uo.limits = options.limits;
+  uo.file_size = source->size();
 
   Prefix prefix(*source);
   uint64_t want = 1 << 20;
@@ -95,6 +96,7 @@ std::shared_ptr<CheckpointModel> open_torch_legacy(SourcePtr source, const OpenO
       to.record = "object pickle";
       to.base_offset = pos;
       to.limits = options.limits;
+      to.file_size = source->size();
       to.strict = options.strict;
       TorchPickle tp = unpickle_torch(buf.subspan(pos), to, &used);
       pos += used;

@@ -72,8 +72,8 @@ void walk(const ValuePtr& v, std::string& path, std::vector<TensorInfo>& tensors
       return;
     case Value::Kind::kObject:
       for (size_t i = 0; i < v->items().size(); ++i) child(std::to_string(i), v->items()[i]);
-      for (size_t i = 0; i < v->appended().size(); ++i)
-        child(std::to_string(i), v->appended()[i]);
+      for (size_t i = 0; i < std::as_const(*v).appended().size(); ++i)
+        child(std::to_string(i), std::as_const(*v).appended()[i]);
       for (auto& [k, val] : v->entries()) key_child(k, val);
       if (v->state()) {
         // A module's attributes read as its own path (TorchScript: encoder.layer.weight).

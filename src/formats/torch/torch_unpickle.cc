@@ -126,6 +126,7 @@ class Builder {
     uo.record = opt_.record;
     uo.base_offset = opt_.base_offset;
     uo.limits = opt_.limits;
+    uo.file_size = opt_.file_size;
     // A tensor takes at least ~60 bytes of pickle; reserving the tables (untouched capacity
     // costs address space, not memory) saves moving 20,000 TensorInfos several times.
     const size_t guess =

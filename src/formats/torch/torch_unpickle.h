@@ -38,6 +38,7 @@ struct TorchUnpickleOptions {
   std::string source, record;
   uint64_t base_offset = 0;
   Limits limits;
+  uint64_t file_size = 0;  // UnpickleOptions::file_size
   bool torchscript = false;  // also allow __torch__.* classes and torch.jit._pickle helpers
   // Refuse classes outside the allow-list (torch's weights_only) rather than keeping them as
   // opaque objects (OpenOptions::strict).

@@ -11,6 +11,8 @@
 
 #include <zlib.h>
 
+#include <utility>
+
 #include <atomic>
 #include <cinttypes>
 #include <cstdio>
@@ -75,7 +77,8 @@ class TorchPickleBuilder {
           val = convert(val, depth + 1);
         }
         if (out->state()) out->set_state(convert(out->state(), depth + 1));
-        for (auto& item : out->appended()) item = convert(item, depth + 1);
+        if (!std::as_const(*out).appended().empty())
+          for (auto& item : out->appended()) item = convert(item, depth + 1);
         return out;
       }
       default:

@@ -16,6 +16,7 @@
 #include "ckpt/error.h"
 #include "formats/torch/torch_unpickle.h"
 #include "formats/torch/torchscript_reader.h"
+#include "pickle/unpickler.h"
 #include "formats/open.h"
 #include "util/crc32.h"
 #include "util/progress.h"
@@ -28,12 +29,9 @@ class ZipStorageDecoder final : public StorageDecoder {
  public:
   ZipStorageDecoder(std::shared_ptr<ZipReader> zip, std::vector<size_t> entry_of_storage)
       : zip_(std::move(zip)), entry_(std::move(entry_of_storage)) {}
+  // Inflates straight into dst (no copy the size of the record), the CRC computed on the way.
   void read(size_t index, std::span<std::byte> dst, bool verify) const override {
-    Bytes b = zip_->read(entry_[index], verify);
-    if (b.size() != dst.size())
-      throw Error(ErrorCode::kCorrupt, "record size differs from its storage size",
-                  zip_->source().name(), std::string(zip_->entries()[entry_[index]].name));
-    if (!dst.empty()) std::memcpy(dst.data(), b.begin(), dst.size());
+    zip_->read_into(entry_[index], dst, verify);
   }
 
  private:
@@ -83,6 +81,21 @@ std::vector<uint32_t> numbered_records(const ZipReader& zip, std::string_view da
       out[*n] = static_cast<uint32_t>(i);
   }
   return out;
+}
+
+// A deflated pickle record, inflated as a stream into a buffer of its declared size; its first
+// opcode is checked on the first piece, so that a record of garbage is refused before the rest
+// of it is inflated. The CRC is checked at the end.
+Bytes read_pickle_record(const ZipReader& zip, size_t i) {
+  const ZipEntry& e = zip.entries()[i];
+  std::shared_ptr<std::byte[]> buf(new std::byte[std::max<uint64_t>(e.size, 1)]);
+  uint64_t at = 0;
+  zip.stream(i, /*verify=*/true, [&](std::span<const std::byte> piece) {
+    if (at == 0 && !piece.empty()) check_pickle_start(piece, zip.source().name(), e.name);
+    std::memcpy(buf.get() + at, piece.data(), piece.size());  // stream() caps at e.size
+    at += piece.size();
+  });
+  return Bytes{std::span<const std::byte>(buf.get(), e.size), buf};
 }
 
 std::string trim(std::string_view s) {
@@ -142,7 +155,18 @@ std::shared_ptr<CheckpointModel> open_torch_zip(SourcePtr source, const OpenOpti
                     " bytes; Limits::max_metadata_bytes is " +
                     std::to_string(options.limits.max_metadata_bytes),
                 src, std::string(pe.name));
+  // A deflated data.pkl is held inflated: it counts against the file's object budget, and is
+  // inflated as a stream whose first opcode is checked before the rest is inflated.
+  const uint64_t budget = options.limits.object_bytes_for(source->size());
+  if (pe.method != 0 && pe.size > budget)
+    throw Error(ErrorCode::kLimitExceeded,
+                "data.pkl inflates to " + std::to_string(pe.size) + " bytes; a file of " +
+                    std::to_string(source->size()) + " bytes may hold " + std::to_string(budget) +
+                    " (limits.max_object_bytes + limits.object_bytes_per_byte per byte)",
+                src, std::string(pe.name));
+  if (pe.method != 0) want[0] = want.back();  // read below, not with the small records
   std::vector<Bytes> got = zip->read_many(want);
+  if (pe.method != 0) got[0] = read_pickle_record(*zip, *pkl);
   auto small_record = [&](std::string_view name) -> std::optional<std::string> {
     for (size_t k = 0; k < kNumSmall; ++k)
       if (name == kSmall[k] && slot[k] != 0) return std::string(got[slot[k]].str());
@@ -184,6 +208,7 @@ std::shared_ptr<CheckpointModel> open_torch_zip(SourcePtr source, const OpenOpti
   uo.record = std::string(pe.name);
   uo.base_offset = pe.method == 0 ? zip->data_offset(*pkl) : 0;
   uo.limits = options.limits;
+  uo.file_size = source->size();
   uo.torchscript = torchscript;
   uo.strict = options.strict;
   TorchPickle tp = unpickle_torch(pkl_bytes.data, uo);
@@ -277,7 +302,8 @@ std::shared_ptr<CheckpointModel> open_torch_zip(SourcePtr source, const OpenOpti
       const ZipEntry& e = zip->entries()[i];
       if (!has_crc(e)) continue;  // written without CRC
       if (e.method != 0) {
-        zip->read(i, true);
+        // Inflated a piece at a time, the CRC on the way: memory is one piece, whatever the size.
+        zip->stream(i, true, [](std::span<const std::byte>) {});
         meter.add(e.compressed_size);
       } else {
         uint64_t off = zip->data_offset(i);

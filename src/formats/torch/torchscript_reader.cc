@@ -270,6 +270,7 @@ ValuePtr add_torchscript_constants(const ZipReader& zip, TorchPickle& tp,
   uo.source = zip.source().name();
   uo.record = std::string(zip.entries()[*entry].name);
   uo.limits = options.limits;
+  uo.file_size = zip.source().size();
   uo.torchscript = true;
   TorchPickle c = unpickle_torch(b.data, uo);
   if (tp.tensors.size() + c.tensors.size() > options.limits.max_tensors)
