@@ -18,7 +18,8 @@ using internal::CheckpointModel;
 Checkpoint::Checkpoint(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
 
 Checkpoint Checkpoint::open(const std::string& path, const OpenOptions& options) {
-  if (internal::is_dcp_folder(path)) return internal::open_dcp(path, options);
+  if (internal::is_dcp_folder(path))
+    return internal::open_dcp(path, options);
   return open(open_source(path, options.mmap, options.remote), options);
 }
 

@@ -36,10 +36,12 @@ struct DcpLayout {
   std::vector<std::vector<uint32_t>> tensor_files;    // per tensor: files holding its bytes
 };
 
-// Whether `path` is a local folder holding a `.metadata` file.
+// Whether `path` names a DCP folder: a local folder holding a `.metadata` file, or a URL
+// prefix ending in '/'.
 bool is_dcp_folder(const std::string& path);
 
-// Opens a DCP folder (is_dcp_folder). Throws Error naming the data file and tensor: kNotFound
+// Opens a DCP folder (is_dcp_folder), or one under a URL prefix ("http(s)://host/dir/",
+// "s3://bucket/dir/": its files are read with ranged requests). Throws Error naming the data file and tensor: kNotFound
 // for a missing data file, kTruncated for an item past a file's end, kCorrupt for chunks that
 // overlap, leave holes or fall outside their tensor, kUnsupported for a storage layout it does
 // not read (transforms, non-strided tensors, an item that is not a torch.save of one tensor).

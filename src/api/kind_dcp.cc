@@ -127,6 +127,25 @@ class DcpKind final : public CheckpointKind {
   void read_into(size_t t, std::span<std::byte> dst, const LoadOptions& options) const override {
     inner_->read_into(t, dst, options);
   }
+  // Only the chunks that meet the box are read (a tensor-parallel rank's slice).
+  void read_slice(size_t t, std::span<const int64_t> begin, std::span<const int64_t> end,
+                  std::span<std::byte> dst, const LoadOptions& options) const override {
+    const TensorInfo& info = model().tensors[t];
+    const std::vector<DcpPiece>& pieces = l_->pieces[info.storage];
+    if (pieces.empty() || pieces[0].whole)
+      return CheckpointKind::read_slice(t, begin, end, dst, options);
+    const size_t elsize = dtype_size(info.dtype);
+    std::vector<std::byte> buf;
+    for (const DcpPiece& p : pieces) {
+      bool meets = true;
+      for (size_t d = 0; d < p.offsets.size() && meets; ++d)
+        meets = p.offsets[d] < end[d] && begin[d] < p.offsets[d] + p.sizes[d];
+      if (!meets) continue;
+      buf.resize(p.nbytes);
+      l_->sources[p.file]->read_into(p.file_offset, buf);
+      copy_box(p.offsets, p.sizes, buf.data(), begin, end, dst.data(), elsize);
+    }
+  }
   void prefetch(std::span<const size_t>, bool) const override {}
   std::vector<Tensor> load(const LoadOptions& options, const TensorFilter& filter,
                            const PlacedFn& placed) const override {

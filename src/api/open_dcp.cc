@@ -85,7 +85,7 @@ class Opener {
       if (!plain_name(s.relative_path))
         fail(ErrorCode::kCorrupt, "data file name '" + s.relative_path + "' is not a plain file name in the folder", {}, s.fqn);
       auto [it, fresh] = file_of.emplace(s.relative_path, static_cast<uint32_t>(layout_->paths.size()));
-      if (fresh) {
+      if (fresh) {  // a URL's data file is one more object under the same prefix
         const std::string path = join(layout_->dir, s.relative_path);
         try {
           layout_->sources.push_back(open_source(path, false, options_.remote));
@@ -413,6 +413,7 @@ void Opener::build(CheckpointModel& m) {
 }  // namespace
 
 bool is_dcp_folder(const std::string& path) {
+  if (is_url(path)) return path.back() == '/';
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return false;
   return ::stat(join(path, ".metadata").c_str(), &st) == 0;

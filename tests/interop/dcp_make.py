@@ -11,6 +11,7 @@ nested dicts and lists, several dtypes, an empty tensor, a 0-d tensor and non-te
 """
 
 import os
+import subprocess
 import sys
 
 import torch
@@ -66,6 +67,25 @@ def single_state():
         "scalar": torch.tensor(2.5),
         "meta": {"epoch": 3, "tags": ["a", "b"]},
     }
+
+
+def make_folders(out):
+    """Runs dcp_make.py: 4 ranks (torchrun, gloo) and one process; the dcp_to_torch_save of each."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    for cmd in ([torchrun, "--standalone", "--nproc-per-node", "4",
+                 os.path.abspath(__file__), out],
+                [sys.executable, os.path.abspath(__file__), out, "--single"]):
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, f"{cmd} exited {r.returncode}:\n{r.stderr[-3000:]}"
+    dirs = {}
+    for name in ("dtensor", "fsdp", "single"):
+        d = os.path.join(out, name)
+        dcp_to_torch_save(d, d + ".pt")
+        dirs[name] = d
+    return dirs
 
 
 def main():

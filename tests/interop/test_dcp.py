@@ -9,12 +9,11 @@ safetensors.torch.load_file of that state. The workplace fixture dcp_model (torc
 
 import os
 import shutil
-import subprocess
-import sys
 
 import pytest
 import torch
 
+import dcp_make
 import helpers
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -28,34 +27,16 @@ pytestmark = pytest.mark.skipif(int(torch.__version__.split(".")[0]) < 2,
 NOT_VERIFIED = 10
 
 
-def make_folders(out):
-    """Runs dcp_make.py: 4 ranks (torchrun, gloo) and one process; the dcp_to_torch_save of each."""
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
-    for cmd in ([torchrun, "--standalone", "--nproc-per-node", "4",
-                 os.path.join(HERE, "dcp_make.py"), out],
-                [sys.executable, os.path.join(HERE, "dcp_make.py"), out, "--single"]):
-        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-        assert r.returncode == 0, f"{cmd} exited {r.returncode}:\n{r.stderr[-3000:]}"
-    dirs = {}
-    for name in ("dtensor", "fsdp", "single"):
-        d = os.path.join(out, name)
-        dcp_to_torch_save(d, d + ".pt")
-        dirs[name] = d
-    if FIXTURES:
-        dirs["fixture"] = os.path.join(FIXTURES, "dcp_model")
-    return dirs
-
-
 @pytest.fixture(scope="session")
 def dcp_dirs(tmp_path_factory):
     try:
         import torch.distributed.checkpoint  # noqa: F401
     except ImportError:
         pytest.skip("torch.distributed is not available")
-    return make_folders(str(tmp_path_factory.mktemp("dcp")))
+    dirs = dcp_make.make_folders(str(tmp_path_factory.mktemp("dcp")))
+    if FIXTURES:
+        dirs["fixture"] = os.path.join(FIXTURES, "dcp_model")
+    return dirs
 
 
 NAMES = ["dtensor", "fsdp", "single", "fixture"]
@@ -189,3 +170,35 @@ def test_truncated_data_file_is_named(ckpt, dcp_dirs, tmp_path):
     r = ckpt.run("ls", d)
     assert r.returncode != 0
     assert "__1_0.distcp" in r.stderr and "passes the end" in r.stderr
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, dcp_dirs):
+    """The four-rank folders under an HTTP prefix (nginx, as tests/interop/test_remote.py)."""
+    from test_remote import NGINX, Nginx
+
+    if not os.path.exists(NGINX):
+        pytest.skip("nginx is not installed (Debian package nginx)")
+    try:
+        n = Nginx(str(tmp_path_factory.mktemp("dcp-nginx")))
+    except (RuntimeError, OSError) as e:
+        pytest.skip(f"nginx cannot run here: {e}")
+    for name in ("dtensor", "fsdp"):
+        shutil.copytree(dcp_dirs[name], os.path.join(n.www, name))
+    yield n
+    n.stop()
+
+
+@pytest.mark.parametrize("name", ["dtensor", "fsdp"])
+def test_folder_under_an_http_prefix(ckpt, dcp_dirs, served, name, tmp_path):
+    from safetensors.torch import load_file
+
+    ref = reference(dcp_dirs, name)
+    out = tmp_path / "out.safetensors"
+    ckpt.ok("convert", served.url(name + "/"), out)
+    got = load_file(str(out))
+    assert sorted(got) == sorted(ref)
+    for k, t in ref.items():
+        assert torch.equal(got[k], t), k
+    r = ckpt.run("ls", served.url("nothing-here/"))
+    assert r.returncode == 2 and ".metadata" in r.stderr, r.stderr
