@@ -326,17 +326,18 @@ void Opener::build(CheckpointModel& m) {
         }
         si.offset = kNoOffset;
         si.crc32.reset();
-        m.storages.push_back(std::move(si));
         layout_->pieces.push_back(si.meta ? std::vector<DcpPiece>{} : std::vector<DcpPiece>{p});
+        m.storages.push_back(std::move(si));
       }
       for (const TensorInfo& t : b.tensors) {
         TensorInfo n = t;
         n.storage += sbase;
         n.name = t.name.empty() ? e.fqn : e.fqn + "." + t.name;
+        std::vector<uint32_t> files;
+        for (const DcpPiece& p : layout_->pieces[n.storage]) files.push_back(p.file);
+        if (files.empty()) files.push_back(0);
+        layout_->tensor_files.push_back(std::move(files));
         m.tensors.push_back(std::move(n));
-        layout_->tensor_files.push_back({});
-        for (const DcpPiece& p : layout_->pieces[n.storage]) layout_->tensor_files.back().push_back(p.file);
-        if (layout_->tensor_files.back().empty()) layout_->tensor_files.back().push_back(0);
       }
       ValuePtr v = b.root ? b.root->clone(options_.limits.max_pickle_depth) : Value::none();
       shift_tensors(v, tbase);

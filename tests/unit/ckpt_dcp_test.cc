@@ -134,7 +134,7 @@ TEST_F(DcpFixture, ChunkOutsideIsRefused) {
 
 TEST_F(DcpFixture, DataFileOutsideTheFolderIsRefused) {
   std::string d = copy();
-  patch(d + "/.metadata", "\x8c\x0c__0_0.distcp", "\x8c\x0c../0_0.distcp");
+  patch(d + "/.metadata", "\x8c\x0c__0_0.distcp", "\x8c\x0c../_0.distcp");
   Error e = test::capture_error([&] { Checkpoint::open(d); });
   EXPECT_EQ(e.code(), ErrorCode::kCorrupt) << e.what();
 }
