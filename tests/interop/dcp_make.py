@@ -15,8 +15,6 @@ import subprocess
 import sys
 
 import torch
-import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 
 
 def dtensor_state(mesh, rank):
@@ -89,6 +87,9 @@ def make_folders(out):
 
 
 def main():
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
     out = sys.argv[1]
     if "--single" in sys.argv:
         dcp.save(single_state(), checkpoint_id=os.path.join(out, "single"), no_dist=True)

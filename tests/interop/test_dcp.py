@@ -13,7 +13,6 @@ import shutil
 import pytest
 import torch
 
-import dcp_make
 import helpers
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -33,6 +32,8 @@ def dcp_dirs(tmp_path_factory):
         import torch.distributed.checkpoint  # noqa: F401
     except ImportError:
         pytest.skip("torch.distributed is not available")
+    import dcp_make
+
     dirs = dcp_make.make_folders(str(tmp_path_factory.mktemp("dcp")))
     if FIXTURES:
         dirs["fixture"] = os.path.join(FIXTURES, "dcp_model")
