@@ -15,7 +15,6 @@ Python (it has torchrun):
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -58,11 +57,13 @@ def timed(cmd):
 
 
 def peak_rss(cmd):
-    """Peak RSS (bytes) of one run of cmd, in a fresh child."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    subprocess.run(cmd, check=True, capture_output=True)
-    after = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    return max(after, before) * 1024
+    """Peak RSS (bytes) of one run of cmd alone (wait4: that child's own usage)."""
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _, status, usage = os.wait4(p.pid, 0)
+    p.returncode = os.waitstatus_to_exitcode(status)
+    if p.returncode != 0:
+        sys.exit(f"failed: {' '.join(cmd)}")
+    return usage.ru_maxrss * 1024
 
 
 def main():
