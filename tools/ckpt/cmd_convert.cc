@@ -77,6 +77,7 @@ void add_convert(CLI::App& app) {
   add_common(*cmd, o->common);
   add_progress_flags(*cmd, o->progress);
   cmd->callback([o] {
+    o->common.download_whole = true;  // every byte is read: a server without ranges is no obstacle
     double t0 = now_seconds();
     if (o->out.empty()) {
       if (o->in.size() < 2) {
@@ -113,7 +114,9 @@ void add_convert(CLI::App& app) {
     if (o->align && to == ConvertFormat::kTensorizer)
       std::fprintf(stderr, "ckpt: warning: tensorizer has no data alignment; --align ignored\n");
     if (to == ConvertFormat::kTorch) {
-      co.target = PtTarget{.alignment = o->align};
+      PtTarget pt;
+      pt.alignment = o->align;
+      co.target = pt;
     } else if (to == ConvertFormat::kSafetensors) {
       SafetensorsTarget st;
       st.alignment = o->align;
