@@ -41,6 +41,7 @@ LAYERS = {
     "src/formats/safetensors": 4,
     "src/formats/tensorizer": 4,
     "src/formats/onnx": 4,
+    "src/formats/dcp": 4,          # torch.distributed.checkpoint .metadata
     "src/load": 5,
     "src/api": 6,
     "src/convert": 7,

@@ -126,6 +126,14 @@ class Checkpoint {
   // nbytes() bytes: for raw storages one positional read straight into dst. Throws Error
   // (kInvalidArgument for a wrong size, kCorrupt with options.verify on a CRC mismatch).
   void read_into(size_t index, std::span<std::byte> dst, const LoadOptions& options = {}) const;
+  // Copies the box [begin[d], end[d]) of tensor `index` (one pair per dimension; row-major,
+  // contiguous) into `dst`, which must hold exactly its bytes. Reads only what the box needs
+  // where the checkpoint's layout allows: for a torch.distributed.checkpoint folder the chunks
+  // that meet the box (a tensor-parallel rank's slice); elsewhere the tensor's storage. Throws
+  // Error{kInvalidArgument} for a box that is not inside the tensor or a wrong dst size, and
+  // what loading throws. Thread-safe.
+  void read_slice(size_t index, std::span<const int64_t> begin, std::span<const int64_t> end,
+                  std::span<std::byte> dst, const LoadOptions& options = {}) const;
 
   // Streams the tensors (or those `filter` accepts) to `fn` in file order (a set: file after
   // file), storage by storage, with at most `budget_bytes` of storage bytes in memory at once: a

@@ -10,8 +10,9 @@
 
 namespace ckpt {
 
-enum class Format { kTorchZip, kTorchLegacy, kTorchScript, kSafetensors, kTensorizer, kOnnx };
-// "torch-zip", "torch-legacy", "torchscript", "safetensors", "tensorizer", "onnx".
+enum class Format { kTorchZip, kTorchLegacy, kTorchScript, kSafetensors, kTensorizer, kOnnx,
+                    kTorchDcp };  // a torch.distributed.checkpoint folder
+// "torch-zip", "torch-legacy", "torchscript", "safetensors", "tensorizer", "onnx", "torch-dcp".
 const char* format_name(Format format) noexcept;
 
 // One entry of a container (zip record, legacy storage), for `info` and `verify`.

@@ -295,10 +295,53 @@ class _Slice:
         return _ST_CODES.get(dt, dt)
 
     def __getitem__(self, idx):
+        if self._o._ck.format == "torch-dcp":
+            part = self._box(idx)
+            if part is not None:
+                return part
         view = self._o._view(self._i)
         part = view[idx]
         # A copy of the selected elements only: a view of a mapped file touches only their pages.
         return part.clone() if self._o._b.framework == "torch" else part.copy()
+
+
+    def _box(self, idx):
+        # Integers and step-1 slices: only the box they select is read (a DCP folder reads just
+        # the chunks that meet it). Anything else: None (the whole tensor, then indexed).
+        info = self._o._b.infos[self._i]
+        shape, dt = list(info[2]), info[1]
+        idx = idx if isinstance(idx, tuple) else (idx,)
+        if len(idx) > len(shape) or any(isinstance(x, bool) or not isinstance(x, (int, slice))
+                                        for x in idx):
+            return None
+        begin, end, rest = [], [], []
+        for d, n in enumerate(shape):
+            x = idx[d] if d < len(idx) else slice(None)
+            if isinstance(x, int):
+                i = x + n if x < 0 else x
+                if not 0 <= i < n:
+                    return None
+                begin.append(i), end.append(i + 1), rest.append(0)
+            else:
+                a, b, step = x.indices(n)
+                if step != 1:
+                    return None
+                begin.append(a), end.append(max(a, b)), rest.append(slice(None))
+        data = bytearray(self._o._ck.read_slice(self._i, begin, end))
+        sizes = [e - b for b, e in zip(begin, end)]
+        if self._o._b.framework == "torch":
+            import torch
+            dtype = getattr(torch, dt, None)
+            if not isinstance(dtype, torch.dtype):
+                return None
+            flat = torch.frombuffer(data, dtype=dtype) if data else torch.empty(0, dtype=dtype)
+        else:
+            import numpy as np
+            try:
+                flat = np.frombuffer(data, dtype=np.dtype(dt))
+            except TypeError:
+                return None
+        return flat.reshape(sizes)[tuple(rest)]
 
 
 class safe_open:
@@ -385,7 +428,7 @@ class Checkpoint:
 
     @property
     def format(self):
-        """"torch-zip", "torch-legacy", "torchscript", "safetensors" or "tensorizer"."""
+        """"torch-zip", "torch-legacy", "torchscript", "safetensors", "tensorizer" or "torch-dcp" (a folder)."""
         return self._ck.format
 
     @property

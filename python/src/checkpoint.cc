@@ -1,6 +1,7 @@
 // _ckpt.Checkpoint: an opened checkpoint's tables, tree and byte operations for ckpt.open,
 // ckpt.safe_open and Checkpoint.stream (python/ckpt/__init__.py). Loads are in load.cc.
 
+#include <filesystem>
 #include <pybind11/functional.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -139,7 +140,7 @@ void bind_open(PyClass& c) {
         pyb::gil_scoped_release nogil;
         OpenOptions o = open_options(strict, key, password);
         o.mmap = mmap;
-        if (mmap && !is_url(path))
+        if (mmap && !is_url(path) && !std::filesystem::is_directory(path))  // a DCP folder
           return PyCheckpoint{Checkpoint::open(open_mmap_source(path, true), o)};
         return PyCheckpoint{Checkpoint::open(path, o)};
       },
@@ -308,6 +309,22 @@ void bind_bytes(PyClass& c) {
           return storage_spans(p.c, which, load_options(verify, 0, device));
         },
         pyb::arg("which"), pyb::arg("verify"), pyb::arg("device") = "cpu")
+      // The box [begin, end) of tensor i, row-major (safe_open's get_slice of a DCP folder:
+      // only the chunks that meet the box are read).
+      .def("read_slice",
+           [](const PyCheckpoint& p, size_t i, const std::vector<int64_t>& begin,
+              const std::vector<int64_t>& end) {
+             uint64_t n = i < p.c.tensors().size() ? dtype_size(p.c.tensors()[i].dtype) : 0;
+             for (size_t d = 0; d < begin.size() && d < end.size(); ++d)
+               n *= end[d] > begin[d] ? static_cast<uint64_t>(end[d] - begin[d]) : 0;
+             std::string out(n, '\0');
+             {
+               pyb::gil_scoped_release nogil;
+               p.c.read_slice(i, begin, end,
+                              std::span<std::byte>(reinterpret_cast<std::byte*>(out.data()), n));
+             }
+             return pyb::bytes(out);
+           })
       .def("stream", [](const PyCheckpoint& p, uint64_t budget, const pyb::function& fn,
                         bool verify) {
         pyb::gil_scoped_release nogil;

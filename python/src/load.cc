@@ -5,6 +5,7 @@
 // tensor for numpy), and the result is built here: the object tree (tree.cc), the flat state
 // dict (load_file), or a TorchScript archive's state dict (ckpt._script, the one Python step).
 
+#include <filesystem>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -177,7 +178,8 @@ void bind_load(pyb::module_& m) {
           return load_all(pyb::cast(PyCheckpoint{std::move(*c)}), verify, w, device);
         }
         const std::string path = source.cast<std::string>();
-        if (mmap && host && !is_url(path)) {  // a device load copies: nothing to map
+        // A device load copies: nothing to map; a folder (DCP) is opened by its path.
+        if (mmap && host && !is_url(path) && !std::filesystem::is_directory(path)) {
           std::optional<Checkpoint> c;
           {
             pyb::gil_scoped_release nogil;

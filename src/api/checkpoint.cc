@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "api/checkpoint_impl.h"
+#include "api/dcp_kind.h"
 #include "ckpt/remote.h"
 #include "formats/open.h"
 
@@ -17,6 +18,8 @@ using internal::CheckpointModel;
 Checkpoint::Checkpoint(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
 
 Checkpoint Checkpoint::open(const std::string& path, const OpenOptions& options) {
+  if (internal::is_dcp_folder(path))
+    return internal::open_dcp(path, options);
   return open(open_source(path, options.mmap, options.remote), options);
 }
 

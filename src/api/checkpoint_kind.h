@@ -55,6 +55,10 @@ class CheckpointKind {
   virtual std::shared_ptr<const void> view_owner(size_t s) const = 0;
   // Checkpoint::read_into for a valid tensor (the body checks dst's size).
   virtual void read_into(size_t t, std::span<std::byte> dst, const LoadOptions& options) const = 0;
+  // Checkpoint::read_slice for a valid tensor and box (the handle checked both and dst's size).
+  // Default: the tensor loaded, the box copied out of it.
+  virtual void read_slice(size_t t, std::span<const int64_t> begin, std::span<const int64_t> end,
+                          std::span<std::byte> dst, const LoadOptions& options) const;
   // Checkpoint::prefetch.
   virtual void prefetch(std::span<const size_t> tensors, bool populate) const = 0;
   // Checkpoint::load_all: the selected tensors in table order, loaded eagerly; `placed` (may be
@@ -126,6 +130,13 @@ class FileProgress {
   bool reported_ = false;
   uint64_t last_done_ = 0, last_total_ = 0;
 };
+
+// Copies the box [begin, end) of a row-major tensor of `shape` whose bytes are `src` (a part of
+// it: the box [src_begin, src_begin + src_sizes)) into `dst`, the row-major box [dst_begin,
+// dst_end) of the same tensor: the elements the two boxes share. elsize: bytes per element.
+void copy_box(std::span<const int64_t> src_begin, std::span<const int64_t> src_sizes,
+              const std::byte* src, std::span<const int64_t> dst_begin,
+              std::span<const int64_t> dst_end, std::byte* dst, size_t elsize);
 
 // The tensors `filter` accepts (all when empty), by index.
 std::vector<uint8_t> select_tensors(const CheckpointModel& m, const TensorFilter& filter);

@@ -13,6 +13,7 @@
 
 #include "ckpt/remote.h"
 #include "api/checkpoint_impl.h"
+#include "api/dcp_kind.h"
 #include "formats/open.h"
 #include "load/plan.h"
 #include "load/preload.h"
@@ -22,7 +23,7 @@ namespace ckpt {
 
 LoadedCheckpoint Checkpoint::open_and_load(const std::string& path, const OpenOptions& open_options,
                                            const LoadOptions& load_options) {
-  if (!load_options.device.is_cpu()) {
+  if (!load_options.device.is_cpu() || internal::is_dcp_folder(path)) {
     // The overlap below is a host arena's; a device load reads through its own staging ring.
     Checkpoint c = Checkpoint::open(path, open_options);
     std::vector<Tensor> tensors = c.load_all(load_options);

@@ -16,6 +16,8 @@ const char* format_name(Format format) noexcept {
       return "tensorizer";
     case Format::kOnnx:
       return "onnx";
+    case Format::kTorchDcp:
+      return "torch-dcp";
   }
   return "unknown";
 }

@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""Converting a torch.distributed.checkpoint folder to safetensors: ckpt against torch, in one run.
+
+Makes a 4-rank DCP folder (torchrun, gloo on the CPU; float32 DTensors Shard(0) and Shard(1),
+SIZE MiB in all) and the torch.save of the same state (dcp_to_torch_save), then times, each the
+median of REPEAT runs:
+  ckpt convert DIR out.safetensors     the issue's subject
+  ckpt convert same.pt out.safetensors ckpt's own pt -> safetensors of the same bytes
+  dcp_to_torch_save + safetensors.torch.save_file   what users run today
+and the peak RSS of the streamed ckpt conversion beside the largest tensor. Run with the torch 2.x
+Python (it has torchrun):
+
+    $VPY bench/dcp.py [--size-mb 1024] [--repeat 3] [--ckpt build/ckpt] [--out build/bench-dcp]
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import textwrap
+import time
+
+MAKE = textwrap.dedent(r"""
+    import os, sys, torch, torch.distributed as dist, torch.distributed.checkpoint as dcp
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+    out, size_mb = sys.argv[1], int(sys.argv[2])
+    dist.init_process_group("gloo")
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    n = max(1, size_mb // 16)  # tensors of 16 MiB: 2048 x 2048 float32
+    g = torch.Generator().manual_seed(0)
+    sd = {f"layers.{i}.weight": distribute_tensor(torch.randn(2048, 2048, generator=g), mesh,
+                                                  [Shard(i % 2)]) for i in range(n)}
+    dcp.save(sd, checkpoint_id=out)
+    dist.barrier()
+    dist.destroy_process_group()
+""")
+
+TORCH = textwrap.dedent(r"""
+    import sys, time
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    import torch
+    from safetensors.torch import save_file
+    d, tmp, out = sys.argv[1:4]
+    t0 = time.perf_counter()
+    dcp_to_torch_save(d, tmp)
+    save_file(torch.load(tmp, weights_only=True), out)
+    print(time.perf_counter() - t0)
+""")
+
+
+def timed(cmd):
+    t0 = time.perf_counter()
+    subprocess.run(cmd, check=True, capture_output=True)
+    return time.perf_counter() - t0
+
+
+def peak_rss(cmd):
+    """Peak RSS (bytes) of one run of cmd alone (wait4: that child's own usage)."""
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _, status, usage = os.wait4(p.pid, 0)
+    p.returncode = os.waitstatus_to_exitcode(status)
+    if p.returncode != 0:
+        sys.exit(f"failed: {' '.join(cmd)}")
+    return usage.ru_maxrss * 1024
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--size-mb", type=int, default=1024)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--ckpt", default="build/ckpt")
+    ap.add_argument("--out", default="build/bench-dcp")
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    d = os.path.join(a.out, "dcp")
+    if not os.path.isdir(d):
+        script = os.path.join(a.out, "make_dcp.py")
+        with open(script, "w") as f:
+            f.write(MAKE)
+        torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+        subprocess.run([torchrun, "--standalone", "--nproc-per-node", "4", script, d,
+                        str(a.size_mb)], check=True, capture_output=True,
+                       env=dict(os.environ, OMP_NUM_THREADS="1"))
+    pt = os.path.join(a.out, "same.pt")
+    if not os.path.exists(pt):
+        from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+        dcp_to_torch_save(d, pt)
+    st = os.path.join(a.out, "out.safetensors")
+    torch_script = os.path.join(a.out, "torch_convert.py")
+    with open(torch_script, "w") as f:
+        f.write(TORCH)
+    rows = {"ckpt convert DIR": [], "ckpt convert same.pt": [], "dcp_to_torch_save + save_file": []}
+    for _ in range(a.repeat):
+        rows["ckpt convert DIR"].append(timed([a.ckpt, "convert", d, st]))
+        rows["ckpt convert same.pt"].append(timed([a.ckpt, "convert", pt, st]))
+        r = subprocess.run([sys.executable, torch_script, d, os.path.join(a.out, "tmp.pt"), st],
+                           check=True, capture_output=True, text=True)
+        rows["dcp_to_torch_save + save_file"].append(float(r.stdout.strip().splitlines()[-1]))
+    med = {k: statistics.median(v) for k, v in rows.items()}
+    rss = peak_rss([a.ckpt, "convert", d, st])
+    size = sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d))
+    print(f"| {size / 2**20:.0f} MiB, 4 ranks | seconds (median of {a.repeat}) |")
+    print("|---|---|")
+    for k, v in med.items():
+        print(f"| {k} | {v:.3f} |")
+    print(f"| DCP / pt conversion speed | {med['ckpt convert same.pt'] / med['ckpt convert DIR']:.2f}x (target >= 0.8x) |")
+    print(f"| ckpt over torch | {med['dcp_to_torch_save + save_file'] / med['ckpt convert DIR']:.1f}x (target >= 5x) |")
+    print(f"| peak RSS of ckpt convert DIR | {rss / 2**20:.0f} MiB (largest tensor 16 MiB) |")
+    print(json.dumps({"median_s": med, "peak_rss": rss, "bytes": size}))
+    if os.path.exists(os.path.join(a.out, "tmp.pt")):
+        os.remove(os.path.join(a.out, "tmp.pt"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,180 @@
+// The body of a torch.distributed.checkpoint folder (api/dcp_kind.h). Every storage of its model
+// is decoded: the decoder below reads each chunk once, straight into its place in the global
+// tensor (one read when the chunk is a contiguous run of it, else one read into a buffer and a
+// copy per row), the chunks of one storage in parallel when they are large. The load plan then
+// does the rest as for a single file (eager loads decode storages on its reader threads, streams
+// through its ring), so only files(), files_of(), view() and verify() are this body's own.
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <thread>
+
+#include "api/dcp_kind.h"
+
+namespace ckpt::internal {
+namespace {
+
+// Copies one chunk (its bytes `src`, row-major over p.sizes) into `dst`, the storage of the
+// tensor of shape p.shape, or reads it straight there when the chunk is one run of it.
+void place_chunk(const DcpLayout& l, const DcpPiece& p, std::span<std::byte> dst, size_t elsize) {
+  const ByteSource& src = *l.sources[p.file];
+  if (p.whole) {
+    src.read_into(p.file_offset, dst.subspan(p.dst_offset, p.nbytes));
+    return;
+  }
+  const size_t n = p.shape.size();
+  std::vector<uint64_t> stride(n, 1);  // of the global tensor, in elements
+  for (size_t d = n; d-- > 1;) stride[d - 1] = stride[d] * static_cast<uint64_t>(p.shape[d]);
+  // k: the first dimension from which on the chunk spans whole rows of the tensor; a run is
+  // sizes[k-1] * stride[k-1] elements (the chunk is one run when every outer size is 1).
+  size_t k = n;
+  while (k > 0 && p.sizes[k - 1] == p.shape[k - 1]) --k;
+  uint64_t run = elsize;
+  if (k > 0) run *= static_cast<uint64_t>(p.sizes[k - 1]) * stride[k - 1];
+  else if (n > 0) run *= static_cast<uint64_t>(p.sizes[0]) * stride[0];
+  uint64_t base = 0;
+  for (size_t d = 0; d < n; ++d) base += static_cast<uint64_t>(p.offsets[d]) * stride[d];
+  base *= elsize;
+  size_t outer = k > 0 ? k - 1 : 0;  // dimensions that step between runs
+  bool single = true;
+  for (size_t d = 0; d < outer; ++d) single = single && p.sizes[d] == 1;
+  if (single) {
+    src.read_into(p.file_offset, dst.subspan(base, p.nbytes));
+    return;
+  }
+  std::vector<std::byte> buf(p.nbytes);
+  src.read_into(p.file_offset, buf);
+  std::vector<int64_t> idx(outer, 0);
+  for (uint64_t from = 0; from < p.nbytes; from += run) {
+    uint64_t at = 0;
+    for (size_t d = 0; d < outer; ++d) at += static_cast<uint64_t>(idx[d]) * stride[d];
+    std::memcpy(dst.data() + base + at * elsize, buf.data() + from, run);
+    for (size_t d = outer; d-- > 0;) {
+      if (++idx[d] < p.sizes[d]) break;
+      idx[d] = 0;
+    }
+  }
+}
+
+class DcpDecoder final : public StorageDecoder {
+ public:
+  explicit DcpDecoder(std::shared_ptr<const DcpLayout> l) : l_(std::move(l)) {}
+  void read(size_t index, std::span<std::byte> dst, bool) const override {
+    const std::vector<DcpPiece>& pieces = l_->pieces.at(index);
+    const size_t elsize = element_size(index, pieces, dst.size());
+    uint64_t total = 0;
+    for (const DcpPiece& p : pieces) total += p.nbytes;
+    constexpr uint64_t kParallel = 8ull << 20;
+    const size_t threads =
+        std::min<size_t>({pieces.size(), 8, std::max(1u, std::thread::hardware_concurrency())});
+    if (threads < 2 || total < kParallel) {
+      for (const DcpPiece& p : pieces) place_chunk(*l_, p, dst, elsize);
+      return;
+    }
+    std::atomic<size_t> next{0};
+    std::exception_ptr failed;
+    std::mutex mu;
+    auto work = [&] {
+      for (size_t i; (i = next.fetch_add(1)) < pieces.size();) {
+        try {
+          place_chunk(*l_, pieces[i], dst, elsize);
+        } catch (...) {
+          std::lock_guard<std::mutex> lock(mu);
+          if (!failed) failed = std::current_exception();
+          next = pieces.size();
+        }
+      }
+    };
+    std::vector<std::thread> pool;
+    for (size_t t = 1; t < threads; ++t) pool.emplace_back(work);
+    work();
+    for (auto& t : pool) t.join();
+    if (failed) std::rethrow_exception(failed);
+  }
+
+ private:
+  // Bytes per element of the storage's tensor: storage bytes over its element count.
+  static size_t element_size(size_t, const std::vector<DcpPiece>& pieces, size_t nbytes) {
+    for (const DcpPiece& p : pieces) {
+      if (p.whole) continue;
+      uint64_t numel = 1;
+      for (int64_t s : p.shape) numel *= static_cast<uint64_t>(s);
+      return numel ? static_cast<size_t>(nbytes / numel) : 1;
+    }
+    return 1;
+  }
+
+  std::shared_ptr<const DcpLayout> l_;
+};
+
+class DcpKind final : public CheckpointKind {
+ public:
+  DcpKind(std::shared_ptr<const CheckpointModel> m, std::shared_ptr<const DcpLayout> l)
+      : CheckpointKind(m), inner_(file_kind(m)), l_(std::move(l)) {}
+
+  const std::vector<std::string>& files() const override { return l_->paths; }
+  std::span<const uint32_t> files_of(size_t t) const override { return l_->tensor_files[t]; }
+
+  StoragePtr load_storage(size_t s, const LoadOptions& options) const override {
+    return inner_->load_storage(s, options);
+  }
+  // Every storage is assembled: nothing is one run of a mapped file.
+  const std::byte* view(size_t) const override { return nullptr; }
+  std::shared_ptr<const void> view_owner(size_t) const override { return nullptr; }
+  void read_into(size_t t, std::span<std::byte> dst, const LoadOptions& options) const override {
+    inner_->read_into(t, dst, options);
+  }
+  // Only the chunks that meet the box are read (a tensor-parallel rank's slice).
+  void read_slice(size_t t, std::span<const int64_t> begin, std::span<const int64_t> end,
+                  std::span<std::byte> dst, const LoadOptions& options) const override {
+    const TensorInfo& info = model().tensors[t];
+    const std::vector<DcpPiece>& pieces = l_->pieces[info.storage];
+    if (pieces.empty() || pieces[0].whole)
+      return CheckpointKind::read_slice(t, begin, end, dst, options);
+    const size_t elsize = dtype_size(info.dtype);
+    std::vector<std::byte> buf;
+    for (const DcpPiece& p : pieces) {
+      bool meets = true;
+      for (size_t d = 0; d < p.offsets.size() && meets; ++d)
+        meets = p.offsets[d] < end[d] && begin[d] < p.offsets[d] + p.sizes[d];
+      if (!meets) continue;
+      buf.resize(p.nbytes);
+      l_->sources[p.file]->read_into(p.file_offset, buf);
+      copy_box(p.offsets, p.sizes, buf.data(), begin, end, dst.data(), elsize);
+    }
+  }
+  void prefetch(std::span<const size_t>, bool) const override {}
+  std::vector<Tensor> load(const LoadOptions& options, const TensorFilter& filter,
+                           const PlacedFn& placed) const override {
+    return inner_->load(options, filter, placed);
+  }
+  void stream(uint64_t budget, const std::function<void(const Tensor&)>& fn,
+              const LoadOptions& options, const TensorFilter& filter) const override {
+    inner_->stream(budget, fn, options, filter);
+  }
+  // DCP stores no checksums: nothing is checked.
+  size_t verify(const ProgressFn& progress) const override {
+    if (progress) progress(0, 0);
+    return 0;
+  }
+
+ private:
+  KindPtr inner_;
+  std::shared_ptr<const DcpLayout> l_;
+};
+
+}  // namespace
+
+KindPtr dcp_kind(std::shared_ptr<const CheckpointModel> model,
+                 std::shared_ptr<const DcpLayout> layout) {
+  return std::make_shared<const DcpKind>(std::move(model), std::move(layout));
+}
+
+std::shared_ptr<const StorageDecoder> dcp_decoder(std::shared_ptr<const DcpLayout> layout) {
+  return std::make_shared<const DcpDecoder>(std::move(layout));
+}
+
+}  // namespace ckpt::internal

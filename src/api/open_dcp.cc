@@ -1,0 +1,427 @@
+// The opener of torch.distributed.checkpoint (DCP) folders (api/dcp_kind.h): `.metadata` read as
+// data (formats/dcp), every storage item checked against its data file, every chunk's torch.save
+// blob opened as the small torch zip it is (its tensor's bytes are one raw run of the data file),
+// the chunks of each tensor checked to tile it exactly, and the tree torch's dcp_to_torch_save
+// rebuilds (planner_data paths, as torch's set_element nests them) made over one tensor per
+// global tensor. The folder's layout: docs/formats.md, "torch.distributed.checkpoint folders".
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <atomic>
+#include <exception>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "api/checkpoint_impl.h"
+#include "api/dcp_kind.h"
+#include "ckpt/remote.h"
+#include "formats/dcp/dcp_metadata.h"
+#include "formats/open.h"
+#include "io/window_source.h"
+
+namespace ckpt::internal {
+namespace {
+
+std::string join(const std::string& dir, const std::string& name) {
+  return !dir.empty() && dir.back() == '/' ? dir + name : dir + "/" + name;
+}
+
+std::string dims(const std::vector<int64_t>& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s + "]";
+}
+
+// A data file's name must stay inside the folder: one plain name.
+bool plain_name(const std::string& n) {
+  return !n.empty() && n != "." && n != ".." && n.find('/') == std::string::npos &&
+         n.find('\\') == std::string::npos && n.find('\0') == std::string::npos;
+}
+
+struct Opened {
+  std::shared_ptr<CheckpointModel> blob;  // the item's torch.save, opened
+};
+
+class Opener {
+ public:
+  Opener(std::string dir, const OpenOptions& options) : options_(options) {
+    layout_ = std::make_shared<DcpLayout>();
+    layout_->dir = std::move(dir);
+  }
+
+  Checkpoint open() {
+    SourcePtr meta = open_source(join(layout_->dir, ".metadata"), false, options_.remote);
+    meta_name_ = meta->name();
+    Bytes bytes = meta->read(0, meta->size());
+    md_ = read_dcp_metadata(bytes.data, meta_name_, options_.limits);
+    index_storage();
+    open_items();
+    auto model = std::make_shared<CheckpointModel>();
+    model->format = Format::kTorchDcp;
+    model->source = meta;
+    model->options = options_;
+    build(*model);
+    model->decoder = dcp_decoder(layout_);
+    model->decode_all = true;
+    model->properties["data_files"] = std::to_string(layout_->paths.size());
+    if (!md_.version.empty()) model->properties["dcp_version"] = md_.version;
+    model->finalize();
+    return CheckpointAccess::make(dcp_kind(std::move(model), layout_));
+  }
+
+ private:
+  [[noreturn]] void fail(ErrorCode code, const std::string& what, const std::string& file,
+                         const std::string& fqn, std::optional<uint64_t> offset = {}) const {
+    throw Error(code, what, file.empty() ? meta_name_ : file, fqn, offset);
+  }
+
+  // The storage items by (fqn, chunk offsets); each data file opened once, in first-use order.
+  void index_storage() {
+    std::map<std::string, uint32_t> file_of;
+    for (size_t i = 0; i < md_.storage.size(); ++i) {
+      const DcpStorage& s = md_.storage[i];
+      if (!plain_name(s.relative_path))
+        fail(ErrorCode::kCorrupt, "data file name '" + s.relative_path + "' is not a plain file name in the folder", {}, s.fqn);
+      auto [it, fresh] = file_of.emplace(s.relative_path, static_cast<uint32_t>(layout_->paths.size()));
+      if (fresh) {  // a URL's data file is one more object under the same prefix
+        const std::string path = join(layout_->dir, s.relative_path);
+        try {
+          layout_->sources.push_back(open_source(path, false, options_.remote));
+        } catch (Error& e) {
+          e.add_context("opening the data file of '" + s.fqn + "' (named in .metadata)");
+          throw;
+        }
+        layout_->paths.push_back(layout_->sources.back()->name());
+      }
+      item_file_.push_back(it->second);
+      const ByteSource& src = *layout_->sources[it->second];
+      if (s.offset > src.size() || s.length > src.size() - s.offset)
+        fail(ErrorCode::kTruncated,
+             "the item of " + std::to_string(s.length) + " bytes at offset " +
+                 std::to_string(s.offset) + " passes the end of the file (" +
+                 std::to_string(src.size()) + " bytes)",
+             src.name(), s.fqn, s.offset);
+      if (s.transformed)
+        fail(ErrorCode::kUnsupported,
+             "the item is stored through transforms (" + s.transforms +
+                 "); only plain torch.save items are read",
+             src.name(), s.fqn, s.offset);
+      if (!by_key_.emplace(std::make_pair(s.fqn, s.chunk_offsets), i).second)
+        fail(ErrorCode::kCorrupt, "two storage items for offsets " + dims(s.chunk_offsets),
+             src.name(), s.fqn, s.offset);
+    }
+  }
+
+  const DcpStorage* item(const std::string& fqn, const std::vector<int64_t>& offsets,
+                         size_t* index = nullptr) const {
+    auto it = by_key_.find({fqn, offsets});
+    if (it == by_key_.end()) return nullptr;
+    if (index) *index = it->second;
+    return &md_.storage[it->second];
+  }
+  const std::string& file_name(size_t item) const { return layout_->paths[item_file_[item]]; }
+
+  // Checks that a tensor's chunks tile it: each inside, none overlapping, all elements covered.
+  // Exact duplicates (one storage item, as torch keys items by offset) are read once.
+  void check_chunks(DcpEntry& e) const {
+    std::vector<DcpChunk> kept;
+    for (DcpChunk& c : e.chunks) {
+      bool dup = std::any_of(kept.begin(), kept.end(), [&](const DcpChunk& k) {
+        return k.offsets == c.offsets && k.sizes == c.sizes;
+      });
+      if (!dup) kept.push_back(std::move(c));
+    }
+    e.chunks = std::move(kept);
+    auto where = [&](const DcpChunk& c, std::string& file, std::optional<uint64_t>& off) {
+      size_t i = 0;
+      if (item(e.fqn, c.offsets, &i)) {
+        file = file_name(i);
+        off = md_.storage[i].offset;
+      }
+    };
+    uint64_t numel = 1;
+    for (int64_t s : e.size) numel = mul(numel, static_cast<uint64_t>(s), e.fqn);
+    uint64_t covered = 0;
+    for (size_t a = 0; a < e.chunks.size(); ++a) {
+      const DcpChunk& c = e.chunks[a];
+      std::string file;
+      std::optional<uint64_t> off;
+      where(c, file, off);
+      if (c.offsets.size() != e.size.size() || c.sizes.size() != e.size.size())
+        fail(ErrorCode::kCorrupt,
+             "a chunk at " + dims(c.offsets) + " of size " + dims(c.sizes) + " has not the " +
+                 std::to_string(e.size.size()) + " dimensions of the tensor " + dims(e.size),
+             file, e.fqn, off);
+      uint64_t vol = 1;
+      for (size_t d = 0; d < e.size.size(); ++d) {
+        if (c.offsets[d] > e.size[d] || c.sizes[d] > e.size[d] - c.offsets[d])
+          fail(ErrorCode::kCorrupt,
+               "the chunk at " + dims(c.offsets) + " of size " + dims(c.sizes) +
+                   " falls outside the tensor " + dims(e.size),
+               file, e.fqn, off);
+        vol *= static_cast<uint64_t>(c.sizes[d]);
+      }
+      if (vol == 0) continue;
+      covered += vol;
+      for (size_t b = 0; b < a; ++b) {
+        const DcpChunk& o = e.chunks[b];
+        bool meet = true;
+        for (size_t d = 0; d < e.size.size() && meet; ++d)
+          meet = c.offsets[d] < o.offsets[d] + o.sizes[d] && o.offsets[d] < c.offsets[d] + c.sizes[d] &&
+                 o.sizes[d] > 0;
+        if (meet)
+          fail(ErrorCode::kCorrupt,
+               "the chunk at " + dims(c.offsets) + " of size " + dims(c.sizes) +
+                   " overlaps the chunk at " + dims(o.offsets) + " of size " + dims(o.sizes),
+               file, e.fqn, off);
+      }
+    }
+    if (covered != numel)
+      fail(ErrorCode::kCorrupt,
+           "the chunks cover " + std::to_string(covered) + " of the " + std::to_string(numel) +
+               " elements of the tensor " + dims(e.size) + ": a hole",
+           {}, e.fqn);
+  }
+
+  uint64_t mul(uint64_t a, uint64_t b, const std::string& fqn) const {
+    if (b && a > UINT64_MAX / b) fail(ErrorCode::kCorrupt, "the tensor's size overflows", {}, fqn);
+    return a * b;
+  }
+
+  // Every item's torch.save blob, opened (in parallel: each is a few small reads).
+  void open_items() {
+    for (DcpEntry& e : md_.entries) {
+      if (e.is_bytes) {
+        jobs_.push_back({&e, nullptr});
+        continue;
+      }
+      if (e.size.size() > options_.limits.max_dims)
+        fail(ErrorCode::kLimitExceeded, "the tensor has " + std::to_string(e.size.size()) + " dimensions", {}, e.fqn);
+      check_chunks(e);
+      for (const DcpChunk& c : e.chunks) {
+        uint64_t vol = 1;
+        for (int64_t s : c.sizes) vol *= static_cast<uint64_t>(s);
+        if (vol) jobs_.push_back({&e, &c});
+      }
+    }
+    opened_.resize(jobs_.size());
+    std::vector<std::exception_ptr> errors(jobs_.size());
+    std::atomic<size_t> next{0};
+    auto work = [&] {
+      for (size_t j; (j = next.fetch_add(1)) < jobs_.size();) {
+        try {
+          opened_[j] = open_job(jobs_[j]);
+        } catch (...) {
+          errors[j] = std::current_exception();
+        }
+      }
+    };
+    const size_t threads = std::min<size_t>(
+        {jobs_.size() / 8 + 1, 8, std::max(1u, std::thread::hardware_concurrency())});
+    std::vector<std::thread> pool;
+    for (size_t t = 1; t < threads; ++t) pool.emplace_back(work);
+    work();
+    for (auto& t : pool) t.join();
+    for (auto& e : errors)
+      if (e) std::rethrow_exception(e);
+  }
+
+  struct Job {
+    DcpEntry* entry;
+    const DcpChunk* chunk;  // null: a bytes item
+  };
+
+  std::shared_ptr<CheckpointModel> open_job(const Job& j) const {
+    const std::vector<int64_t> none;
+    size_t i = 0;
+    const DcpStorage* s = item(j.entry->fqn, j.chunk ? j.chunk->offsets : none, &i);
+    if (!s && !j.chunk) s = item(j.entry->fqn, {0}, &i);  // older writers key bytes by offset 0
+    if (!s)
+      fail(ErrorCode::kCorrupt,
+           j.chunk ? "the chunk at " + dims(j.chunk->offsets) + " has no storage item"
+                   : std::string("the bytes item has no storage item"),
+           {}, j.entry->fqn);
+    const uint32_t f = item_file_[i];
+    SourcePtr w = window_source(layout_->sources[f], s->offset, s->length,
+                                layout_->paths[f] + "@" + std::to_string(s->offset));
+    try {
+      return open_model(w, options_);
+    } catch (Error& e) {
+      e.add_context("reading the item of '" + j.entry->fqn + "' at offset " +
+                    std::to_string(s->offset) + " of " + layout_->paths[f]);
+      throw;
+    }
+  }
+
+  void build(CheckpointModel& m);
+  void place(const ValuePtr& root, const DcpEntry& e, ValuePtr v) const;
+
+  OpenOptions options_;
+  std::shared_ptr<DcpLayout> layout_;
+  std::string meta_name_;
+  DcpMetadata md_;
+  std::map<std::pair<std::string, std::vector<int64_t>>, size_t> by_key_;
+  std::vector<uint32_t> item_file_;  // per storage item: its data file
+  std::vector<Job> jobs_;
+  std::vector<std::shared_ptr<CheckpointModel>> opened_;
+};
+
+// Puts v where torch's set_element would: along planner_data's path (dicts for string keys,
+// lists padded with None for int keys), else under the flat key.
+void Opener::place(const ValuePtr& root, const DcpEntry& e, ValuePtr v) const {
+  if (e.path.empty()) {
+    root->set(e.fqn, std::move(v));
+    return;
+  }
+  auto slot = [&](const ValuePtr& cur, const ValuePtr& key, bool create_list) -> ValuePtr* {
+    if (cur->is_dict()) {
+      for (auto& [k, val] : cur->entries())
+        if (k->kind() == key->kind() && (key->kind() == Value::Kind::kString ? k->str() == key->str() : k->as_int() == key->as_int()))
+          return &val;
+      cur->entries().emplace_back(key, nullptr);
+      return &cur->entries().back().second;
+    }
+    if (cur->kind() == Value::Kind::kList && key->kind() == Value::Kind::kInt) {
+      auto idx = static_cast<size_t>(key->as_int());
+      while (cur->items().size() <= idx) cur->items().push_back(Value::none());
+      return &cur->items()[idx];
+    }
+    (void)create_list;
+    fail(ErrorCode::kCorrupt, "planner_data's path runs through " + cur->repr(40), {}, e.fqn);
+  };
+  ValuePtr cur = root;
+  for (size_t i = 1; i < e.path.size(); ++i) {
+    ValuePtr* s = slot(cur, e.path[i - 1], false);
+    if (!*s || (*s)->is_none())
+      *s = e.path[i]->kind() == Value::Kind::kString ? Value::dict() : Value::list();
+    cur = *s;
+  }
+  *slot(cur, e.path.back(), false) = std::move(v);
+}
+
+void Opener::build(CheckpointModel& m) {
+  ValuePtr root = Value::dict();
+  size_t j = 0;  // jobs_ are in entry order, chunks in order
+  for (const DcpEntry& e : md_.entries) {
+    if (e.is_bytes) {
+      const CheckpointModel& b = *opened_[j++];
+      // The value, with its tensors (if any) as tensors of this model read whole from the item.
+      const size_t tbase = m.tensors.size(), sbase = m.storages.size();
+      for (size_t s = 0; s < b.storages.size(); ++s) {
+        StorageInfo si = b.storages[s];
+        if (!si.meta && (b.kind(s) != StorageKind::kRaw || si.byteswap))
+          fail(ErrorCode::kUnsupported, "a tensor inside the bytes item is stored in a way this reader does not assemble", b.source->name(), e.fqn);
+        DcpPiece p;
+        p.whole = true;
+        if (!si.meta) {
+          // The window is the item: its offsets are relative to the item's start.
+          size_t i = 0;
+          const DcpStorage* st = item(e.fqn, {}, &i);
+          if (!st) st = item(e.fqn, {0}, &i);
+          p.file = item_file_[i];
+          p.file_offset = st->offset + si.offset;
+          p.nbytes = si.nbytes;
+        }
+        si.offset = kNoOffset;
+        si.crc32.reset();
+        layout_->pieces.push_back(si.meta ? std::vector<DcpPiece>{} : std::vector<DcpPiece>{p});
+        m.storages.push_back(std::move(si));
+      }
+      for (const TensorInfo& t : b.tensors) {
+        TensorInfo n = t;
+        n.storage += sbase;
+        n.name = t.name.empty() ? e.fqn : e.fqn + "." + t.name;
+        std::vector<uint32_t> files;
+        for (const DcpPiece& p : layout_->pieces[n.storage]) files.push_back(p.file);
+        if (files.empty()) files.push_back(0);
+        layout_->tensor_files.push_back(std::move(files));
+        m.tensors.push_back(std::move(n));
+      }
+      ValuePtr v = b.root ? b.root->clone(options_.limits.max_pickle_depth) : Value::none();
+      shift_tensors(v, tbase);
+      place(root, e, std::move(v));
+      continue;
+    }
+    // A global tensor: one storage, assembled from its chunks.
+    StorageInfo si;
+    si.key = e.fqn;
+    si.record = e.fqn;
+    si.dtype = e.dtype;
+    uint64_t numel = 1;
+    for (int64_t s : e.size) numel *= static_cast<uint64_t>(s);
+    const size_t elsize = dtype_size(e.dtype);
+    si.nbytes = mul(numel, elsize, e.fqn);
+    std::vector<DcpPiece> pieces;
+    std::vector<uint32_t> files;
+    for (const DcpChunk& c : e.chunks) {
+      uint64_t vol = 1;
+      for (int64_t s : c.sizes) vol *= static_cast<uint64_t>(s);
+      if (!vol) continue;
+      const CheckpointModel& b = *opened_[j++];
+      size_t i = 0;
+      const DcpStorage* st = item(e.fqn, c.offsets, &i);
+      const std::string& file = layout_->paths[item_file_[i]];
+      const ValuePtr& r = b.root;
+      if (!r || r->kind() != Value::Kind::kTensor || r->tensor_index() >= b.tensors.size())
+        fail(ErrorCode::kUnsupported,
+             "the chunk at " + dims(c.offsets) + " is stored as " + (r ? r->repr(40) : std::string("nothing")) +
+                 ", not one tensor (a storage layout this reader does not know)",
+             file, e.fqn, st->offset);
+      const TensorInfo& t = b.tensors[r->tensor_index()];
+      const StorageInfo& bs = b.storages[t.storage];
+      if (t.dtype != e.dtype || t.shape != c.sizes)
+        fail(ErrorCode::kCorrupt,
+             "the chunk at " + dims(c.offsets) + " holds a " + std::string(dtype_name(t.dtype)) + " tensor " +
+                 dims(t.shape) + "; .metadata says " + std::string(dtype_name(e.dtype)) + " " + dims(c.sizes),
+             file, e.fqn, st->offset);
+      if (!t.is_contiguous() || bs.meta || b.kind(t.storage) != StorageKind::kRaw || bs.byteswap)
+        fail(ErrorCode::kUnsupported,
+             "the chunk at " + dims(c.offsets) +
+                 " is not stored as contiguous raw bytes in native order (a storage layout this "
+                 "reader does not know)",
+             file, e.fqn, st->offset);
+      DcpPiece p;
+      p.file = item_file_[i];
+      p.file_offset = st->offset + bs.offset + t.byte_offset();
+      p.nbytes = t.nbytes();
+      p.shape = e.size;
+      p.offsets = c.offsets;
+      p.sizes = c.sizes;
+      p.fqn = e.fqn;
+      if (std::find(files.begin(), files.end(), p.file) == files.end()) files.push_back(p.file);
+      pieces.push_back(std::move(p));
+    }
+    const size_t s = m.storages.size();
+    if (pieces.empty()) si.meta = numel != 0;  // nothing stored (an empty tensor)
+    m.storages.push_back(std::move(si));
+    layout_->pieces.push_back(std::move(pieces));
+    TensorInfo t;
+    t.name = e.fqn;
+    t.dtype = e.dtype;
+    t.shape = e.size;
+    t.strides = contiguous_strides(e.size);
+    t.storage = s;
+    if (files.empty()) files.push_back(0);
+    layout_->tensor_files.push_back(std::move(files));
+    m.tensors.push_back(std::move(t));
+    place(root, e, Value::tensor(m.tensors.size() - 1));
+  }
+  m.root = std::move(root);
+}
+
+}  // namespace
+
+bool is_dcp_folder(const std::string& path) {
+  if (is_url(path)) return path.back() == '/';
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return false;
+  return ::stat(join(path, ".metadata").c_str(), &st) == 0;
+}
+
+Checkpoint open_dcp(const std::string& dir, const OpenOptions& options) {
+  return Opener(dir, options).open();
+}
+
+}  // namespace ckpt::internal

@@ -1,0 +1,69 @@
+#pragma once
+// The `.metadata` file of a torch.distributed.checkpoint (DCP) folder, read as data: a pickle of
+// torch.distributed.checkpoint.metadata.Metadata run by the restricted pickle VM (nothing is
+// called; the classes below are recognised by name and their pickled state read field by field).
+// What the folder's layout is, byte by byte, and where each fact comes from in torch:
+// docs/formats.md, "torch.distributed.checkpoint folders".
+//
+// Layer: formats. It reads one buffer; the folder's data files are the API layer's
+// (api/open_dcp.cc), which checks every chunk against them.
+//
+// Thread-safety: a plain function over its arguments; the result is a value.
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "ckpt/dtype.h"
+#include "ckpt/options.h"
+#include "ckpt/value.h"
+
+namespace ckpt::internal {
+
+// One ChunkStorageMetadata: a box of the global tensor.
+struct DcpChunk {
+  std::vector<int64_t> offsets;  // where it starts, per dimension
+  std::vector<int64_t> sizes;    // its extent, per dimension
+};
+
+// One entry of Metadata.state_dict_metadata, in the pickle's order.
+struct DcpEntry {
+  std::string fqn;       // the flattened key ("model.layers.0.weight")
+  bool is_bytes = false;  // BytesStorageMetadata: a torch.save blob of any value
+  // TensorStorageMetadata only:
+  DType dtype = DType::kFloat32;
+  std::vector<int64_t> size;     // the global shape
+  std::vector<DcpChunk> chunks;  // as listed
+  // Metadata.planner_data[fqn] when the planner recorded it: the key's path in the nested
+  // state dict (strings, and ints for list positions); empty otherwise.
+  std::vector<ValuePtr> path;
+};
+
+// One item of Metadata.storage_data: MetadataIndex -> _StorageInfo.
+struct DcpStorage {
+  std::string fqn;
+  std::vector<int64_t> chunk_offsets;  // MetadataIndex.offset (empty for bytes entries)
+  std::string relative_path;           // the data file, relative to the folder
+  uint64_t offset = 0;                 // where the item's bytes start in that file
+  uint64_t length = 0;                 // how many bytes
+  bool transformed = false;            // transform_descriptors present (compression, ...)
+  std::string transforms;              // their names, for the refusal
+};
+
+struct DcpMetadata {
+  std::vector<DcpEntry> entries;
+  std::vector<DcpStorage> storage;
+  std::string version;  // Metadata.version, when present
+};
+
+// Reads the pickle in `data`. Throws Error naming `source` and, where it can, the key:
+// kCorrupt for a structure that is not DCP metadata (a chunk without offsets, a negative size,
+// a storage item of another shape), kUnsupported for a class or layout it does not know (another
+// storage-metadata class, storage_data that is not a dict of _StorageInfo), kLimitExceeded past
+// options' limits (tensors, dimensions, pickle limits), and whatever the pickle VM throws.
+DcpMetadata read_dcp_metadata(std::span<const std::byte> data, const std::string& source,
+                              const Limits& limits);
+
+}  // namespace ckpt::internal

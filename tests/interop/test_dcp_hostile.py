@@ -1,0 +1,174 @@
+"""Hostile torch.distributed.checkpoint folders: a `.metadata` whose chunks overlap, leave holes,
+fall outside their tensor or point past a data file's end, unknown storage layouts, code in the
+pickle, data files outside the folder. Each is refused with a typed error naming the data file
+(or .metadata) and the key, and nothing in the pickle is ever run.
+
+The folders start as a real one-process torch save; the metadata is changed through torch's own
+classes and written back with pickle, as torch writes it.
+"""
+
+import os
+import pickle
+import shutil
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(int(torch.__version__.split(".")[0]) < 2,
+                                reason="DCP folders are made by torch 2.x")
+
+CORRUPT, UNSUPPORTED, TRUNCATED, NOT_FOUND = "corrupt", "unsupported", "truncated", "not_found"
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    import torch.distributed.checkpoint as dcp
+
+    d = tmp_path_factory.mktemp("dcp_hostile") / "base"
+    g = torch.Generator().manual_seed(1)
+    dcp.save({"w": torch.randn(8, 4, generator=g), "b": torch.randn(4, generator=g), "n": 3},
+             checkpoint_id=str(d), no_dist=True)
+    return d
+
+
+def variant(base, tmp_path, change):
+    d = tmp_path / "v"
+    shutil.copytree(base, d)
+    with open(d / ".metadata", "rb") as f:
+        md = pickle.load(f)
+    change(md, d)
+    with open(d / ".metadata", "wb") as f:
+        pickle.dump(md, f)
+    return d
+
+
+def refused(ckpt, d, code, *words):
+    r = ckpt.run("ls", d)
+    assert r.returncode != 0, r.stdout
+    assert f"[{code}]" in r.stderr or code in r.stderr, r.stderr
+    for w in words:
+        assert w in r.stderr, (w, r.stderr)
+    return r.stderr
+
+
+def chunks(md, key):
+    return md.state_dict_metadata[key].chunks
+
+
+def test_hole(ckpt, base, tmp_path):
+    from torch.distributed.checkpoint.metadata import ChunkStorageMetadata
+
+    def change(md, d):
+        md.state_dict_metadata["w"].chunks = [ChunkStorageMetadata(torch.Size([0, 0]),
+                                                                   torch.Size([4, 4]))]
+    refused(ckpt, variant(base, tmp_path, change), CORRUPT, "w", "hole")
+
+
+def test_overlap(ckpt, base, tmp_path):
+    from torch.distributed.checkpoint.metadata import ChunkStorageMetadata
+
+    def change(md, d):
+        c = chunks(md, "w")
+        c.append(ChunkStorageMetadata(torch.Size([2, 0]), torch.Size([2, 4])))
+    refused(ckpt, variant(base, tmp_path, change), CORRUPT, "w", "overlaps")
+
+
+def test_outside(ckpt, base, tmp_path):
+    from torch.distributed.checkpoint.metadata import ChunkStorageMetadata
+
+    def change(md, d):
+        md.state_dict_metadata["w"].chunks = [ChunkStorageMetadata(torch.Size([0, 0]),
+                                                                   torch.Size([9, 4]))]
+    refused(ckpt, variant(base, tmp_path, change), CORRUPT, "w", "outside", "__0_0.distcp")
+
+
+def test_wrong_rank(ckpt, base, tmp_path):
+    from torch.distributed.checkpoint.metadata import ChunkStorageMetadata
+
+    def change(md, d):
+        md.state_dict_metadata["w"].chunks = [ChunkStorageMetadata(torch.Size([0]),
+                                                                   torch.Size([8]))]
+    refused(ckpt, variant(base, tmp_path, change), CORRUPT, "w", "dimensions")
+
+
+def test_item_past_the_end(ckpt, base, tmp_path):
+    def change(md, d):
+        for k, v in md.storage_data.items():
+            if k.fqn == "b":
+                v.offset = os.path.getsize(d / "__0_0.distcp") - 10
+    refused(ckpt, variant(base, tmp_path, change), TRUNCATED, "b", "__0_0.distcp",
+            "passes the end")
+
+
+def test_missing_data_file(ckpt, base, tmp_path):
+    def change(md, d):
+        for v in md.storage_data.values():
+            v.relative_path = "__7_0.distcp"
+    refused(ckpt, variant(base, tmp_path, change), NOT_FOUND, "__7_0.distcp")
+
+
+def test_data_file_outside_the_folder(ckpt, base, tmp_path):
+    def change(md, d):
+        for v in md.storage_data.values():
+            v.relative_path = "../../etc/passwd"
+    refused(ckpt, variant(base, tmp_path, change), CORRUPT, "plain file name")
+
+
+def test_transforms_are_an_unknown_layout(ckpt, base, tmp_path):
+    def change(md, d):
+        for v in md.storage_data.values():
+            v.transform_descriptors = ["zstd"]
+    refused(ckpt, variant(base, tmp_path, change), UNSUPPORTED, "transforms")
+
+
+def test_unknown_storage_metadata_class(ckpt, base, tmp_path):
+    def change(md, d):
+        md.state_dict_metadata["b"] = {"not": "a storage metadata"}
+    refused(ckpt, variant(base, tmp_path, change), UNSUPPORTED, "b")
+
+
+def test_chunk_of_another_dtype(ckpt, base, tmp_path):
+    def change(md, d):
+        md.state_dict_metadata["w"].properties.dtype = torch.float64
+    refused(ckpt, variant(base, tmp_path, change), CORRUPT, "w", "float64")
+
+
+class Boom:
+    """Pickles as a call of os.system: a reader that runs code would create the marker."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_code_in_the_metadata_is_never_run(ckpt, base, tmp_path):
+    marker = tmp_path / "ran"
+
+    def change(md, d):
+        md.storage_meta = Boom(marker)
+        md.planner_data["w"] = ("w",)
+    d = variant(base, tmp_path, change)
+    ckpt.ok("ls", d)
+    assert not marker.exists()
+
+    def change2(md, d):
+        md.state_dict_metadata["w"] = Boom(marker)
+    d2 = tmp_path / "v2"
+    shutil.copytree(base, d2)
+    with open(d2 / ".metadata", "rb") as f:
+        md = pickle.load(f)
+    change2(md, d2)
+    with open(d2 / ".metadata", "wb") as f:
+        pickle.dump(md, f)
+    refused(ckpt, d2, UNSUPPORTED, "w")
+    assert not marker.exists()
+
+
+def test_not_a_pickle(ckpt, base, tmp_path):
+    d = tmp_path / "v"
+    shutil.copytree(base, d)
+    (d / ".metadata").write_bytes(b"\x80\x04garbage")
+    r = ckpt.run("ls", d)
+    assert r.returncode != 0 and ".metadata" in r.stderr

@@ -1,0 +1,81 @@
+"""torch.distributed.checkpoint folders from Python: ckpt.load(DIR) gives what torch's
+dcp_to_torch_save saves, and safe_open(DIR).get_slice(name)[a:b] reads only the chunks that meet
+the slice (a tensor-parallel rank's part). The folders are made by torch in this session
+(tests/interop/dcp_make.py: torchrun with 4 ranks on the CPU, and one process)."""
+
+import os
+import shutil
+
+import pytest
+import torch
+
+import ckpt
+
+pytestmark = pytest.mark.skipif(int(torch.__version__.split(".")[0]) < 2,
+                                reason="DCP folders are made by torch 2.x")
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory):
+    import dcp_make
+    return dcp_make.make_folders(str(tmp_path_factory.mktemp("dcp")))
+
+
+def same(a, b, path="root"):
+    assert type(a) is type(b) or (isinstance(a, dict) and isinstance(b, dict)), (path, a, b)
+    if isinstance(b, torch.Tensor):
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b), path
+    elif isinstance(b, dict):
+        assert list(a) == list(b), path
+        for k in b:
+            same(a[k], b[k], f"{path}.{k}")
+    elif isinstance(b, (list, tuple)):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            same(x, y, f"{path}.{i}")
+    else:
+        assert a == b, path
+
+
+@pytest.mark.parametrize("name", ["dtensor", "fsdp", "single"])
+@pytest.mark.parametrize("mmap", [False, True])
+def test_load_equals_dcp_to_torch_save(dirs, name, mmap):
+    want = torch.load(dirs[name] + ".pt", weights_only=False)
+    same(ckpt.load(dirs[name], mmap=mmap), want)
+
+
+def test_open_reports_the_folder(dirs):
+    c = ckpt.open(dirs["dtensor"])
+    assert c.format == "torch-dcp"
+    assert c.properties["data_files"] == "4"
+
+
+def test_get_slice_reads_only_the_chunks_it_needs(dirs, tmp_path):
+    d = tmp_path / "d"
+    shutil.copytree(dirs["dtensor"], d)
+    want = torch.load(dirs["dtensor"] + ".pt", weights_only=False)["model"]
+    with ckpt.safe_open(str(d), framework="pt") as f:
+        # model.rows is Shard(0) over 4 ranks: rows 0-3 are rank 0's, in __0_0.distcp only.
+        # Damage every other data file in place: a slice of rank 0's rows never reads them.
+        for r in (1, 2, 3):
+            p = d / f"__{r}_0.distcp"
+            os.chmod(p, 0o644)
+            with open(p, "r+b") as fh:
+                fh.write(b"\0" * os.path.getsize(p))
+        assert torch.equal(f.get_slice("model.rows")[0:4], want["rows"][0:4])
+        assert torch.equal(f.get_slice("model.rows")[1:3, 2:5], want["rows"][1:3, 2:5])
+        assert torch.equal(f.get_slice("model.rows")[2], want["rows"][2])
+        # Rows of other ranks come from the damaged files: they differ.
+        assert not torch.equal(f.get_slice("model.rows")[4:8], want["rows"][4:8])
+
+
+@pytest.mark.parametrize("key", ["rows", "uneven", "cols", "cube", "repl", "half", "plain"])
+def test_get_slice_equals_indexing(dirs, key):
+    want = torch.load(dirs["dtensor"] + ".pt", weights_only=False)["model"][key]
+    with ckpt.safe_open(dirs["dtensor"], framework="pt") as f:
+        s = f.get_slice(f"model.{key}")
+        assert s.get_shape() == list(want.shape)
+        for idx in [slice(None), slice(1, 3), (slice(None), slice(1, 2)), -1, (0, slice(0, 2)),
+                    slice(None, None, 2)]:
+            assert torch.equal(s[idx], want[idx]), idx
+        assert torch.equal(f.get_tensor(f"model.{key}"), want)
