@@ -18,6 +18,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "ckpt/checkpoint.h"
@@ -95,7 +96,7 @@ FlatStateDict flatten_state_dict(const Checkpoint& checkpoint, const FlattenOpti
 // Converting
 
 // tensorizer output: encryption (XSalsa20-Poly1305, data version 3/4). Set at most one of key,
-// key_file, password, password_file; any of them with another target is Error{kInvalidArgument}.
+// key_file, password, password_file.
 struct ConvertEncryption {
   std::string key;  // 32 raw bytes or 64 hex digits
   // The key in a file: 64 hex digits or 32 raw bytes (trailing whitespace ignored). When the
@@ -125,28 +126,49 @@ enum class MetaTensors {
 const char* meta_tensors_name(MetaTensors m) noexcept;
 MetaTensors parse_meta_tensors(std::string_view name);
 
-struct ConvertOptions {
-  // kAuto: from the output path's extension (convert_format_for_path); for the sink overload,
-  // from sink.name().
-  ConvertFormat to = ConvertFormat::kAuto;
-  // pt: payload alignment (0 = 64; a power of two below 64 KiB). safetensors: the data buffer
-  // starts at a multiple of it (0 = 8; a power of two up to 1 GiB; 4096 gives page-aligned
-  // data). Ignored for tensorizer.
-  uint32_t alignment = 0;
-  // safetensors: tensors that share bytes (views, tied weights: StateDictEntry::shares_with) are
-  // refused with Error{kInvalidArgument} unless this is set; then each name gets its own copy.
-  bool copy_shared = false;
-  // safetensors: meta tensors (see MetaTensors).
-  MetaTensors meta = MetaTensors::kRefuse;
-  ConvertEncryption encryption;  // tensorizer only
-  // safetensors: store each tensor's SHA-256 (tensor_sha256, include/ckpt/digest.h) in
-  // __metadata__ under kSafetensorsDigestKey, which stored_digests() reads back (`ckpt verify`
-  // checks them). The tensors are hashed (several threads) before the header is written. Any
-  // other target: Error{kInvalidArgument}.
-  bool store_digests = false;
-  // pt: the zip's folder name. Empty: the output file name up to its first dot (as torch.save);
+// The options of each target format. Each writer owns its own: the target below holds the
+// options of one format only, so an option of another format cannot be set by mistake.
+
+// A torch.save zip (.pt .pth .bin .ckpt).
+struct PtTarget {
+  uint32_t alignment = 0;    // payload alignment (0 = 64; a power of two below 64 KiB)
+  // The zip's folder name. Empty: the output file name up to its first dot (as torch.save);
   // "archive" for the sink overload.
   std::string archive_name;
+};
+
+// safetensors (.safetensors).
+struct SafetensorsTarget {
+  // The data buffer starts at a multiple of it (0 = 8; a power of two up to 1 GiB; 4096 gives
+  // page-aligned data).
+  uint32_t alignment = 0;
+  // Tensors that share bytes (views, tied weights: StateDictEntry::shares_with) are refused with
+  // Error{kInvalidArgument} unless this is set; then each name gets its own copy.
+  bool copy_shared = false;
+  // Meta tensors (see MetaTensors).
+  MetaTensors meta = MetaTensors::kRefuse;
+  // Store each tensor's SHA-256 (tensor_sha256, include/ckpt/digest.h) in __metadata__ under
+  // kSafetensorsDigestKey, which stored_digests() reads back (`ckpt verify` checks them). The
+  // tensors are hashed (several threads) before the header is written.
+  bool store_digests = false;
+};
+
+// tensorizer (.tensors).
+struct TensorizerTarget {
+  ConvertEncryption encryption;  // none by default
+};
+
+// The target: a format and its options. std::monostate (the default): the format the output's
+// name gives (convert_format_for_path; the sink overload: the sink's name), with that format's
+// default options.
+using ConvertTarget = std::variant<std::monostate, PtTarget, SafetensorsTarget, TensorizerTarget>;
+// The format a target names (kAuto for std::monostate).
+ConvertFormat target_format(const ConvertTarget& target) noexcept;
+// A target of `format` with its default options (std::monostate for kAuto).
+ConvertTarget default_target(ConvertFormat format) noexcept;
+
+struct ConvertOptions {
+  ConvertTarget target;
   // The path overload: write a temporary beside the output and rename it over the output at the
   // end (nothing appears under the output's name unless the conversion succeeds), and fsync.
   bool atomic = true;
@@ -215,7 +237,7 @@ struct ConvertReport {
   bool key_file_written = false;
   // Meta tensors written as zeros (MetaTensors::kZeros) or left out (kSkip), by name.
   std::vector<std::string> meta_zeroed, meta_skipped;
-  // With store_digests: the number of tensor digests stored.
+  // With SafetensorsTarget::store_digests: the number of tensor digests stored.
   size_t digests_stored = 0;
   // With max_shard_size: the files written (shards, in order) and the index ("" when everything
   // fit one file, which is then `files[0]`, the output's name).
@@ -223,7 +245,7 @@ struct ConvertReport {
   std::string index;
 };
 
-// Converts `checkpoint` to `out_path` (format: options.to, or the path's extension).
+// Converts `checkpoint` to `out_path` (format: options.target's, or the path's extension).
 //
 // To pt: the whole object tree (dicts, lists, tuples, numbers, strings, OrderedDict _metadata,
 // Parameters, requires_grad), storage sharing and tied weights are kept; a safetensors file
@@ -235,11 +257,9 @@ struct ConvertReport {
 // the sink's fast paths (reserve, write_sliced) as save_torch does: `ckpt bench` compares a
 // pt -> pt conversion with save_torch of the same tensors loaded.
 //
-// Throws Error: kInvalidArgument (no format for the path, encryption with a target other than
-// tensorizer, store_digests with a target other than safetensors, shared tensors to
-// safetensors without copy_shared, a checkpoint that is one
-// unnamed tensor to a flat format), kUnsupported (a dtype the target cannot hold: quantized and
-// sub-byte dtypes in a flat format, complex128/complex32 in safetensors; a meta tensor to
+// Throws Error: kInvalidArgument (no format for the path, shared tensors to safetensors without
+// copy_shared, max_shard_size for tensorizer, a checkpoint that is one unnamed tensor to a flat
+// format), kUnsupported (a dtype the target cannot hold: quantized and sub-byte dtypes in a flat format, complex128/complex32 in safetensors; a meta tensor to
 // safetensors with MetaTensors::kRefuse), kLimitExceeded (a tree deeper than options.limits, see
 // flatten_state_dict; pt: save_torch's pickler refuses trees nested deeper than
 // Limits{}.max_pickle_depth), kNotFound (an encryption key_file/password_file that cannot be read),
@@ -247,7 +267,8 @@ struct ConvertReport {
 // (with options.atomic; the key file of a new random key may remain).
 ConvertReport convert(const Checkpoint& checkpoint, const std::string& out_path,
                       const ConvertOptions& options = {});
-// Same, into a sink: the sink is committed at the end (after a new random key's key file).
+// Same, into a sink (format: options.target's, or the sink's name): the sink is committed at
+// the end (after a new random key's key file).
 // options.atomic and fsync do not apply (the sink decides); they do for the key file.
 ConvertReport convert(const Checkpoint& checkpoint, ByteSink& sink,
                       const ConvertOptions& options = {});

@@ -18,7 +18,7 @@ namespace ckpt {
 // whose storage() is the same object share one storage record. Atomic per options. Throws Error.
 void save_torch(const std::string& path, const ConstValuePtr& root,
                 const std::vector<Tensor>& tensors, const SaveOptions& options = {});
-// Same, into any sink (commit() is called at the end).
+// Same, into any sink (not committed: the caller commits, as for every save_* function).
 void save_torch(ByteSink& sink, const ConstValuePtr& root, const std::vector<Tensor>& tensors,
                 const SaveOptions& options = {});
 // A state dict: an OrderedDict of name -> tensor, the way model.state_dict() saves.

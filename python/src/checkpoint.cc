@@ -254,14 +254,40 @@ void bind_checks(PyClass& c) {
                          const std::string& key, const std::string& key_file,
                          const std::string& password, bool store_digests, uint64_t max_shard_size) {
         ConvertOptions o;
-        o.to = format.empty() ? ConvertFormat::kAuto : parse_convert_format(format);
-        o.alignment = alignment;
-        o.copy_shared = copy_shared;
-        o.meta = parse_meta_tensors(meta);
-        o.encryption.key = key;
-        o.encryption.key_file = key_file;
-        o.encryption.password = password;
-        o.store_digests = store_digests;
+        ConvertFormat to =
+            format.empty() ? convert_format_for_path(dst.ends_with(".index.json")
+                                                         ? dst.substr(0, dst.size() - 11)
+                                                         : dst)
+                           : parse_convert_format(format);
+        // Each keyword belongs to one format; a keyword of another format is refused by name.
+        auto only = [&](bool set, const char* keyword, ConvertFormat owner) {
+          if (set && to != owner)
+            throw Error(ErrorCode::kInvalidArgument,
+                        std::string(keyword) + "= applies to " + convert_format_name(owner) +
+                            " output only, not " + convert_format_name(to),
+                        dst);
+        };
+        only(store_digests, "store_digests", ConvertFormat::kSafetensors);
+        only(meta != "refuse", "meta", ConvertFormat::kSafetensors);
+        only(!key.empty() || !key_file.empty() || !password.empty(), "key/key_file/password",
+             ConvertFormat::kTensorizer);
+        if (to == ConvertFormat::kTorch) {
+          o.target = PtTarget{.alignment = alignment};
+        } else if (to == ConvertFormat::kSafetensors) {
+          SafetensorsTarget st;
+          st.alignment = alignment;
+          st.copy_shared = copy_shared;
+          st.meta = parse_meta_tensors(meta);
+          st.store_digests = store_digests;
+          o.target = st;
+        } else {
+          only(alignment != 0, "alignment", ConvertFormat::kTorch);
+          TensorizerTarget tz;
+          tz.encryption.key = key;
+          tz.encryption.key_file = key_file;
+          tz.encryption.password = password;
+          o.target = tz;
+        }
         o.max_shard_size = max_shard_size;
         ConvertReport r;
         {

@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "ckpt/checkpoint.h"
@@ -57,8 +58,8 @@ class Output final : public internal::WriteOutput {
 // read -> flatten -> writer -> commit.
 ConvertReport run(const Checkpoint& c, const ConvertOptions& o, const OpenSink& open) {
   ConvertReport r;
-  r.format = o.to;
-  internal::ConvertTarget target = internal::make_target(o);
+  r.format = target_format(o.target);
+  internal::TargetWriter target = internal::make_target(o);
   std::unique_ptr<internal::Writer> writer = std::move(target.writer);
   r.metadata_not_written = internal::metadata_not_written(c, *writer);
   internal::WriteContent content;
@@ -67,7 +68,8 @@ ConvertReport run(const Checkpoint& c, const ConvertOptions& o, const OpenSink& 
     content = internal::tree_content(c, source, r);
   } else {
     FlatStateDict flat = internal::flat_state(c, *writer, o, r);
-    if (o.store_digests)
+    const auto* st = std::get_if<SafetensorsTarget>(&o.target);
+    if (st && st->store_digests)
       writer = internal::with_digests(std::move(writer), o.load.threads, r.digests_stored);
     internal::TensorSource source(c, o.load);
     content = internal::flat_content(c, flat, source, *writer);
@@ -119,13 +121,13 @@ ConvertReport convert_to_url(const Checkpoint& c, const std::string& url, Conver
 ConvertReport convert(const Checkpoint& c, const std::string& out_path,
                       const ConvertOptions& options) {
   ConvertOptions o = options;
-  if (o.to == ConvertFormat::kAuto) {
+  if (std::holds_alternative<std::monostate>(o.target)) {
     // A sharded output may be named by its index: "model.safetensors.index.json".
     std::string named = out_path;
     if (o.max_shard_size && named.size() > 11 &&
         named.compare(named.size() - 11, 11, ".index.json") == 0)
       named.resize(named.size() - 11);
-    o.to = convert_format_for_path(named);
+    o.target = default_target(convert_format_for_path(named));
   }
   if (is_url(out_path)) return convert_to_url(c, out_path, o);
   if (o.max_shard_size) return internal::convert_sharded(c, out_path, o);
@@ -138,8 +140,10 @@ ConvertReport convert(const Checkpoint& c, const std::string& out_path,
 
 ConvertReport convert(const Checkpoint& c, ByteSink& sink, const ConvertOptions& options) {
   ConvertOptions o = options;
-  if (o.to == ConvertFormat::kAuto) o.to = convert_format_for_path(sink.name());
-  if (o.archive_name.empty()) o.archive_name = "archive";  // not the sink's name
+  if (std::holds_alternative<std::monostate>(o.target))
+    o.target = default_target(convert_format_for_path(sink.name()));
+  if (auto* pt = std::get_if<PtTarget>(&o.target); pt && pt->archive_name.empty())
+    pt->archive_name = "archive";  // not the sink's name
   if (o.max_shard_size)
     throw Error(ErrorCode::kInvalidArgument,
                 "shards (max_shard_size) are written to files: use the path overload");

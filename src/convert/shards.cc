@@ -210,7 +210,7 @@ class ShardWriter final : public Writer {
 
 ConvertReport convert_sharded(const Checkpoint& c, const std::string& out_path,
                               const ConvertOptions& o) {
-  ConvertTarget target = make_target(o);  // refuses targets without the shard layout
+  TargetWriter target = make_target(o);  // refuses targets without the shard layout
   const WriterCaps& caps = target.writer->caps();
 
   // Names: DIR/STEM.EXT -> DIR/STEM-0000k-of-0000n.EXT and DIR/STEM.EXT.index.json.
@@ -223,7 +223,7 @@ ConvertReport convert_sharded(const Checkpoint& c, const std::string& out_path,
   const std::filesystem::path dir = bp.parent_path();
 
   ConvertReport r;
-  r.format = o.to;
+  r.format = target_format(o.target);
   r.metadata_not_written = metadata_not_written(c, *target.writer);
   const FlatStateDict flat = flat_state(c, *target.writer, o, r);
 
@@ -271,7 +271,8 @@ ConvertReport convert_sharded(const Checkpoint& c, const std::string& out_path,
   // A digest list names every tensor of its file: an input's would not match a shard.
   content.metadata.erase(kSafetensorsDigestKey);
   std::unique_ptr<Writer> inner = std::move(target.writer);
-  if (o.store_digests) inner = with_digests(std::move(inner), o.load.threads, r.digests_stored);
+  const auto* st = std::get_if<SafetensorsTarget>(&o.target);
+  if (st && st->store_digests) inner = with_digests(std::move(inner), o.load.threads, r.digests_stored);
   r.index = (dir / (bp.filename().string() + ".index.json")).string();
   ShardWriter writer(std::move(inner), std::move(shard_of), sizes.size(), stem, ext,
                      bp.filename().string() + ".index.json", total);

@@ -7,7 +7,7 @@
 
 namespace ckpt::internal {
 
-// `o.to` is resolved (not kAuto) and o.max_shard_size > 0.
+// `o.target` is resolved (not std::monostate) and o.max_shard_size > 0.
 ConvertReport convert_sharded(const Checkpoint& c, const std::string& out_path,
                               const ConvertOptions& o);
 

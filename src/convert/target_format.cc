@@ -1,5 +1,5 @@
-// The target formats of a conversion: their names, and the format an output path's extension
-// names.
+// The target formats of a conversion: their names, the format an output path's extension names,
+// and the format a target's options belong to.
 
 #include <filesystem>
 #include <string>
@@ -50,6 +50,32 @@ MetaTensors parse_meta_tensors(std::string_view name) {
   if (name == "skip") return MetaTensors::kSkip;
   throw Error(ErrorCode::kInvalidArgument,
               "unknown meta tensor policy '" + std::string(name) + "': zeros, skip or refuse");
+}
+
+ConvertFormat target_format(const ConvertTarget& target) noexcept {
+  switch (target.index()) {
+    case 1:
+      return ConvertFormat::kTorch;
+    case 2:
+      return ConvertFormat::kSafetensors;
+    case 3:
+      return ConvertFormat::kTensorizer;
+  }
+  return ConvertFormat::kAuto;
+}
+
+ConvertTarget default_target(ConvertFormat format) noexcept {
+  switch (format) {
+    case ConvertFormat::kTorch:
+      return PtTarget{};
+    case ConvertFormat::kSafetensors:
+      return SafetensorsTarget{};
+    case ConvertFormat::kTensorizer:
+      return TensorizerTarget{};
+    case ConvertFormat::kAuto:
+      break;
+  }
+  return std::monostate{};
 }
 
 ConvertFormat convert_format_for_path(const std::string& path) {

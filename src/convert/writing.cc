@@ -25,52 +25,42 @@ TensorSource::TensorSource(const Checkpoint& c, const LoadOptions& o) : c_(c), o
 
 namespace {
 
-// The one place a target format becomes a writer, and ConvertOptions its options.
-std::unique_ptr<Writer> writer_for(const ConvertOptions& o, const TensorizerSaveOptions& crypt) {
-  switch (o.to) {
-    case ConvertFormat::kTorch: {
-      SaveOptions so;
-      if (o.alignment) so.alignment = o.alignment;
-      so.archive_name = o.archive_name;
-      return make_torch_writer(so);
-    }
-    case ConvertFormat::kSafetensors: {
-      SafetensorsSaveOptions so;
-      if (o.alignment) so.alignment = o.alignment;
-      so.copy_shared = o.copy_shared;
-      return make_safetensors_writer(so);
-    }
-    case ConvertFormat::kTensorizer:
-      return make_tensorizer_writer(crypt);
-    case ConvertFormat::kAuto:
-      break;
+// The one place a target becomes a writer with its own options.
+std::unique_ptr<Writer> writer_for(const ConvertTarget& target, const TensorizerSaveOptions& crypt) {
+  if (const auto* pt = std::get_if<PtTarget>(&target)) {
+    SaveOptions so;
+    if (pt->alignment) so.alignment = pt->alignment;
+    so.archive_name = pt->archive_name;
+    return make_torch_writer(so);
   }
+  if (const auto* st = std::get_if<SafetensorsTarget>(&target)) {
+    SafetensorsSaveOptions so;
+    if (st->alignment) so.alignment = st->alignment;
+    so.copy_shared = st->copy_shared;
+    return make_safetensors_writer(so);
+  }
+  if (std::holds_alternative<TensorizerTarget>(target)) return make_tensorizer_writer(crypt);
   throw Error(ErrorCode::kInvalidArgument, "no output format");
 }
 
 }  // namespace
 
-ConvertTarget make_target(const ConvertOptions& o) {
-  ConvertTarget t;
-  t.writer = writer_for(o, {});
+TargetWriter make_target(const ConvertOptions& o) {
+  TargetWriter t;
+  const auto* tz = std::get_if<TensorizerTarget>(&o.target);
+  if (tz && tz->encryption.enabled()) {
+    // Keys and passwords are read before anything is written.
+    ConvertCrypt c = resolve_encryption(tz->encryption);
+    t.new_key_file = c.new_key_file;
+    t.writer = writer_for(o.target, c.save);
+  } else {
+    t.writer = writer_for(o.target, {});
+  }
   const WriterCaps& caps = t.writer->caps();
   if (o.max_shard_size && !caps.sharded)
     throw Error(ErrorCode::kInvalidArgument,
                 std::string("shards (max_shard_size) are written for pt and safetensors, not ") +
                     caps.format);
-  if (o.encryption.enabled() && !caps.encryption)
-    throw Error(ErrorCode::kInvalidArgument, "encryption is only available for tensorizer output");
-  if (o.store_digests && !caps.digests)
-    throw Error(ErrorCode::kInvalidArgument,
-                std::string("stored digests are only available for safetensors output (") +
-                    caps.format +
-                    " has no place for them; use `ckpt digest` for a manifest beside the file)");
-  if (o.encryption.enabled()) {
-    // Keys and passwords are read before anything is written.
-    ConvertCrypt c = resolve_encryption(o.encryption);
-    t.new_key_file = c.new_key_file;
-    t.writer = writer_for(o, c.save);
-  }
   return t;
 }
 
@@ -89,6 +79,8 @@ FlatStateDict flat_state(const Checkpoint& c, const Writer& w, const ConvertOpti
   const std::string& in = c.source().name();
   FlattenOptions fo;
   fo.limits = o.limits;
+  const auto* st = std::get_if<SafetensorsTarget>(&o.target);
+  const MetaTensors meta = st ? st->meta : MetaTensors::kRefuse;
   FlatStateDict flat = flatten_state_dict(c, fo);
   const auto& infos = c.tensors();
   auto is_meta = [&](const StateDictEntry& e) {
@@ -98,15 +90,15 @@ FlatStateDict flat_state(const Checkpoint& c, const Writer& w, const ConvertOpti
     // Never invent zeros silently.
     for (const auto& e : flat.entries) {
       if (!is_meta(e)) continue;
-      if (o.meta == MetaTensors::kRefuse)
+      if (meta == MetaTensors::kRefuse)
         throw Error(ErrorCode::kUnsupported,
                     "is a meta tensor (a dtype and shape without bytes), which " + target +
                         " cannot hold: --meta=zeros (MetaTensors::kZeros) writes zeros, "
                         "--meta=skip (kSkip) leaves it out",
                     in, e.name);
-      (o.meta == MetaTensors::kZeros ? r.meta_zeroed : r.meta_skipped).push_back(e.name);
+      (meta == MetaTensors::kZeros ? r.meta_zeroed : r.meta_skipped).push_back(e.name);
     }
-    if (o.meta == MetaTensors::kSkip && !r.meta_skipped.empty()) {
+    if (meta == MetaTensors::kSkip && !r.meta_skipped.empty()) {
       // Indices into `entries` (alias_of, shares_with) are renumbered past the removed ones.
       std::vector<size_t> new_index(flat.entries.size(), SIZE_MAX);
       std::vector<StateDictEntry> kept;
@@ -142,7 +134,7 @@ FlatStateDict flat_state(const Checkpoint& c, const Writer& w, const ConvertOpti
                 "shares its storage with '" + shared[0].second + "' (" +
                     std::to_string(shared.size()) + " such tensors); " + target +
                     " cannot express shared or tied tensors: "
-                    "use --copy-shared (ConvertOptions::copy_shared) to write each as a "
+                    "use --copy-shared (SafetensorsTarget::copy_shared) to write each as a "
                     "separate copy",
                 in, shared[0].first);
   for (const auto& e : flat.entries) {

@@ -1,6 +1,6 @@
 #pragma once
 // The steps of convert(): read -> flatten -> writer -> commit (docs/design.md, "Writers").
-// make_target picks the writer for ConvertOptions::to and checks the options against its
+// make_target picks the writer for ConvertOptions::target and checks the options against its
 // capabilities; flat_state / tree_content build what it writes, refusing what it cannot hold;
 // the caller commits. Each rule is checked here, once, before the output exists.
 
@@ -31,24 +31,25 @@ class TensorSource {
   bool loaded_ = false;
 };
 
-// The writer for `o.to` (resolved, not kAuto) with its options taken from `o`.
-struct ConvertTarget {
+// The writer for `o.target` (resolved, not std::monostate) with the target's options.
+struct TargetWriter {
   std::unique_ptr<Writer> writer;
   // A new random key goes to this file, committed before the output (encryption.key_file).
   std::string new_key_file;
 };
-// Checks `o` against the writer's capabilities (encryption, store_digests, max_shard_size:
-// Error{kInvalidArgument} naming the option), then reads keys and passwords (Error{kNotFound}).
-ConvertTarget make_target(const ConvertOptions& o);
+// Checks `o` against the writer's capabilities (max_shard_size: Error{kInvalidArgument} naming
+// the option), then reads keys and passwords (Error{kNotFound}).
+TargetWriter make_target(const ConvertOptions& o);
 
 // A flat target's entries, checked against the writer: meta tensors (MetaTensors), quantized
-// tensors, a single unnamed tensor, dtypes, shared bytes (copy_shared). Fills r.meta_zeroed /
+// tensors, a single unnamed tensor, dtypes, shared bytes (SafetensorsTarget::copy_shared). Fills r.meta_zeroed /
 // meta_skipped, r.copied_shared, r.not_written, r.tensors, r.tensor_bytes.
 FlatStateDict flat_state(const Checkpoint& c, const Writer& w, const ConvertOptions& o,
                          ConvertReport& r);
 // The entries' tensors under their flat names (aliases share their tensor's storage), and the
 // metadata a writer with metadata keeps (the input's safetensors __metadata__, else
-// {"format": "pt"}). With o.store_digests, `w` must be wrapped by with_digests.
+// {"format": "pt"}). With SafetensorsTarget::store_digests, `w` must be wrapped by
+// with_digests.
 WriteContent flat_content(const Checkpoint& c, const FlatStateDict& flat,
                           const TensorSource& source, const Writer& w);
 // A writer with object_tree: the whole tree (a TorchScript archive: its state dict, then the

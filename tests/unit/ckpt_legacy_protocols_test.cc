@@ -180,7 +180,7 @@ TEST(RewriteClasses, TorchSizeStaysTorchSize) {
     EXPECT_EQ(s->module(), "torch");
     EXPECT_EQ(s->name(), "Size");
     EXPECT_EQ(s->repr(), "torch.Size([3, 4])");
-    convert(c, sink, ConvertOptions{.to = ConvertFormat::kTorch});
+    convert(c, sink, ConvertOptions{.target = PtTarget{}});
   }
   Checkpoint back = Checkpoint::open(memory_source(sink.take(), "back.pt"));
   EXPECT_EQ(back.root()->get("s")->repr(), "torch.Size([3, 4])");

@@ -131,8 +131,8 @@ TEST(Writer, OneFileOutputRefusesNamedFiles) {
   EXPECT_CKPT_ERROR(out.file("x.bin"), ErrorCode::kInvalidArgument);
 }
 
-TEST(Writer, PublicSaveFunctionsKeepTheirCommitRule) {
-  // save_torch into a sink commits; save_safetensors and save_tensorizer into a sink do not.
+TEST(Writer, PublicSaveFunctionsIntoASinkNeverCommit) {
+  // Every save_* function into a sink leaves the commit to the caller.
   std::vector<Tensor> t = {filled("w", DType::kFloat32, {2})};
   CountingSink a, b, c;
   save_torch(a, state_dict_value(t), t);
@@ -140,7 +140,7 @@ TEST(Writer, PublicSaveFunctionsKeepTheirCommitRule) {
   std::vector<TensorizerEntry> e(1);
   e[0].tensor = t[0];
   save_tensorizer(c, e);
-  EXPECT_EQ(a.commits, 1);
+  EXPECT_EQ(a.commits, 0);
   EXPECT_EQ(b.commits, 0);
   EXPECT_EQ(c.commits, 0);
 }
@@ -165,28 +165,22 @@ std::string shared_checkpoint(TempDir& dir, bool complex) {
 TEST(Writer, ConvertRefusesBeforeAnyByteIsWritten) {
   TempDir dir;
   Checkpoint shared = Checkpoint::open(shared_checkpoint(dir, false));
+  // (An option of another format cannot be given: each target holds its own options.)
   struct Case {
-    ConvertFormat to;
-    std::function<void(ConvertOptions&)> set;
+    ConvertTarget target;
     ErrorCode code;
-    const char* names;  // the option the message names
+    const char* names;  // what the message names
   };
+  TensorizerTarget bad_key;
+  bad_key.encryption.key = "short";
   std::vector<Case> cases = {
-      {ConvertFormat::kSafetensors, [](ConvertOptions&) {}, ErrorCode::kInvalidArgument,
-       "copy_shared"},
-      {ConvertFormat::kSafetensors,
-       [](ConvertOptions& o) { o.encryption.key = std::string(32, 'k'); },
-       ErrorCode::kInvalidArgument, "encryption"},
-      {ConvertFormat::kTorch, [](ConvertOptions& o) { o.store_digests = true; },
-       ErrorCode::kInvalidArgument, "digests"},
-      {ConvertFormat::kTensorizer, [](ConvertOptions& o) { o.store_digests = true; },
-       ErrorCode::kInvalidArgument, "digests"},
+      {SafetensorsTarget{}, ErrorCode::kInvalidArgument, "copy_shared"},
+      {bad_key, ErrorCode::kInvalidArgument, "key"},
   };
   for (const auto& k : cases) {
     SCOPED_TRACE(k.names);
     ConvertOptions o;
-    o.to = k.to;
-    k.set(o);
+    o.target = k.target;
     CountingSink sink;
     Error e = test::capture_error([&] { convert(shared, sink, o); });
     EXPECT_EQ(e.code(), k.code);
@@ -198,13 +192,13 @@ TEST(Writer, ConvertRefusesBeforeAnyByteIsWritten) {
   Checkpoint complex = Checkpoint::open(shared_checkpoint(dir2, true));
   CountingSink sink;
   ConvertOptions o;
-  o.to = ConvertFormat::kSafetensors;
+  o.target = SafetensorsTarget{};
   Error e = test::capture_error([&] { convert(complex, sink, o); });
   EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
   EXPECT_EQ(e.record(), "z");
   EXPECT_EQ(sink.position(), 0u);
   // The same checkpoints where the writer can hold them.
-  o.to = ConvertFormat::kTorch;
+  o.target = PtTarget{};
   CountingSink ok;
   convert(complex, ok, o);
   EXPECT_GT(ok.position(), 0u);
@@ -220,9 +214,9 @@ TEST(Writer, ShardsCheckTheRulesOfOneFile) {
   Error e = test::capture_error([&] { convert(shared, dir.file("s.safetensors"), o); });
   EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
   EXPECT_NE(std::string(e.what()).find("copy_shared"), std::string::npos) << e.what();
-  o.store_digests = true;
-  e = test::capture_error([&] { convert(shared, dir.file("s.bin"), o); });
-  EXPECT_NE(std::string(e.what()).find("digests"), std::string::npos) << e.what();
+  o.target = TensorizerTarget{};
+  e = test::capture_error([&] { convert(shared, dir.file("s.tensors"), o); });
+  EXPECT_NE(std::string(e.what()).find("max_shard_size"), std::string::npos) << e.what();
   EXPECT_EQ(files_in(dir.path()), std::vector<std::string>{"in.pt"});
 }
 

@@ -403,7 +403,7 @@ void add_bench(CLI::App& app) {
       // from views of the mapping instead of loaded tensors (its page faults included).
       std::optional<Checkpoint> fresh;
       ConvertOptions co;
-      co.to = ConvertFormat::kTorch;
+      co.target = PtTarget{};
       co.fsync = false;
       convert_seconds = time_it(r, [&] { convert(*fresh, out, co); }, [&] {
         std::remove(out.c_str());

@@ -89,21 +89,46 @@ void add_convert(CLI::App& app) {
     ConvertOptions co;
     std::string named = o->out;  // a sharded output may be named by its index
     if (named.ends_with(".index.json")) named.resize(named.size() - 11);
-    co.to = target_of(o->to, named);
-    co.alignment = o->align;
-    co.copy_shared = o->copy_shared;
-    co.store_digests = o->digests;
-    if (!o->meta.empty()) {
-      co.meta = parse_meta_tensors(o->meta);
-      if (co.to != ConvertFormat::kSafetensors)
-        std::fprintf(stderr,
-                     "ckpt: warning: %s keeps meta tensors as meta tensors; --meta ignored\n",
-                     convert_format_name(co.to));
+    const ConvertFormat to = target_of(o->to, named);
+    const char* to_name = convert_format_name(to);
+    // Each format's own flags; a flag of another format is refused (or, where it could only
+    // mean what the format does anyway, noted).
+    if (o->digests && to != ConvertFormat::kSafetensors)
+      throw Error(ErrorCode::kInvalidArgument,
+                  std::string("--digests: stored digests are only available for safetensors "
+                              "output (") +
+                      to_name +
+                      " has no place for them; use `ckpt digest` for a manifest beside the file)",
+                  o->out);
+    const bool encrypt = !o->encrypt_key.empty() || !o->encrypt_password_file.empty();
+    if (encrypt && to != ConvertFormat::kTensorizer)
+      throw Error(ErrorCode::kInvalidArgument,
+                  std::string("--encrypt-key / --encrypt-password-file: encryption is only "
+                              "available for tensorizer output, not ") +
+                      to_name,
+                  o->out);
+    if (!o->meta.empty() && to != ConvertFormat::kSafetensors)
+      std::fprintf(stderr, "ckpt: warning: %s keeps meta tensors as meta tensors; --meta ignored\n",
+                   to_name);
+    if (o->align && to == ConvertFormat::kTensorizer)
+      std::fprintf(stderr, "ckpt: warning: tensorizer has no data alignment; --align ignored\n");
+    if (to == ConvertFormat::kTorch) {
+      co.target = PtTarget{.alignment = o->align};
+    } else if (to == ConvertFormat::kSafetensors) {
+      SafetensorsTarget st;
+      st.alignment = o->align;
+      st.copy_shared = o->copy_shared;
+      st.store_digests = o->digests;
+      if (!o->meta.empty()) st.meta = parse_meta_tensors(o->meta);
+      co.target = st;
+    } else {
+      for (const std::string* f : {&o->encrypt_key, &o->encrypt_password_file})
+        if (!f->empty()) warn_if_readable_by_others(*f);
+      TensorizerTarget tz;
+      tz.encryption.key_file = o->encrypt_key;
+      tz.encryption.password_file = o->encrypt_password_file;
+      co.target = tz;
     }
-    for (const std::string* f : {&o->encrypt_key, &o->encrypt_password_file})
-      if (!f->empty()) warn_if_readable_by_others(*f);
-    co.encryption.key_file = o->encrypt_key;
-    co.encryption.password_file = o->encrypt_password_file;
     co.limits = limits_of(o->common);
     co.remote = remote_options(o->common);
     if (!o->max_shard_size.empty()) {
@@ -113,7 +138,7 @@ void add_convert(CLI::App& app) {
         std::fprintf(stderr, "--max-shard-size: %s\n", e.message().c_str());
         throw ExitStatus{kUsageExit};
       }
-      if (co.to == ConvertFormat::kTensorizer) {
+      if (to == ConvertFormat::kTensorizer) {
         std::fprintf(stderr, "--max-shard-size: tensorizer has no sharded layout\n");
         throw ExitStatus{kUsageExit};
       }

@@ -169,7 +169,8 @@ void add_sample(CLI::App& app) {
     } else {
       SaveOptions so;
       if (o->align) so.alignment = o->align;
-      save_torch(sink, state_dict_value(tensors), tensors, so);  // commits
+      save_torch(sink, state_dict_value(tensors), tensors, so);
+      sink.commit();
     }
     line.finish(file->position());
     double t2 = now_seconds();

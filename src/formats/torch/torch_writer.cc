@@ -427,7 +427,6 @@ std::unique_ptr<internal::Writer> internal::make_torch_writer(const SaveOptions&
 void save_torch(ByteSink& sink, const ConstValuePtr& root, const std::vector<Tensor>& tensors,
                 const SaveOptions& options) {
   write_torch_zip(sink, root, tensors, options);
-  sink.commit();
 }
 
 void save_torch(const std::string& path, const ConstValuePtr& root, const std::vector<Tensor>& tensors,
@@ -439,6 +438,7 @@ void save_torch(const std::string& path, const ConstValuePtr& root, const std::v
   fo.fsync = options.fsync;
   auto sink = create_file_sink(path, fo);
   save_torch(*sink, root, tensors, o);
+  sink->commit();
 }
 
 ValuePtr state_dict_value(const std::vector<Tensor>& tensors) {
