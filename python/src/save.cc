@@ -79,18 +79,37 @@ void save_torch_py(const std::string& path, pyb::handle obj, const pyb::module_&
   write_file(
       path, fsync, progress, storage_bytes(conv.tensors),
       [&] { save_torch(path, root, conv.tensors, o); },
-      [&](ByteSink& sink) { save_torch(sink, root, conv.tensors, o); });  // commits
+      [&](ByteSink& sink) {
+        save_torch(sink, root, conv.tensors, o);
+        sink.commit();
+      });
 }
 
 void save_safetensors_py(const std::string& path, const pyb::list& items,
-                         const std::map<std::string, std::string>& metadata,
+                         std::map<std::string, std::string> metadata,
                          const pyb::module_& helpers, uint64_t alignment, bool fsync,
-                         const pyb::object& progress_fn) {
+                         const pyb::object& progress_fn, bool copy_shared, bool store_digests) {
   PyToValue conv(helpers, true);
   std::vector<Tensor> tensors = named_tensors(conv, items);
   SafetensorsSaveOptions o;
   if (alignment) o.alignment = alignment;
   o.fsync = fsync;
+  o.copy_shared = copy_shared;
+  if (store_digests) {
+    // Each tensor's SHA-256 under kSafetensorsDigestKey, as `ckpt convert --digests` stores them
+    // (`ckpt verify` and Checkpoint.digest() check them).
+    pyb::gil_scoped_release nogil;
+    std::vector<TensorDigest> digests;
+    for (const Tensor& t : tensors) {
+      TensorDigest d;
+      d.name = t.info().name;
+      d.dtype = t.dtype();
+      d.shape = t.info().shape;
+      d.sha256 = tensor_sha256(t);
+      digests.push_back(std::move(d));
+    }
+    metadata[kSafetensorsDigestKey] = safetensors_digest_metadata(digests);
+  }
   PyProgress progress(progress_fn);
   write_file(
       path, fsync, progress, storage_bytes(tensors),

@@ -1,5 +1,7 @@
 #include "common.h"
 
+#include <cstring>
+
 #include <sys/stat.h>
 
 #include <chrono>
@@ -114,6 +116,18 @@ Limits limits_of(const Common& c) {
 
 std::string error_line(const Error& e) {
   std::string line = e.what();
+  // Library messages name the library's options; the tool's user sets its flags.
+  static const std::pair<const char*, const char*> kOptions[] = {
+      {"SafetensorsSaveOptions::copy_shared", "--copy-shared"},
+      {"SafetensorsTarget::copy_shared", "--copy-shared"},
+      {"SafetensorsTarget::meta = MetaTensors::kZeros", "--meta=zeros"},
+      {"MetaTensors::kSkip", "--meta=skip"},
+      {"OpenOptions::decrypt_key", "--decrypt-key FILE"},
+      {"OpenOptions::decrypt_password", "--decrypt-password-file FILE"},
+  };
+  for (const auto& [option, flag] : kOptions)
+    for (size_t at; (at = line.find(option)) != std::string::npos;)
+      line.replace(at, std::strlen(option), flag);
   if (e.code() != ErrorCode::kLimitExceeded) return line;
   // Library messages name the field ("Limits::max_tensors", "limits.max_records").
   static const std::pair<const char*, const char*> kFlags[] = {
