@@ -56,4 +56,9 @@ void copy_to_host(const Storage& storage, uint64_t offset, std::span<std::byte> 
 // Thread-safe.
 uint64_t release_device_staging();
 
+// Why LoadOptions::gds cannot read into `device` on this machine ("" when it can): no CUDA
+// device (device_unavailable), no cuFile library (libcufile.so.0, or CKPT_CUFILE), or its driver
+// does not open. Opens the driver once per process. Thread-safe.
+std::string gds_unavailable(const Device& device);
+
 }  // namespace ckpt

@@ -89,6 +89,13 @@ struct LoadOptions {
   // such device: include/ckpt/device.h). stream() and read_into() are host-only (kUnsupported).
   Device device;
   uint64_t staging_bytes = 256ull << 20;
+  // A CUDA device and a local file: read raw storages straight from the file into device memory
+  // with GPUDirect Storage (NVIDIA's cuFile library, loaded at run time), where the library and
+  // its driver open (gds_unavailable() in include/ckpt/device.h says why not). Storages that
+  // need host work (verify's CRC32, byte swapping, decoding, meta zeros), other sources, and
+  // every storage where GDS is unavailable go through the pinned staging ring as without it:
+  // the result is the same.
+  bool gds = false;
   int threads = 0;      // reader threads; 0 = pick for the machine
   bool copy = false;    // with an mmap source: copy into owned memory instead of views
   // Bytes of the loaded storages (load_all, open_and_load, stream; Checkpoint::verify(progress)

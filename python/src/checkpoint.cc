@@ -280,7 +280,9 @@ void bind_checks(PyClass& c) {
         only(!key.empty() || !key_file.empty() || !password.empty(), "key/key_file/password",
              ConvertFormat::kTensorizer);
         if (to == ConvertFormat::kTorch) {
-          o.target = PtTarget{.alignment = alignment};
+          PtTarget pt;
+          pt.alignment = alignment;
+          o.target = pt;
         } else if (to == ConvertFormat::kSafetensors) {
           SafetensorsTarget st;
           st.alignment = alignment;

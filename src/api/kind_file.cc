@@ -7,7 +7,6 @@
 #include <cstring>
 
 #include "api/checkpoint_kind.h"
-#include "device/copy_engine.h"
 #include "load/device_load.h"
 #include "load/plan.h"
 #include "util/progress.h"
@@ -29,7 +28,7 @@ class FileKind final : public CheckpointKind {
   StoragePtr load_storage(size_t s, const LoadOptions& options) const override {
     if (!options.device.is_cpu()) {
       LoadPlan plan = plan_storage(model(), copy_, s, options, false);
-      return execute_device(plan, engine_for(options.device), options.staging_bytes)[s];
+      return execute_device(plan, options.device, options.staging_bytes, options.gds)[s];
     }
     LoadPlan plan = plan_storage(model(), copy_, s, options, true);
     return load_one(plan, plan.storages[0]);
@@ -53,7 +52,7 @@ class FileKind final : public CheckpointKind {
     LoadPlan plan = make_plan(model(), copy_, options, filter, false);
     if (!options.device.is_cpu()) {
       std::vector<Tensor> out = plan_tensors(
-          plan, execute_device(plan, engine_for(options.device), options.staging_bytes));
+          plan, execute_device(plan, options.device, options.staging_bytes, options.gds));
       if (placed) placed(out);  // the bytes are there already: a later call keeps the contract
       return out;
     }

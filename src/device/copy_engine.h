@@ -14,6 +14,7 @@
 //
 // Layer: base (src/device), beside io; it knows nothing of formats or plans.
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -38,6 +39,15 @@ class CopySession {
   virtual void finish() = 0;
 };
 
+// Reads of one open file straight into device memory (GPUDirect Storage), from any thread.
+class DirectFile {
+ public:
+  virtual ~DirectFile() = default;
+  // Reads [offset, offset + n) of the file into device memory `dst`. Throws Error{kIo} naming
+  // the offset.
+  virtual void read(uint64_t offset, std::byte* dst, uint64_t n) = 0;
+};
+
 class CopyEngine {
  public:
   virtual ~CopyEngine() = default;
@@ -58,6 +68,16 @@ class CopyEngine {
   // Staging memory cached now, and releasing it (returns the bytes released).
   virtual uint64_t cached_staging() const = 0;
   virtual uint64_t release_staging() = 0;
+  // Optional: direct reads of the open file `fd` (kept open by the caller while the result
+  // lives) into this engine's device memory. Null with `why` set when the engine has none; the
+  // load then reads through staging.
+  virtual std::unique_ptr<DirectFile> open_direct(int fd, std::string& why) {
+    (void)fd;
+    why = "this engine reads through host memory only";
+    return nullptr;
+  }
+  // Why open_direct() returns null whatever the file ("" when it may succeed).
+  virtual std::string direct_unavailable() { return "this engine reads through host memory only"; }
 };
 
 // The engine of a CUDA device, shared process-wide (created on first use). Throws
@@ -65,9 +85,14 @@ class CopyEngine {
 CopyEngine& cuda_engine(int index);
 // The engine loads into `device` use: the test override when one is set, else cuda_engine().
 CopyEngine& engine_for(const Device& device);
-// Tests: every device load goes to `engine` (nullptr: back to CUDA). Not for concurrent use with
-// loads in flight.
-void set_engine_override(CopyEngine* engine);
+// Whether engine_for(device) returns at once: its engine exists already (creating a CUDA engine
+// creates the device's context, hundreds of milliseconds), or a test override is started.
+bool engine_ready(const Device& device);
+// Tests: every device load goes to `engine` (nullptr: back to CUDA). The first engine_for()
+// after this takes `start_delay` (as creating a CUDA context does), and engine_ready() is false
+// until it returns. Not for concurrent use with loads in flight.
+void set_engine_override(CopyEngine* engine,
+                         std::chrono::milliseconds start_delay = std::chrono::milliseconds(0));
 
 // For tests: host memory posing as a device. Copies run on one worker thread per lane, each after
 // `delay_us`; the copy number `fail_at` (counted from 1 over the engine's life; 0: never) fails
@@ -76,6 +101,7 @@ struct HostEngineOptions {
   uint32_t delay_us = 0;
   uint64_t fail_at = 0;
   uint64_t device_bytes = UINT64_MAX;  // allocate() beyond this throws kLimitExceeded
+  bool direct = false;                 // open_direct(): pread straight into "device" memory
 };
 class HostCopyEngine : public CopyEngine {
  public:
@@ -90,8 +116,11 @@ class HostCopyEngine : public CopyEngine {
   void to_device(std::byte* dst, const std::byte* src, uint64_t n) override;
   uint64_t cached_staging() const override;
   uint64_t release_staging() override;
+  std::unique_ptr<DirectFile> open_direct(int fd, std::string& why) override;
+  std::string direct_unavailable() override;
 
   uint64_t staging_peak() const;
+  uint64_t direct_bytes() const;  // read by open_direct()'s files
   uint64_t device_in_use() const;
   uint64_t copies() const;  // copies queued so far
   int max_lanes_busy() const;  // the most lanes copying at one moment (overlap)

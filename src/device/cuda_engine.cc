@@ -17,6 +17,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -24,6 +25,7 @@
 #include "ckpt/error.h"
 #include "ckpt/tensor.h"
 #include "device/copy_engine.h"
+#include "device/cufile.h"
 
 namespace ckpt::internal {
 namespace {
@@ -316,6 +318,16 @@ class CudaEngine : public CopyEngine {
     return p ? n : 0;
   }
 
+  std::unique_ptr<DirectFile> open_direct(int fd, std::string& why) override {
+    const Runtime* rt = &rt_;
+    int index = index_;
+    return open_cufile(fd, [rt, index] { use_device(*rt, index); }, why);
+  }
+  std::string direct_unavailable() override {
+    use_device(rt_, index_);  // cuFile's driver opens against a current context
+    return cufile_unavailable();
+  }
+
  private:
   const Runtime& rt_;
   int index_;
@@ -347,16 +359,31 @@ CopyEngine& cuda_engine(int index) {
 
 namespace {
 std::atomic<CopyEngine*> override_engine{nullptr};
+std::atomic<int64_t> override_delay_ms{0};  // until the first engine_for() of the override
+}
+
+bool engine_ready(const Device& device) {
+  if (override_engine.load()) return override_delay_ms.load() == 0;
+  if (!device.is_cuda()) return true;  // engine_for throws at once
+  std::lock_guard<std::mutex> lock(engines_mu);
+  return engines().count(device.index) != 0;
 }
 
 CopyEngine& engine_for(const Device& device) {
-  if (CopyEngine* e = override_engine.load()) return *e;
+  if (CopyEngine* e = override_engine.load()) {
+    if (int64_t ms = override_delay_ms.exchange(0))
+      std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+    return *e;
+  }
   if (!device.is_cuda())
     throw Error(ErrorCode::kInvalidArgument, "no copy engine for device " + device.str());
   return cuda_engine(device.index);
 }
 
-void set_engine_override(CopyEngine* engine) { override_engine.store(engine); }
+void set_engine_override(CopyEngine* engine, std::chrono::milliseconds start_delay) {
+  override_delay_ms.store(engine ? start_delay.count() : 0);
+  override_engine.store(engine);
+}
 
 }  // namespace ckpt::internal
 
@@ -365,6 +392,15 @@ namespace ckpt {
 std::string device_unavailable(const Device& device) {
   if (device.is_cpu()) return {};
   return internal::unavailable(device.index);
+}
+
+std::string gds_unavailable(const Device& device) {
+  if (device.is_cpu()) return "GPUDirect Storage reads into a CUDA device, not the cpu";
+  try {
+    return internal::engine_for(device).direct_unavailable();
+  } catch (const Error& e) {
+    return e.message();
+  }
 }
 
 std::string describe_device(const Device& device) {

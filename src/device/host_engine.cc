@@ -2,11 +2,14 @@
 // a worker thread that runs its queued copies in order, so the pipeline above sees the same
 // asynchrony, ordering and failures as with CUDA streams.
 
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
-#include <cstring>
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <deque>
 #include <exception>
 #include <mutex>
@@ -22,7 +25,7 @@ struct HostCopyEngine::State {
   HostEngineOptions options;
   mutable std::mutex mu;
   uint64_t staging_now = 0, staging_peak = 0, device_now = 0;
-  std::atomic<uint64_t> copies{0};
+  std::atomic<uint64_t> copies{0}, direct_bytes{0};
   std::atomic<int> busy{0}, busy_peak{0};
 };
 
@@ -169,6 +172,42 @@ void HostCopyEngine::to_device(std::byte* dst, const std::byte* src, uint64_t n)
 }
 uint64_t HostCopyEngine::cached_staging() const { return 0; }
 uint64_t HostCopyEngine::release_staging() { return 0; }
+
+namespace {
+
+// pread straight into the "device" memory.
+class HostDirectFile : public DirectFile {
+ public:
+  HostDirectFile(int fd, std::shared_ptr<HostCopyEngine::State> st) : fd_(fd), st_(std::move(st)) {}
+  void read(uint64_t offset, std::byte* dst, uint64_t n) override {
+    for (uint64_t done = 0; done < n;) {
+      ssize_t r = ::pread(fd_, dst + done, n - done, static_cast<off_t>(offset + done));
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0)
+        throw Error(ErrorCode::kIo, r < 0 ? std::string("direct read: ") + std::strerror(errno)
+                                          : std::string("direct read: end of file"),
+                    {}, {}, offset + done);
+      done += static_cast<uint64_t>(r);
+    }
+    st_->direct_bytes += n;
+  }
+
+ private:
+  int fd_;
+  std::shared_ptr<HostCopyEngine::State> st_;
+};
+
+}  // namespace
+
+std::unique_ptr<DirectFile> HostCopyEngine::open_direct(int fd, std::string& why) {
+  why = direct_unavailable();
+  if (!why.empty()) return nullptr;
+  return std::make_unique<HostDirectFile>(fd, state_);
+}
+std::string HostCopyEngine::direct_unavailable() {
+  return state_->options.direct ? "" : "host engine without direct reads (test)";
+}
+uint64_t HostCopyEngine::direct_bytes() const { return state_->direct_bytes.load(); }
 
 uint64_t HostCopyEngine::staging_peak() const {
   std::lock_guard<std::mutex> lock(state_->mu);

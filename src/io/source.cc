@@ -1,4 +1,5 @@
 #include "ckpt/source.h"
+#include "io/local_file.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -56,6 +57,7 @@ class FileSource final : public ByteSource {
       : path_(std::move(path)), fd_(std::move(fd)), size_(size) {}
   uint64_t size() const override { return size_; }
   const std::string& name() const override { return path_; }
+  int fd() const { return fd_->fd; }
   void read_into(uint64_t offset, std::span<std::byte> dst) const override {
     check_range(offset, dst.size());
     count(dst.size());
@@ -119,6 +121,7 @@ class MmapSource final : public MemorySourceBase {
     owner_ = std::move(m);
   }
   bool writable() const override { return writable_; }
+  int fd() const { return fd_ ? fd_->fd : -1; }
   SourcePtr pread_twin() const override {
     std::call_once(twin_once_, [&] { twin_ = std::make_shared<FileSource>(name_, fd_, size_); });
     return twin_;
@@ -194,6 +197,16 @@ SourcePtr memory_source(std::vector<std::byte> bytes, std::string name) {
 SourcePtr memory_source(std::string_view bytes, std::string name) {
   auto p = reinterpret_cast<const std::byte*>(bytes.data());
   return memory_source(std::vector<std::byte>(p, p + bytes.size()), std::move(name));
+}
+
+bool internal::is_local_file(const ByteSource& source) noexcept {
+  return local_file_fd(source) >= 0;
+}
+
+int internal::local_file_fd(const ByteSource& source) noexcept {
+  if (const auto* f = dynamic_cast<const FileSource*>(&source)) return f->fd();
+  if (const auto* m = dynamic_cast<const MmapSource*>(&source)) return m->fd();
+  return -1;
 }
 
 }  // namespace ckpt

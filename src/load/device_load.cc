@@ -10,6 +10,7 @@
 #include <mutex>
 #include <thread>
 
+#include "io/local_file.h"
 #include "util/arena.h"
 #include "util/bytes.h"
 #include "util/crc32.h"
@@ -29,19 +30,87 @@ struct Item {
   size_t piece;      // index of this chunk's CRC among the storage's chunks
 };
 
+// The staging slot size for `readers` readers within `staging_bytes`, and the readers it allows.
+uint64_t slot_size(uint64_t& staging_bytes, int& readers) {
+  staging_bytes = std::max<uint64_t>(staging_bytes, 2 * kMinSlot);
+  readers = static_cast<int>(std::min<uint64_t>(readers, staging_bytes / (2 * kMinSlot)));
+  uint64_t slot = std::min<uint64_t>(kMaxSlot, staging_bytes / (2 * static_cast<uint64_t>(readers)));
+  return slot / kMinSlot * kMinSlot;
+}
+
 }  // namespace
 
+std::vector<StoragePtr> execute_device(const LoadPlan& plan, const Device& device,
+                                       uint64_t staging_bytes, bool direct,
+                                       DeviceLoadStats* stats) {
+  if (engine_ready(device) || !plan.copy || !is_local_file(*plan.copy))
+    return execute_device(plan, engine_for(device), staging_bytes, direct, stats);
+  // Raw ranges in the order the load takes them.
+  const CheckpointModel& m = *plan.model;
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  for (const PlannedStorage& p : plan.storages) {
+    const StorageInfo& si = m.storages[p.storage];
+    if ((p.route == Route::kRead || p.route == Route::kView) && si.nbytes)
+      ranges.emplace_back(si.offset, si.nbytes);
+  }
+  constexpr uint64_t kPiece = 4 << 20;
+  std::atomic<size_t> next_range{0};
+  std::atomic<uint64_t> next_off{0}, warmed{0};
+  std::atomic<bool> ready{false};
+  std::mutex mu;  // hands out the next piece: (range, offset)
+  auto warm = [&] {
+    std::unique_ptr<std::byte[]> scratch(new std::byte[kPiece]);
+    try {
+      while (!ready.load(std::memory_order_relaxed)) {
+        uint64_t at, len;
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          size_t r = next_range.load();
+          if (r >= ranges.size()) return;
+          at = ranges[r].first + next_off;
+          len = std::min(kPiece, ranges[r].second - next_off);
+          if ((next_off += len) >= ranges[r].second) next_off = 0, next_range = r + 1;
+        }
+        plan.copy->read_into(at, std::span<std::byte>(scratch.get(), len));
+        warmed += len;
+      }
+    } catch (...) {
+      // The load proper reads the range again and reports what fails there.
+    }
+  };
+  std::vector<std::thread> pool;
+  try {
+    for (int r = 0; r < std::max(1, plan.threads); ++r) pool.emplace_back(warm);
+  } catch (...) {
+    // Fewer warmers (or none): only the overlap is lost.
+  }
+  struct Join {
+    std::atomic<bool>& ready;
+    std::vector<std::thread>& pool;
+    ~Join() {
+      ready = true;
+      for (auto& t : pool) t.join();
+    }
+  };
+  CopyEngine* engine;
+  {
+    Join join{ready, pool};
+    engine = &engine_for(device);  // throws (kUnsupported...) after the warmers stop
+  }
+  std::vector<StoragePtr> out = execute_device(plan, *engine, staging_bytes, direct, stats);
+  if (stats) stats->warmed_bytes = warmed.load();
+  return out;
+}
+
 std::vector<StoragePtr> execute_device(const LoadPlan& plan, CopyEngine& engine,
-                                       uint64_t staging_bytes, DeviceLoadStats* stats) {
+                                       uint64_t staging_bytes, bool direct,
+                                       DeviceLoadStats* stats) {
   const CheckpointModel& m = *plan.model;
   const size_t n = plan.storages.size();
 
   // The ring: two slots per reader, each at most kMaxSlot, all within the budget.
   int readers = std::max(1, plan.threads);
-  staging_bytes = std::max<uint64_t>(staging_bytes, 2 * kMinSlot);
-  readers = static_cast<int>(std::min<uint64_t>(readers, staging_bytes / (2 * kMinSlot)));
-  uint64_t slot = std::min<uint64_t>(kMaxSlot, staging_bytes / (2 * static_cast<uint64_t>(readers)));
-  slot = slot / kMinSlot * kMinSlot;
+  const uint64_t slot = slot_size(staging_bytes, readers);
 
   // Where each storage goes, and the chunks that fill it.
   std::vector<uint64_t> dev_off(n, 0);
@@ -65,7 +134,14 @@ std::vector<StoragePtr> execute_device(const LoadPlan& plan, CopyEngine& engine,
 
   std::shared_ptr<std::byte> arena = engine.allocate(std::max<uint64_t>(total, 1));
   std::shared_ptr<std::byte> ring = engine.staging(slot * 2 * static_cast<uint64_t>(readers));
-  if (stats) *stats = {readers, slot, slot * 2 * static_cast<uint64_t>(readers), total};
+  // Direct reads (GPUDirect Storage) of the file, where the engine has them.
+  std::unique_ptr<DirectFile> file;
+  if (direct && plan.copy) {
+    std::string why;
+    if (int fd = local_file_fd(*plan.copy); fd >= 0) file = engine.open_direct(fd, why);
+  }
+  std::atomic<uint64_t> direct_bytes{0};
+  if (stats) *stats = {0, 0, readers, slot, slot * 2 * static_cast<uint64_t>(readers), total};
 
   // Per raw storage with a CRC to check: the CRC of each chunk, combined in order at the end.
   std::vector<std::vector<uint32_t>> crcs(n);
@@ -106,6 +182,16 @@ std::vector<StoragePtr> execute_device(const LoadPlan& plan, CopyEngine& engine,
             session->wait(2 * r);
             session->wait(2 * r + 1);
             progress_add(meter.active() ? &meter : nullptr, si.nbytes);
+            continue;
+          }
+          if (file && p.route != Route::kZeros && !p.check_crc && !p.byteswap) {
+            try {
+              file->read(si.offset + it.off, dst + it.off, it.len);
+            } catch (const Error& e) {
+              throw Error(e.code(), e.message(), plan.copy->name(), si.key, e.offset());
+            }
+            direct_bytes += it.len;
+            progress_add(meter.active() ? &meter : nullptr, it.len);
             continue;
           }
           int s = take_slot();
@@ -153,6 +239,7 @@ std::vector<StoragePtr> execute_device(const LoadPlan& plan, CopyEngine& engine,
     }
   }
   if (failure) std::rethrow_exception(failure);
+  if (stats) stats->direct_bytes = direct_bytes.load();
 
   for (size_t k = 0; k < n; ++k) {
     if (crcs[k].empty()) continue;

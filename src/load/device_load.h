@@ -25,6 +25,8 @@
 namespace ckpt::internal {
 
 struct DeviceLoadStats {
+  uint64_t warmed_bytes = 0;   // read into the page cache while the device's engine started
+  uint64_t direct_bytes = 0;   // read straight into device memory (GPUDirect Storage)
   int readers = 0;
   uint64_t slot_bytes = 0;
   uint64_t staging_bytes = 0;  // held during the load
@@ -35,7 +37,22 @@ struct DeviceLoadStats {
 // engine.device() (Storage::device; data is a device address): plan_tensors() makes the tensors.
 // Throws Error like the other executors, kLimitExceeded when the device lacks the memory, kIo
 // naming the device when a copy fails.
+//
+// With `direct` (LoadOptions::gds), a local file and an engine that reads files directly
+// (CopyEngine::open_direct: cuFile), each raw chunk of a storage that needs no host work (no CRC
+// to check, no byte swap) is read by its reader straight into its place in the device arena,
+// without a staging slot; everything else, and everything when the engine cannot, goes through
+// the ring as above.
 std::vector<StoragePtr> execute_device(const LoadPlan& plan, CopyEngine& engine,
-                                       uint64_t staging_bytes, DeviceLoadStats* stats = nullptr);
+                                       uint64_t staging_bytes, bool direct = false,
+                                       DeviceLoadStats* stats = nullptr);
+// The same into `device`, whose engine (engine_for) may not exist yet: creating it (a CUDA
+// context: hundreds of milliseconds) then overlaps reading. While it starts, the readers read the
+// plan's first chunks, in the order the load takes them, from a local file into a small scratch
+// buffer each (4 MiB), so that a cold page cache is filling meanwhile; the load then reads them
+// again, from memory. Not done for other sources (it would transfer bytes twice).
+std::vector<StoragePtr> execute_device(const LoadPlan& plan, const Device& device,
+                                       uint64_t staging_bytes, bool direct = false,
+                                       DeviceLoadStats* stats = nullptr);
 
 }  // namespace ckpt::internal

@@ -4,6 +4,7 @@
 # except the Python module (its Python is this machine's). Usage: tests/gpu/run.sh [--quick]
 #   --quick   exactness and `ckpt bench --device` only (no peers, no cold cache, no module)
 #   --python  the module, its tests and the peers' rows only
+#   --gds     GPUDirect Storage and the cold-cache rows only
 set -u
 ROOT=$(pwd)
 G=$ROOT/build-gpu
@@ -12,6 +13,7 @@ CKPT=$G/ckpt
 DATA=${CKPT_GPU_DATA:-/tmp/ckpt-gpu}
 QUICK=0; [ "${1:-}" = "--quick" ] && QUICK=1
 PYONLY=0; [ "${1:-}" = "--python" ] && PYONLY=1
+GDS=0; [ "${1:-}" = "--gds" ] && GDS=1
 PY=python3
 step() { echo; echo "== $* ($(date +%T))"; }
 
@@ -19,9 +21,19 @@ step machine
 nvidia-smi -L; nproc; free -g | head -2; $PY -c 'import torch, safetensors, sys; print(sys.version.split()[0], torch.__version__, safetensors.__version__)'
 $CKPT --version 2>/dev/null || true
 
+# cuFile (GPUDirect Storage) as torch's wheels ship it, for `--gds`.
+if [ -z "${CKPT_CUFILE:-}" ]; then
+  for d in $($PY -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null); do
+    f=$(ls "$d"/nvidia/*/lib/libcufile.so.0 "$d"/nvidia/cufile/lib/libcufile.so.0 2>/dev/null | head -1)
+    [ -n "$f" ] && export CKPT_CUFILE=$f && break
+  done
+fi
+echo "CKPT_CUFILE=${CKPT_CUFILE:-}"
+
 step files
 [ -f "$DATA/m8.safetensors" ] || $PY tests/gpu/make_files.py "$DATA" 1 8
 
+if [ $GDS = 1 ]; then PYONLY=2; fi
 if [ $PYONLY = 0 ]; then
 step "exactness: ckpt load --device cuda:0 --digest equals the host load's"
 for f in m1.safetensors m1.pt; do
@@ -36,6 +48,8 @@ PY
 done
 $CKPT load "$DATA/m1.safetensors" --device cuda:7; echo "cuda:7 (absent): exit $?"
 
+
+
 step "ckpt bench --device cuda:0 (8 GiB safetensors, then torch zip)"
 $CKPT bench "$DATA/m8.safetensors" --device cuda:0 --repeat 3
 $CKPT bench "$DATA/m8.pt" --device cuda:0 --repeat 3
@@ -46,6 +60,7 @@ $CKPT bench "$DATA/m1.safetensors" --device cuda:0 --repeat 5
 
 fi
 
+if [ $PYONLY != 2 ]; then
 step "Python module (built here against this Python)"
 if [ -f "$G/libckpt.a" ]; then
   mkdir -p /tmp/ckptpy/ckpt && cp python/ckpt/*.py /tmp/ckptpy/ckpt/
@@ -65,11 +80,27 @@ CKPT_PYTHONPATH=/tmp/ckptpy CKPT_BIN=$CKPT $PY -m pytest -q -p no:cacheprovider 
 step "peers and ckpt's Python rows (8 GiB, warm)"
 $PY tests/gpu/peers.py "$DATA/m8.pt" "$DATA/m8.safetensors"
 
+fi
 [ $PYONLY = 1 ] && exit 0
+if [ $GDS = 1 ] || [ $QUICK = 0 ]; then
+step "GPUDirect Storage (--gds), warm: exactness and speed"
+$CKPT load "$DATA/m1.safetensors" --json --digest --device cuda:0 --gds > /tmp/gds.json
+$CKPT load "$DATA/m1.safetensors" --json --digest > /tmp/host1.json
+$PY - <<'PY'
+import json
+h, g = json.load(open("/tmp/host1.json")), json.load(open("/tmp/gds.json"))
+print("m1.safetensors --gds: gds used:", g["gds"], "; digests equal:", h["digests"] == g["digests"])
+PY
+for i in 1 2 3; do $CKPT load "$DATA/m8.safetensors" --device cuda:0 --gds; done
+for i in 1 2 3; do $CKPT load "$DATA/m8.safetensors" --device cuda:0; done
+fi
 step "cold page cache (8 GiB safetensors): dd, ckpt --device, safetensors"
 cold() { sync; echo 3 > /proc/sys/vm/drop_caches || echo "cannot drop caches"; }
+for i in 1 2; do
 cold; /usr/bin/time -f "dd: %e s" dd if="$DATA/m8.safetensors" of=/dev/null bs=1M status=none
-cold; $CKPT load "$DATA/m8.safetensors" --device cuda:0
+cold; /usr/bin/time -f "ckpt --device (process): %e s" $CKPT load "$DATA/m8.safetensors" --device cuda:0
+cold; /usr/bin/time -f "ckpt --device --gds (process): %e s" $CKPT load "$DATA/m8.safetensors" --device cuda:0 --gds
+done
 cold; $PY -c "
 import time, torch; from safetensors.torch import load_file
 t = time.perf_counter(); d = load_file('$DATA/m8.safetensors', device='cuda:0'); torch.cuda.synchronize(); print('safetensors cold: %.2f s' % (time.perf_counter() - t))"

@@ -119,3 +119,19 @@ def test_device_bytes_equal_the_host_load(ckpt, files):
             dev = ckpt.json("load", f, "--json", "--digest", "--device", "cuda:0", *extra)
             assert dev["device"] == "cuda:0"
             assert dev["digests"] == host["digests"], f
+
+
+def test_gds_needs_a_device_and_falls_back_or_refuses_cleanly(ckpt, files):
+    r = ckpt.run("load", files[0], "--gds")
+    line = one_error_line(r)
+    assert r.returncode == INVALID and "--device" in line, line
+    if usable(ckpt, files):
+        # A device: the same bytes whether cuFile is there or not (a note says when it is not).
+        host = ckpt.json("load", files[1] or files[0], "--json", "--digest")
+        dev = ckpt.json("load", files[1] or files[0], "--json", "--digest", "--device", "cuda:0",
+                        "--gds")
+        assert dev["digests"] == host["digests"]
+        return
+    r = ckpt.run("load", files[0], "--device", "cuda:0", "--gds")
+    line = one_error_line(r)
+    assert r.returncode == UNSUPPORTED and "cuda:0" in line, line

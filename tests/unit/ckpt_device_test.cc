@@ -102,6 +102,86 @@ TEST(Device, LoadAllEqualsHostLoadForEveryReaderCountAndBudget) {
       }
 }
 
+TEST(Device, AStartingEngineOverlapsReadingALocalFileOnly) {
+  // The engine takes 300 ms to start, as creating a CUDA context does: meanwhile the readers
+  // read the file's first chunks (into the page cache), and the load reads them again.
+  Model f(6, 3 << 20);  // 72 MiB
+  uint64_t tensor_bytes = 0;
+  for (const auto& t : f.tensors) tensor_bytes += t.info().nbytes();
+  {
+    HostCopyEngine engine;
+    UseEngine use(engine);
+    internal::set_engine_override(&engine, std::chrono::milliseconds(300));
+    EXPECT_FALSE(internal::engine_ready(Device::cuda(0)));
+    OpenOptions o;
+    o.mmap = false;
+    Checkpoint c = Checkpoint::open(f.path, o);
+    const uint64_t before = c.source().stats().bytes.load();
+    LoadOptions lo;
+    lo.threads = 2;
+    lo.device = Device::cuda(0);
+    auto dev = c.load_all(lo);
+    EXPECT_TRUE(internal::engine_ready(Device::cuda(0)));
+    EXPECT_GT(c.source().stats().bytes.load() - before, tensor_bytes);  // read twice, in part
+    expect_same(engine, dev, c.load_all());
+  }
+  {
+    // A source that is not a local file is read once: no warm-up.
+    HostCopyEngine engine;
+    UseEngine use(engine);
+    internal::set_engine_override(&engine, std::chrono::milliseconds(100));
+    Checkpoint c = Checkpoint::open(memory_source(test::read_file(f.path), "m.pt"));
+    const uint64_t before = c.source().stats().bytes.load();
+    LoadOptions lo;
+    lo.threads = 2;
+    lo.device = Device::cuda(0);
+    auto dev = c.load_all(lo);
+    EXPECT_LE(c.source().stats().bytes.load() - before, tensor_bytes);
+    expect_same(engine, dev, c.load_all());
+  }
+}
+
+TEST(Device, DirectReadsWhereTheEngineHasThemAndNothingNeedsTheHost) {
+  Model st(8, 300000, true), pt(8, 300000);
+  uint64_t bytes = 0;
+  for (const auto& t : st.tensors) bytes += t.info().nbytes();
+  for (bool mmap : {false, true}) {
+    HostCopyEngine engine(HostEngineOptions{.delay_us = 20, .direct = true});
+    UseEngine use(engine);
+    OpenOptions o;
+    o.mmap = mmap;
+    LoadOptions lo;
+    lo.threads = 3;
+    lo.device = Device::cuda(0);
+    lo.gds = true;
+    // safetensors (no CRCs): every byte read straight into "device" memory, none staged.
+    Checkpoint c = Checkpoint::open(st.path, o);
+    auto dev = c.load_all(lo);
+    expect_same(engine, dev, c.load_all());
+    EXPECT_EQ(engine.direct_bytes(), bytes);
+    EXPECT_EQ(engine.copies(), 0u);
+    // A torch zip verified: its CRCs need the host bytes, so it goes through staging.
+    const uint64_t before = engine.direct_bytes();
+    lo.verify = true;
+    Checkpoint p = Checkpoint::open(pt.path, o);
+    auto dev2 = p.load_all(lo);
+    expect_same(engine, dev2, p.load_all());
+    EXPECT_EQ(engine.direct_bytes(), before);
+    EXPECT_GT(engine.copies(), 0u);
+  }
+  // An engine without direct reads: the same result through staging, and gds_unavailable says why.
+  HostCopyEngine plain;
+  UseEngine use(plain);
+  EXPECT_NE(gds_unavailable(Device::cuda(0)), "");
+  EXPECT_NE(gds_unavailable(Device{}), "");
+  LoadOptions lo;
+  lo.device = Device::cuda(0);
+  lo.gds = true;
+  Checkpoint c = Checkpoint::open(st.path);
+  expect_same(plain, c.load_all(lo), c.load_all());
+  EXPECT_EQ(plain.direct_bytes(), 0u);
+}
+
 TEST(Device, StagingStaysWithinItsBudgetWhateverTheModelSize) {
   Model f(6, 3 << 20);  // 12 MiB tensors, 72 MiB in all, through 4 MiB of staging
   HostCopyEngine engine(HostEngineOptions{.delay_us = 200});

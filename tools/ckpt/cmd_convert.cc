@@ -113,7 +113,9 @@ void add_convert(CLI::App& app) {
     if (o->align && to == ConvertFormat::kTensorizer)
       std::fprintf(stderr, "ckpt: warning: tensorizer has no data alignment; --align ignored\n");
     if (to == ConvertFormat::kTorch) {
-      co.target = PtTarget{.alignment = o->align};
+      PtTarget pt;
+      pt.alignment = o->align;
+      co.target = pt;
     } else if (to == ConvertFormat::kSafetensors) {
       SafetensorsTarget st;
       st.alignment = o->align;

@@ -1,4 +1,4 @@
-// ckpt load FILE [--mode eager|mmap|stream] [--device cuda:N] [--budget-mb N] [--verify] [--json]: loads every
+// ckpt load FILE [--mode eager|mmap|stream] [--device cuda:N [--gds]] [--budget-mb N] [--verify] [--json]: loads every
 // tensor once and reports time, throughput and this process's peak RSS (used by `ckpt bench` to
 // measure memory in a fresh process).
 
@@ -19,7 +19,7 @@ void add_load(CLI::App& app) {
     std::vector<std::string> files;  // one checkpoint, an index, or shards
     std::string file, mode = "eager";
     double budget_mb = 64;
-    bool verify = false, json = false, digest = false;
+    bool verify = false, json = false, digest = false, gds = false;
     int threads = 0;
     std::string device = "cpu";
     double staging_mb = 256;
@@ -40,6 +40,10 @@ void add_load(CLI::App& app) {
   cmd->add_option("--staging-mb", o->staging_mb,
                   "with --device cuda: pinned staging memory (MiB, default 256)")
       ->check(more_than(0));
+  cmd->add_flag("--gds", o->gds,
+                "with --device cuda: read a local file straight into device memory with "
+                "GPUDirect Storage (cuFile) where available; else through pinned staging, "
+                "with a note");
   cmd->add_flag("--verify", o->verify, "check CRC32 while loading");
   auto* json = cmd->add_flag("--json", o->json, "machine-readable output");
   cmd->add_flag("--digest", o->digest,
@@ -59,6 +63,16 @@ void add_load(CLI::App& app) {
     if (!lo.device.is_cpu() && o->mode != "eager")
       throw Error(ErrorCode::kInvalidArgument,
                   "--device " + o->device + " loads eagerly: it cannot be used with --mode " + o->mode);
+    std::string gds_note;  // why GPUDirect Storage is not used, when asked for
+    if (o->gds) {
+      if (lo.device.is_cpu())
+        throw Error(ErrorCode::kInvalidArgument, "--gds reads into a CUDA device: add --device cuda");
+      lo.gds = true;
+      if (device_unavailable(lo.device).empty()) gds_note = gds_unavailable(lo.device);
+      if (!gds_note.empty())
+        std::fprintf(stderr, "ckpt: note: GPUDirect Storage is not used (%s); reading through "
+                     "pinned staging\n", gds_note.c_str());
+    }
     ProgressLine line(o->progress);
     lo.progress = line.fn();
     uint64_t bytes = 0, checksum = 0;
@@ -133,6 +147,7 @@ void add_load(CLI::App& app) {
     uint64_t rss = static_cast<uint64_t>(ru.ru_maxrss) * 1024;
     if (o->json) {
       nlohmann::ordered_json j{{"mode", o->mode}, {"device", lo.device.str()},
+                               {"gds", o->gds && gds_note.empty()},
                                {"tensors", tensors}, {"bytes", bytes},
                                {"seconds", dt}, {"peak_rss_bytes", rss}, {"checksum", checksum}};
       if (o->digest) j["digests"] = std::move(digests);
