@@ -44,6 +44,9 @@ struct RemoteOptions {
   int retries = 6;
   double retry_base_s = 0.1;
   double retry_max_s = 10;
+  // The most one range may take (at least 1 s), counted from its first request, retries
+  // included, and enforced during a transfer too: a server that trickles or never ends a body
+  // fails with Error{kIo} ("timed out") when it runs out.
   double timeout_s = 300;
   // S3. Empty fields come from the environment: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
   // AWS_SESSION_TOKEN, AWS_REGION / AWS_DEFAULT_REGION, AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL,
@@ -58,6 +61,17 @@ struct RemoteOptions {
   // a self-signed endpoint). Empty: AWS_CA_BUNDLE, CURL_CA_BUNDLE or SSL_CERT_FILE from the
   // environment, in that order, else the system store. Certificates are always verified.
   std::string ca_file;
+  // A server that ignores Range requests (python's http.server) answers the first range with the
+  // whole object. An object of at most 1 MiB is kept as that answer. A larger one is refused
+  // (Error{kIo}), unless `download_whole`: then that answer is read to its end (one streaming
+  // GET, within timeout_s) into an unlinked temporary file under TMPDIR (else /tmp), and every
+  // read is served from the file's mapping. For loads and conversions; it needs the object's
+  // size in free space there.
+  bool download_whole = false;
+  // Called with a sentence for the user about how a URL is read: the object cannot be pinned
+  // (the server sends neither ETag nor Last-Modified, so only its length shows a change), or it
+  // is downloaded whole (above). Null: no notes. Called on the thread that opens the URL.
+  std::function<void(const std::string&)> on_note;
 };
 
 struct OpenOptions {

@@ -9,6 +9,9 @@
 // and the range are in the message).
 // Thread-safe: a URL source serves concurrent reads (its block cache and connection pool are
 // locked); an S3 sink, like every ByteSink, has one writer at a time (ckpt/sink.h).
+// Every later response is also compared with the first one's length, ETag and Last-Modified (a
+// server that ignores If-Match or drops a validator fails the read too); requests and redirects
+// use http and https only; a refused response is abandoned at its first byte.
 
 #include <memory>
 #include <string>
@@ -22,8 +25,10 @@ namespace ckpt {
 // True for "http://", "https://" and "s3://" (case-insensitive scheme).
 bool is_url(const std::string& path);
 
-// A source over the object at `url` (one request: a suffix range that pins size and ETag and
-// keeps the object's last bytes for the openers). Throws Error as above.
+// A source over the object at `url` (one request: a suffix range that pins size and validators
+// and keeps the object's last bytes for the openers; for a server that ignores Range and
+// RemoteOptions::download_whole, the whole object into a temporary file). Calls
+// options.on_note, on this thread, for what the user should know. Throws Error as above.
 SourcePtr open_url_source(const std::string& url, const RemoteOptions& options = {});
 
 // A URL source for a URL, else a file (mapped when `mmap`): what Checkpoint::open(path) uses.
@@ -38,7 +43,8 @@ SourcePtr open_source(const std::string& path_or_url, bool mmap,
 // convert() writes those through a local temporary. Throws Error like a URL source.
 std::unique_ptr<ByteSink> create_s3_sink(const std::string& url, const RemoteOptions& options = {});
 
-// The name a URL is shown by (no credentials, no query string).
+// The name a URL is shown by (no credentials, no query string: no password, no presigned
+// signature). Every output of ckpt shows URLs this way. A path (no "://") is returned unchanged.
 std::string redact_url(const std::string& url);
 
 }  // namespace ckpt

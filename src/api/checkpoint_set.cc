@@ -15,13 +15,16 @@
 #include "ckpt/remote.h"
 #include "api/checkpoint_impl.h"
 #include "formats/open.h"
+#include "io/inside.h"
 
 namespace ckpt::internal {
 namespace {
 
+// A file's name without its folder, as messages show it (a URL without credentials or query).
 std::string file_name(const std::string& path) {
-  std::string n = std::filesystem::path(path).filename().string();
-  return n.empty() ? path : n;
+  const std::string shown = redact_url(path);
+  std::string n = std::filesystem::path(shown).filename().string();
+  return n.empty() ? shown : n;
 }
 
 Checkpoint open_shard(const std::string& path, const OpenOptions& options, size_t k, size_t n,
@@ -30,7 +33,7 @@ Checkpoint open_shard(const std::string& path, const OpenOptions& options, size_
     SourcePtr s = open_source(path, options.mmap, options.remote);
     return CheckpointAccess::make(open_model(std::move(s), options));
   } catch (Error& e) {
-    e.with_source(path);
+    e.with_source(redact_url(path));
     e.add_context("opening shard " + std::to_string(k + 1) + " of " + std::to_string(n) +
                   " of " + set_name);
     throw;
@@ -90,7 +93,7 @@ Checkpoint merge(std::vector<Checkpoint> shards, std::vector<std::string> paths,
       throw Error(ErrorCode::kUnsupported,
                   "a shard must be a dict of tensors (a state dict); this one is " +
                       (r ? r->repr(40) : std::string("empty")),
-                  paths[k]);
+                  redact_url(paths[k]));
     for (const TensorInfo& t : c.tensors()) {
       TensorInfo m = t;
       m.storage += sbase;
@@ -105,13 +108,13 @@ Checkpoint merge(std::vector<Checkpoint> shards, std::vector<std::string> paths,
       if (!key || key->kind() != Value::Kind::kString)
         throw Error(ErrorCode::kUnsupported,
                     "a shard's keys must be strings; found " + (key ? key->repr(40) : "null"),
-                    paths[k]);
+                    redact_url(paths[k]));
       auto [it, fresh] = owner.emplace(key->str(), k);
       if (!fresh)
         throw Error(ErrorCode::kCorrupt,
                     "the name is in two shards: " + file_name(paths[it->second]) + " and " +
                         file_name(paths[k]),
-                    paths[k], key->str());
+                    redact_url(paths[k]), key->str());
       ValuePtr v = value ? value->clone() : Value::none();
       shift_tensors(v, tbase);
       root->entries().emplace_back(Value::string(key->str()), std::move(v));
@@ -124,12 +127,12 @@ Checkpoint merge(std::vector<Checkpoint> shards, std::vector<std::string> paths,
         throw Error(ErrorCode::kCorrupt,
                     "the index maps this name to " + file_name(paths[k]) +
                         ", which has no tensor of that name",
-                    paths[k], name);
+                    redact_url(paths[k]), name);
       if (it->second != k)
         throw Error(ErrorCode::kCorrupt,
                     "the index maps this name to " + file_name(paths[k]) + ", but it is in " +
                         file_name(paths[it->second]),
-                    paths[it->second], name);
+                    redact_url(paths[it->second]), name);
     }
   }
   // Properties every shard agrees on, and the set's own.
@@ -162,16 +165,30 @@ Checkpoint merge(std::vector<Checkpoint> shards, std::vector<std::string> paths,
   return CheckpointAccess::make(set_kind(std::move(model), std::move(set)));
 }
 
-// A shard name from an index: a relative path that stays inside the index's folder.
-void check_shard_name(const std::string& name, const std::string& index, const std::string& key) {
-  std::filesystem::path p(name);
-  bool bad = name.empty() || p.is_absolute() || name.find('\0') != std::string::npos;
-  for (const auto& part : p)
-    if (part == "..") bad = true;
-  if (bad)
+// A shard name from an index: a relative path that stays inside the index's folder. A local
+// index names local files only, a remote one objects under its own prefix only: never a URL, so
+// an index cannot make ckpt fetch (or sign a request for) anything else. Checked before any
+// shard is opened, so a refused index costs no request.
+void check_shard_name(const std::string& name, const std::string& index, bool remote,
+                      const std::string& key) {
+  std::string why;
+  if (name.empty() || name.find('\0') != std::string::npos) {
+    why = "an empty name";
+  } else if (is_url(name) || name.find("://") != std::string::npos) {
+    why = remote ? "a shard must be an object under the index's own prefix, not a URL"
+                 : "a local index names local files only, not URLs";
+  } else if (std::filesystem::path(name).is_absolute() || name.front() == '/') {
+    why = "an absolute path";
+  } else if (remote && name.find_first_of("?#%\\") != std::string::npos) {
+    why = "a '?', '#', '%' or '\\' in a remote shard's name";
+  } else {
+    for (const auto& part : std::filesystem::path(name))
+      if (part == "..") why = "a '..' component";
+  }
+  if (!why.empty())
     throw Error(ErrorCode::kCorrupt,
-                "the index names shard file '" + name +
-                    "'; a shard must be a relative path inside the index's folder",
+                "the index names shard file '" + name + "' (" + why +
+                    "); a shard must be a relative path inside the index's folder",
                 index, key);
 }
 
@@ -224,17 +241,21 @@ Checkpoint open_index(const SourcePtr& source, const std::string& dir,
                 std::to_string(wm.size()) + " tensors; Limits::max_tensors is " +
                     std::to_string(options.limits.max_tensors),
                 index);
+  const bool remote = is_url(index);
   std::map<std::string, size_t> files;  // shard name -> index, in name order
   for (const auto& [name, file] : wm.items()) {
     if (!file.is_string())
       throw Error(ErrorCode::kCorrupt, "the index maps this name to a non-string", index, name);
-    check_shard_name(file.get<std::string>(), index, name);
+    check_shard_name(file.get<std::string>(), index, remote, name);
     files.emplace(file.get<std::string>(), 0);
   }
   std::vector<std::string> paths;
   for (auto& [name, k] : files) {
     k = paths.size();
     paths.push_back(dir.empty() ? name : (std::filesystem::path(dir) / name).string());
+    // A local shard, or a folder on its way, may be a symbolic link that leads out.
+    if (!remote)
+      check_inside(paths.back(), dir, "shard file", "the index's folder", index, {});
   }
   std::vector<std::pair<std::string, size_t>> weight_map;
   weight_map.reserve(wm.size());
@@ -256,12 +277,12 @@ Checkpoint open_index(const SourcePtr& source, const std::string& dir,
 
 Checkpoint open_files(const std::vector<std::string>& paths, const OpenOptions& options) {
   if (paths.empty()) throw Error(ErrorCode::kInvalidArgument, "no files to open");
-  std::string name = paths[0];
-  if (paths.size() == 2) name += " + " + paths[1];
+  std::string name = redact_url(paths[0]);
+  if (paths.size() == 2) name += " + " + redact_url(paths[1]);
   if (paths.size() > 2) name += " and " + std::to_string(paths.size() - 1) + " more files";
   // The set's source: the index these files would have, without a weight_map to check.
   nlohmann::json desc;
-  desc["files"] = paths;
+  for (const std::string& p : paths) desc["files"].push_back(redact_url(p));
   std::vector<Checkpoint> shards;
   shards.reserve(paths.size());
   for (size_t k = 0; k < paths.size(); ++k)

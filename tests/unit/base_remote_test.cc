@@ -28,6 +28,9 @@ TEST(Remote, RedactUrl) {
             "http://h:8080/a/b.pt?...");
   EXPECT_EQ(redact_url("https://h/a@b.pt"), "https://h/a@b.pt");
   EXPECT_EQ(redact_url("s3://bucket/key.pt"), "s3://bucket/key.pt");
+  EXPECT_EQ(redact_url("https://u:p@h/k.pt#frag"), "https://h/k.pt?...");
+  // A path is no URL: shown as given.
+  EXPECT_EQ(redact_url("dir/a?b#c.pt"), "dir/a?b#c.pt");
 }
 
 TEST(Remote, EncodeKey) {

@@ -346,6 +346,38 @@ TEST(Shards, IndexErrorsNameTheShard) {
   EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
 }
 
+TEST(Shards, IndexNamesOnlyFilesInItsFolder) {
+  Set s;
+  auto j = nlohmann::json::parse(std::ifstream(s.index));
+  // URLs (no request is made: an unreachable port would be an io error) and escapes.
+  for (const char* bad : {"http://127.0.0.1:1/m.safetensors", "s3://bucket/m.safetensors",
+                          "HTTPS://h/m", "x://y", "../m-00002-of-00003.bin", "/etc/passwd"}) {
+    j["weight_map"]["b.weight"] = bad;
+    write_text(s.index, j.dump());
+    Error e = test::capture_error([&] { Checkpoint::open(s.index); });
+    EXPECT_EQ(e.code(), ErrorCode::kCorrupt) << bad << ": " << e.what();
+    EXPECT_EQ(e.record(), "b.weight") << bad;
+  }
+  // A shard that is a symbolic link out of the folder, and one under a linked folder.
+  TempDir outside;
+  std::filesystem::copy_file(s.files[1], outside.file("b.bin"));
+  std::filesystem::create_symlink(outside.file("b.bin"), s.dir.file("link.bin"));
+  std::filesystem::create_directory_symlink(outside.file(""), s.dir.file("sub"));
+  for (const char* bad : {"link.bin", "sub/b.bin"}) {
+    j["weight_map"]["b.weight"] = bad;
+    write_text(s.index, j.dump());
+    Error e = test::capture_error([&] { Checkpoint::open(s.index); });
+    EXPECT_EQ(e.code(), ErrorCode::kCorrupt) << bad << ": " << e.what();
+    EXPECT_NE(std::string(e.what()).find("resolves outside the index's folder"), std::string::npos)
+        << e.what();
+  }
+  // A link that stays inside is followed.
+  std::filesystem::create_symlink("m-00002-of-00003.bin", s.dir.file("inside.bin"));
+  j["weight_map"]["b.weight"] = "inside.bin";
+  write_text(s.index, j.dump());
+  EXPECT_EQ(Checkpoint::open(s.index).tensors().size(), 5u);
+}
+
 TEST(Shards, ParseByteSize) {
   EXPECT_EQ(parse_byte_size("5GB"), 5'000'000'000u);
   EXPECT_EQ(parse_byte_size("500MB"), 500'000'000u);

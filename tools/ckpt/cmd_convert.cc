@@ -77,6 +77,7 @@ void add_convert(CLI::App& app) {
   add_common(*cmd, o->common);
   add_progress_flags(*cmd, o->progress);
   cmd->callback([o] {
+    o->common.download_whole = true;  // every byte is read: a server without ranges is no obstacle
     double t0 = now_seconds();
     if (o->out.empty()) {
       if (o->in.size() < 2) {

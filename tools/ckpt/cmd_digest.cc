@@ -57,7 +57,7 @@ void add_digest(CLI::App& app) {
       std::fputs(manifest_to_json(m).c_str(), stdout);
     } else {
       // The first line is what `sha256sum FILE` prints.
-      std::printf("%s  %s\n", to_hex(m.file->sha256).c_str(), o->file.c_str());
+      std::printf("%s  %s\n", to_hex(m.file->sha256).c_str(), redact_url(o->file).c_str());
       for (const TensorDigest& t : m.tensors)
         std::printf("%s  %s\n", t.sha256 ? to_hex(*t.sha256).c_str() : "meta (no bytes)",
                     t.name.c_str());

@@ -53,6 +53,7 @@ void add_load(CLI::App& app) {
   add_common(*cmd, o->common);
   add_progress_flags(*cmd, o->progress);
   cmd->callback([o] {
+    o->common.download_whole = true;  // every byte is read: a server without ranges is no obstacle
     o->file = files_name(o->files);
     double t0 = now_seconds();
     LoadOptions lo;
@@ -101,7 +102,7 @@ void add_load(CLI::App& app) {
     if (o->mode == "eager") {
       // Opening and loading overlapped: reads start once the zip directory is known.
       LoadedCheckpoint l = o->files.size() == 1
-                               ? Checkpoint::open_and_load(o->file, open_options(o->common), lo)
+                               ? Checkpoint::open_and_load(o->files[0], open_options(o->common), lo)
                                : load_set(o->files, o->common, lo);
       const Checkpoint& c = l.checkpoint;
       auto& all = l.tensors;

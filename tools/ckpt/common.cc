@@ -128,6 +128,8 @@ std::string error_line(const Error& e) {
   for (const auto& [option, flag] : kOptions)
     for (size_t at; (at = line.find(option)) != std::string::npos;)
       line.replace(at, std::strlen(option), flag);
+  if (line.find("RemoteOptions::download_whole") != std::string::npos)
+    return line + "; `ckpt load` and `ckpt convert` download such an object whole";
   if (e.code() != ErrorCode::kLimitExceeded) return line;
   // Library messages name the field ("Limits::max_tensors", "limits.max_records").
   static const std::pair<const char*, const char*> kFlags[] = {
@@ -172,7 +174,8 @@ Checkpoint open_checkpoint(const std::string& path, const Common& c) {
   if (!c.key_file.empty() || !c.password_file.empty()) {
     auto it = ck.properties().find("encrypted");
     if (it == ck.properties().end() || it->second != "true")
-      std::fprintf(stderr, "ckpt: warning: %s is not encrypted; %s ignored\n", path.c_str(),
+      std::fprintf(stderr, "ckpt: warning: %s is not encrypted; %s ignored\n",
+                   redact_url(path).c_str(),
                    !c.key_file.empty() ? "--decrypt-key" : "--decrypt-password-file");
   }
   return ck;
@@ -200,8 +203,8 @@ LoadedCheckpoint load_set(const std::vector<std::string>& paths, const Common& c
 
 std::string files_name(const std::vector<std::string>& paths) {
   if (paths.empty()) return {};
-  if (paths.size() == 1) return paths[0];
-  return paths[0] + " and " + std::to_string(paths.size() - 1) + " more file" +
+  if (paths.size() == 1) return redact_url(paths[0]);
+  return redact_url(paths[0]) + " and " + std::to_string(paths.size() - 1) + " more file" +
          (paths.size() == 2 ? "" : "s");
 }
 
@@ -213,6 +216,8 @@ RemoteOptions remote_options(const Common& c) {
   r.low_speed_time_s = c.stall_timeout;
   r.ca_file = c.ca_bundle;
   r.timeout_s = c.timeout;
+  r.download_whole = c.download_whole;
+  r.on_note = [](const std::string& note) { std::fprintf(stderr, "ckpt: note: %s\n", note.c_str()); };
   return r;
 }
 

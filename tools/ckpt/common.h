@@ -49,6 +49,8 @@ struct Common {
   double stall_timeout = RemoteOptions{}.low_speed_time_s;
   std::string ca_bundle;
   double timeout = RemoteOptions{}.timeout_s;
+  // RemoteOptions::download_whole: set by the commands that read every byte (load, convert).
+  bool download_whole = false;
 };
 void add_common(CLI::App& cmd, Common& c);
 // Limits from the --max-* options.
@@ -59,11 +61,13 @@ Checkpoint open_checkpoint(const std::vector<std::string>& paths, const Common& 
 // Several shard files opened as one and loaded (what open_and_load is for one file).
 LoadedCheckpoint load_set(const std::vector<std::string>& paths, const Common& c,
                           const LoadOptions& lo);
-// How messages name what FILE... gave: the path, or the first path and how many more.
+// How messages name what FILE... gave: the path, or the first path and how many more; URLs
+// without credentials or query string (redact_url). A name to show, never one to open.
 std::string files_name(const std::vector<std::string>& paths);
 // The OpenOptions those flags ask for (mmap, limits, decryption key or password).
 OpenOptions open_options(const Common& c);
-// The RemoteOptions of the --connections, --chunk-size, --retries, --stall-timeout, --timeout flags.
+// The RemoteOptions of the --connections, --chunk-size, --retries, --stall-timeout, --timeout flags
+// and of Common::download_whole; notes (RemoteOptions::on_note) go to stderr as "ckpt: note: ...".
 RemoteOptions remote_options(const Common& c);
 // The line the tool prints for an error: its text, the library options it names replaced by the
 // tool's flags (SafetensorsTarget::copy_shared -> --copy-shared), and for kLimitExceeded the

@@ -29,6 +29,7 @@
 #include "formats/onnx/onnx_typed.h"
 #include "formats/onnx/onnx_wire.h"
 #include "formats/open.h"
+#include "io/inside.h"
 #include "util/text.h"
 
 namespace ckpt::internal {
@@ -152,16 +153,8 @@ class OnnxDecoder final : public StorageDecoder {
 
   // A location that passes lexical checks may still leave the folder through a symbolic link.
   void check_inside(const std::string& path, const std::string& tensor) const {
-    std::error_code ec;
-    auto dir = std::filesystem::weakly_canonical(onnx_model_dir(src_->name()), ec);
-    auto real = std::filesystem::weakly_canonical(path, ec);
-    if (ec) return;  // opening reports the error
-    auto rel = real.lexically_relative(dir);
-    if (rel.empty() || *rel.begin() == "..")
-      throw Error(ErrorCode::kCorrupt,
-                  "external data file " + path + " resolves outside the model's folder (" +
-                      real.string() + ")",
-                  src_->name(), tensor);
+    internal::check_inside(path, onnx_model_dir(src_->name()), "external data file",
+                           "the model's folder", src_->name(), tensor);
   }
 
   const std::vector<Slot>& slots() const { return slots_; }

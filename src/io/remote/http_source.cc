@@ -6,18 +6,32 @@
 // an opener's many small metadata reads cost a request or two. Opening costs one request: a
 // suffix range of kTail bytes pins the object's size and ETag and is kept as the first block
 // (a zip's end records and, mostly, its directory; a small object whole). Every later range
-// sends If-Match with the pinned ETag: an object replaced mid-read fails with 412.
+// sends If-Match with the pinned ETag (else If-Unmodified-Since with the pinned Last-Modified):
+// an object replaced mid-read fails with 412. Every response is also checked against the first
+// one's validators (ETag, Last-Modified, the object's length), so a server that ignores the
+// condition, or stops sending a validator, fails too: never a mix of two versions. An object
+// with neither validator is checked by its length only, and RemoteOptions::on_note says so.
+// A response that is refused (a 200 to a range, another object) is abandoned at its first byte;
+// an error response after its first 2 KiB (enough for an S3 error code).
 // Faults: 5xx, 408, 429, resets, stalls (low-speed limit) and cut bodies are retried with
 // full-jitter exponential backoff (Retry-After honoured), a cut range resuming from the byte it
-// reached, within RemoteOptions::timeout_s per range; then an Error naming the URL (redacted),
-// the range and the HTTP status or curl's error.
+// reached, within RemoteOptions::timeout_s per range, counted from the range's first request and
+// enforced during transfers too (a server that trickles or never ends its body); then an Error
+// naming the URL (redacted), the range and the HTTP status or curl's error.
+// A server that ignores Range (a 200 with the whole object to the opening range) is refused for an
+// object over kTail, or with RemoteOptions::download_whole read whole, once, into an unlinked
+// temporary file whose mapping then serves every read.
 // Each concurrent caller drives a multi handle of its own from a pool (idle handles keep their
 // connections alive for the next read).
 
 #include <curl/curl.h>
+#include <fcntl.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <mutex>
@@ -50,6 +64,7 @@ struct Piece {
   uint64_t len = 0;          // bytes wanted (for the opening request: the most accepted)
   uint64_t got = 0;          // bytes written so far (a retry resumes here)
   bool opening = false;      // suffix request: size and ETag unknown yet
+  bool whole = false;        // the whole object, into the source's temporary file (no Range)
   int attempts = 0;
   Clock::time_point not_before{}, deadline{};
   // Per attempt:
@@ -59,6 +74,7 @@ struct Piece {
   long status = 0;
   std::string body;          // an error response's first bytes
   std::string mismatch;      // why a 2xx response was refused
+  bool timed_out = false;    // the range's deadline passed
   char errbuf[CURL_ERROR_SIZE] = {};
   curl_slist* headers = nullptr;
   CURL* easy = nullptr;
@@ -112,6 +128,10 @@ class HttpSource final : public ByteSource {
     o_.retries = std::clamp(o_.retries, 0, 100);
   }
 
+  ~HttpSource() override {
+    if (spill_fd_ >= 0) ::close(spill_fd_);
+  }
+
   void open() {
     auto tail = std::make_shared<std::vector<std::byte>>(kTail);
     std::vector<Piece> p(1);
@@ -119,8 +139,20 @@ class HttpSource final : public ByteSource {
     p[0].dst = tail->data();
     p[0].len = kTail;
     run(p);
+    if (p[0].whole) {
+      // The server ignores Range: the object is in the temporary file.
+      size_ = p[0].got;
+      whole_ = open_mmap_source("/proc/self/fd/" + std::to_string(spill_fd_));
+      ::close(spill_fd_);
+      spill_fd_ = -1;
+      return;
+    }
     tail->resize(p[0].len);
     if (!tail->empty()) cache_.push_back({p[0].offset, std::move(tail)});
+    if (tag_.empty() && modified_.empty() && size_ > p[0].len && o_.on_note)
+      o_.on_note(t_.name +
+                 ": the server sends neither ETag nor Last-Modified, so the object cannot be "
+                 "pinned: a change while it is read shows only if its length changes");
   }
 
   uint64_t size() const override { return size_; }
@@ -129,7 +161,10 @@ class HttpSource final : public ByteSource {
     return o_.chunk_size * static_cast<uint64_t>(o_.connections);
   }
 
+  const InMemory* in_memory() const override { return whole_ ? whole_->in_memory() : nullptr; }
+
   void read_into(uint64_t offset, std::span<std::byte> dst) const override {
+    if (whole_) return whole_->read_into(offset, dst);
     check_range(offset, dst.size());
     count(dst.size());
     if (dst.empty()) return;
@@ -148,6 +183,7 @@ class HttpSource final : public ByteSource {
   }
 
   Bytes read(uint64_t offset, uint64_t len) const override {
+    if (whole_) return whole_->read(offset, len);
     check_range(offset, len);
     count(len);
     if (Bytes b = cached(offset, len); b.owner || len == 0) return b;
@@ -164,6 +200,7 @@ class HttpSource final : public ByteSource {
   // between small tensors), the rest straight into their destinations (never copied through a
   // scratch buffer). All the ranges run in one window of `connections` requests.
   void read_batch(std::span<const ReadRequest> requests) const override {
+    if (whole_) return whole_->read_batch(requests);
     std::vector<size_t> todo;
     for (size_t i = 0; i < requests.size(); ++i) {
       const auto& r = requests[i];
@@ -280,13 +317,53 @@ class HttpSource final : public ByteSource {
   [[noreturn]] void fail(const Piece& p, CURLcode rc) const;
   std::string range_text(const Piece& p) const {
     if (p.opening) return "the last " + std::to_string(p.len) + " bytes";
+    if (p.whole) return "the whole object";
     return "bytes " + std::to_string(p.offset) + "-" + std::to_string(p.offset + p.len - 1);
   }
 
   Target t_;
   RemoteOptions o_;
   uint64_t size_ = 0;
-  std::string etag_;  // strong ETag pinned by the first response ("" when the server has none)
+  std::string etag_;      // strong ETag pinned by the first response (If-Match), else ""
+  std::string tag_;       // the first response's ETag, weak or strong ("" when it had none)
+  std::string modified_;  // the first response's Last-Modified ("" when it had none)
+  int spill_fd_ = -1;     // RemoteOptions::download_whole: the unlinked temporary file
+  SourcePtr whole_;       // ... and its mapping, which serves every read once it is complete
+
+  // The temporary file a whole object goes to; false (with `why`) when it cannot be made.
+  bool make_spill(std::string& why) {
+    if (spill_fd_ >= 0) return ::ftruncate(spill_fd_, 0) == 0 || (why = std::strerror(errno), false);
+    const char* tmp = std::getenv("TMPDIR");
+    std::string path = std::string(tmp && *tmp ? tmp : "/tmp") + "/ckpt-download-XXXXXX";
+    spill_fd_ = ::mkostemp(path.data(), O_CLOEXEC);
+    if (spill_fd_ < 0) {
+      why = "cannot create a temporary file in " + path.substr(0, path.rfind('/')) + ": " +
+            std::strerror(errno);
+      return false;
+    }
+    ::unlink(path.c_str());
+    return true;
+  }
+
+  // Is a later response's object the first one's? Else false, with the reason in `why`.
+  bool same_validators(const std::string& etag, const std::string& modified,
+                       std::string& why) const {
+    if (!tag_.empty() && etag != tag_) {
+      why = etag.empty() ? "the server stopped sending the object's ETag (" + tag_ +
+                               "): it cannot show that the object did not change while reading"
+                         : "the object changed while reading (ETag " + tag_ + ", now " + etag + ")";
+      return false;
+    }
+    if (!modified_.empty() && modified != modified_) {
+      why = modified.empty() ? "the server stopped sending the object's Last-Modified (" +
+                                   modified_ +
+                                   "): it cannot show that the object did not change while reading"
+                             : "the object changed while reading (Last-Modified " + modified_ +
+                                   ", now " + modified + ")";
+      return false;
+    }
+    return true;
+  }
   mutable std::mutex cache_mu_;
   mutable std::vector<Block> cache_;
   mutable std::mutex pool_mu_;
@@ -300,8 +377,18 @@ struct Checker {
     p.checked = true;
     curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &p.status);
     const uint64_t want = p.offset + p.got;
-    std::string etag = header(e, "ETag");
+    const std::string etag = header(e, "ETag");
+    const std::string modified = header(e, "Last-Modified");
+    auto pin = [&] {
+      s.tag_ = etag;
+      if (etag.rfind("W/", 0) != 0) s.etag_ = etag;
+      s.modified_ = modified;
+    };
     if (p.status == 206) {
+      if (p.whole) {
+        p.mismatch = "a 206 response to a request without Range";
+        return;
+      }
       uint64_t a, b, t;
       if (!parse_content_range(header(e, "Content-Range"), a, b, t)) {
         p.mismatch = "a 206 response without a usable Content-Range";
@@ -310,7 +397,7 @@ struct Checker {
       if (p.opening) {
         // The suffix range: the object's size, ETag and last bytes.
         s.size_ = t;
-        if (etag.rfind("W/", 0) != 0) s.etag_ = etag;
+        pin();
         p.opening = false;
         p.offset = a;
         p.len = b - a + 1;
@@ -326,10 +413,7 @@ struct Checker {
                      std::to_string(t) + " bytes while reading";
         return;
       }
-      if (!s.etag_.empty() && !etag.empty() && etag != s.etag_) {
-        p.mismatch = "the object changed while reading (ETag " + s.etag_ + ", now " + etag + ")";
-        return;
-      }
+      if (!s.same_validators(etag, modified, p.mismatch)) return;
       if (a != want || b != p.offset + p.len - 1) {
         p.mismatch = "the server sent bytes " + std::to_string(a) + "-" + std::to_string(b);
         return;
@@ -339,30 +423,68 @@ struct Checker {
     }
     if (p.status == 200) {
       // The whole object: usable when the whole object was asked for, or at opening when it
-      // fits the suffix range (a server that ignores Range, a small object).
+      // fits the suffix range (a server that ignores Range, a small object), or the whole
+      // download of RemoteOptions::download_whole.
       curl_off_t cl = -1;
       curl_easy_getinfo(e, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &cl);
+      if (p.whole) {  // a retry of the whole download
+        if (cl < 0 || static_cast<uint64_t>(cl) != s.size_) {
+          p.mismatch = "the object's size changed from " + std::to_string(s.size_) + " to " +
+                       (cl < 0 ? std::string("unknown") : std::to_string(cl)) +
+                       " bytes while reading";
+          return;
+        }
+        if (!s.same_validators(etag, modified, p.mismatch)) return;
+        if (!s.make_spill(p.mismatch)) return;
+        p.got = 0;
+        p.usable = true;
+        return;
+      }
       if (p.opening) {
         if (cl < 0 || static_cast<uint64_t>(cl) > kTail) {
-          p.mismatch = "the server ignores Range requests (200 for a range)";
+          if (cl < 0) {  // an endless body, as far as anyone can tell
+            p.mismatch = "the server ignores Range requests (200 for a range) and sends no length";
+            return;
+          }
+          if (!s.o_.download_whole) {
+            p.mismatch =
+                "the server ignores Range requests (200 for a range) and the object is over 1 MiB; "
+                "a load can download it whole (RemoteOptions::download_whole)";
+            return;
+          }
+          if (!s.make_spill(p.mismatch)) return;
+          s.size_ = static_cast<uint64_t>(cl);
+          pin();
+          p.opening = false;
+          p.whole = true;
+          p.offset = 0;
+          p.got = 0;
+          p.len = static_cast<uint64_t>(cl);
+          p.usable = true;
+          if (s.o_.on_note)
+            s.o_.on_note(s.t_.name +
+                         ": the server ignores Range requests: downloading the whole object (" +
+                         std::to_string(cl) + " bytes) once, into a temporary file");
           return;
         }
         s.size_ = static_cast<uint64_t>(cl);
-        if (etag.rfind("W/", 0) != 0) s.etag_ = etag;
+        pin();
         p.opening = false;
         p.offset = 0;
         p.len = s.size_;
         p.usable = true;
         return;
       }
-      if (want == 0 && p.len == s.size_ && cl >= 0 && static_cast<uint64_t>(cl) == s.size_ &&
-          (s.etag_.empty() || etag == s.etag_)) {
+      if (want == 0 && p.len == s.size_ && cl >= 0 && static_cast<uint64_t>(cl) == s.size_) {
+        if (!s.same_validators(etag, modified, p.mismatch)) return;
         p.usable = true;
         return;
       }
       p.mismatch = "the server ignores Range requests (200 for a range)";
       return;
     }
+    if (p.status >= 200 && p.status < 300)
+      p.mismatch = "HTTP " + std::to_string(p.status) + " to a range request";
   }
 };
 
@@ -371,12 +493,29 @@ size_t HttpSource::on_write(char* data, size_t sz, size_t n, void* ud) {
   const size_t bytes = sz * n;
   if (!p.checked) Checker::check(*p.src, p, p.easy);
   if (!p.usable) {
-    if (p.body.size() < 2048) p.body.append(data, std::min<size_t>(bytes, 2048 - p.body.size()));
-    return bytes;
+    // A refused 2xx is abandoned at its first byte; an error response once its first 2 KiB (the
+    // S3 error code) are kept, so neither an endless nor a large body is read.
+    if (!p.mismatch.empty() || p.status < 300) return 0;  // CURLE_WRITE_ERROR
+    const size_t keep = std::min<size_t>(bytes, 2048 - p.body.size());
+    p.body.append(data, keep);
+    return p.body.size() >= 2048 ? 0 : bytes;
   }
   if (bytes > p.len - p.got) {
     p.overflow = true;
     return 0;  // CURLE_WRITE_ERROR
+  }
+  if (p.whole) {
+    for (size_t done = 0; done < bytes;) {
+      const ssize_t w = ::write(p.src->spill_fd_, data + done, bytes - done);
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) {
+        p.mismatch = std::string("cannot write the temporary file: ") + std::strerror(errno);
+        return 0;
+      }
+      done += static_cast<size_t>(w);
+    }
+    p.got += bytes;
+    return bytes;
   }
   std::memcpy(p.dst + p.got, data, bytes);
   p.got += bytes;
@@ -387,7 +526,7 @@ void HttpSource::start(Multi& m, Piece& p, std::vector<std::pair<CURL*, Piece*>>
   CURL* e = m.easy();
   p.easy = e;
   p.src = const_cast<HttpSource*>(this);
-  p.checked = p.usable = p.overflow = false;
+  p.checked = p.usable = p.overflow = p.timed_out = false;
   p.status = 0;
   p.body.clear();
   p.mismatch.clear();
@@ -396,11 +535,22 @@ void HttpSource::start(Multi& m, Piece& p, std::vector<std::pair<CURL*, Piece*>>
   p.headers = nullptr;
   if (!p.opening && !etag_.empty())
     p.headers = curl_slist_append(p.headers, ("If-Match: " + etag_).c_str());
+  else if (!p.opening && !modified_.empty())
+    p.headers = curl_slist_append(p.headers, ("If-Unmodified-Since: " + modified_).c_str());
   internal::apply_target(e, t_, t_.url, o_, p.headers);
+  // The range's time, retries included, counts from its first request; curl enforces what is
+  // left during the transfer (a trickling server, an endless body).
+  const auto now = Clock::now();
+  if (p.attempts == 0)
+    p.deadline = now + std::chrono::duration_cast<Clock::duration>(
+                           std::chrono::duration<double>(std::max(1.0, o_.timeout_s)));
+  const auto left =
+      std::chrono::duration_cast<std::chrono::milliseconds>(p.deadline - now).count();
+  curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, static_cast<long>(std::max<int64_t>(1, left)));
   const std::string range =
       p.opening ? "-" + std::to_string(p.len)
                 : std::to_string(p.offset + p.got) + "-" + std::to_string(p.offset + p.len - 1);
-  curl_easy_setopt(e, CURLOPT_RANGE, range.c_str());  // curl copies strings
+  if (!p.whole) curl_easy_setopt(e, CURLOPT_RANGE, range.c_str());  // curl copies strings
   curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, &HttpSource::on_write);
   curl_easy_setopt(e, CURLOPT_WRITEDATA, &p);
   curl_easy_setopt(e, CURLOPT_ERRORBUFFER, p.errbuf);
@@ -420,6 +570,12 @@ void HttpSource::fail(const Piece& p, CURLcode rc) const {
   const std::string s3code = internal::error_body_summary(p.body);
   if (!p.mismatch.empty()) {
     what += ": " + p.mismatch;
+  } else if (p.timed_out) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%g", std::max(1.0, o_.timeout_s));
+    what += ": timed out: the range's " + std::string(b) +
+            " s (RemoteOptions::timeout_s, retries included) ran out";
+    if (p.errbuf[0]) what += std::string(" (") + p.errbuf + ")";
   } else if (rc != CURLE_OK && !(rc == CURLE_WRITE_ERROR && !p.usable && p.status >= 300)) {
     what += ": " + std::string(p.overflow ? "the server sent more bytes than asked for"
                                           : (p.errbuf[0] ? p.errbuf : curl_easy_strerror(rc)));
@@ -431,7 +587,12 @@ void HttpSource::fail(const Piece& p, CURLcode rc) const {
       case 404: code = ErrorCode::kNotFound; what += " (no such object)"; break;
       case 401:
       case 403: code = ErrorCode::kAuth; what += " (access denied: check the credentials)"; break;
-      case 412: what += " (the object changed while reading: its ETag is no longer " + etag_ + ")"; break;
+      case 412:
+        what += " (the object changed while reading: its " +
+                (etag_.empty() ? "Last-Modified is no longer " + modified_
+                               : "ETag is no longer " + etag_) +
+                ")";
+        break;
       case 416: code = ErrorCode::kTruncated; what += " (range not satisfiable)"; break;
       default: break;
     }
@@ -446,13 +607,7 @@ void HttpSource::run(std::vector<Piece>& pieces) const {
   Multi& m = *multi;
   std::vector<std::pair<CURL*, Piece*>> active;
   std::deque<Piece*> waiting;
-  const auto t0 = Clock::now();
-  const auto budget = std::chrono::duration_cast<Clock::duration>(
-      std::chrono::duration<double>(std::max(1.0, o_.timeout_s)));
-  for (auto& p : pieces) {
-    p.deadline = t0 + budget;
-    waiting.push_back(&p);
-  }
+  for (auto& p : pieces) waiting.push_back(&p);
   auto finish = [&](bool keep) {
     for (auto& [e, p] : active) {
       curl_multi_remove_handle(m.m, e);
@@ -513,6 +668,14 @@ void HttpSource::run(std::vector<Piece>& pieces) const {
           }
         }
         if (rc == CURLE_OK && p.usable && p.got == p.len) continue;  // done
+        now = Clock::now();
+        if (rc == CURLE_OPERATION_TIMEDOUT && now + std::chrono::milliseconds(100) >= p.deadline) {
+          p.timed_out = true;
+          fail(p, rc);
+        }
+        // An error response abandoned after its first bytes is that response, not a transport
+        // error.
+        const bool cut_error = rc == CURLE_WRITE_ERROR && !p.usable && p.status >= 300;
         // Retry what may mend: transport errors, cut bodies, 5xx, 408, 429.
         bool retry = false;
         double after = -1;
@@ -523,7 +686,7 @@ void HttpSource::run(std::vector<Piece>& pieces) const {
           std::string ra = header(e, "Retry-After");
           if (!ra.empty() && std::isdigit(static_cast<unsigned char>(ra[0])))
             after = std::min(std::atof(ra.c_str()), o_.retry_max_s);
-        } else if (rc == CURLE_OK) {
+        } else if (rc == CURLE_OK || cut_error) {
           retry = p.usable;  // a short body without a transport error
         } else {
           switch (rc) {
@@ -541,7 +704,6 @@ void HttpSource::run(std::vector<Piece>& pieces) const {
               retry = true;  // partial file, reset, timeout, nothing received, connect...
           }
         }
-        now = Clock::now();
         if (retry && p.attempts <= o_.retries) {
           const double cap = std::min(o_.retry_max_s, o_.retry_base_s * double(1u << std::min(p.attempts - 1, 20)));
           const double delay = after >= 0 ? after : jitter(cap);

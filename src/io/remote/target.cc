@@ -23,6 +23,7 @@ bool is_url(const std::string& path) {
 }
 
 std::string redact_url(const std::string& url) {
+  if (url.find("://") == std::string::npos) return url;  // a path
   std::string u = url;
   size_t q = u.find_first_of("?#");
   if (q != std::string::npos) u = u.substr(0, q) + "?...";
@@ -204,6 +205,9 @@ void apply_target(CURL* e, const Target& t, const std::string& url, const Remote
   // credentials of one host to another.
   curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, t.s3 ? 0L : 1L);
   curl_easy_setopt(e, CURLOPT_MAXREDIRS, 5L);
+  // HTTP and HTTPS only, for the URL and for every redirect (never ftp://, file://, ...).
+  curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
+  curl_easy_setopt(e, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
   curl_easy_setopt(e, CURLOPT_USERAGENT, "ckpt");
   if (!t.ca_file.empty()) curl_easy_setopt(e, CURLOPT_CAINFO, t.ca_file.c_str());
   if (t.s3) {
