@@ -16,6 +16,7 @@ import atexit
 import collections
 import gc
 import os
+import sys
 import threading
 
 from . import _build, _ckpt, _script, _tree
@@ -23,6 +24,7 @@ from ._build import Builder, backend
 from ._build import untyped_storage as _untyped_storage
 from ._errors import (AuthError, CorruptError, Error, InvalidArgumentError, IoError,
                       LimitExceededError, NotFoundError, TruncatedError, UnsupportedError, error)
+from ._save import _key, _Progress, load_model, save, save_file, save_model
 from ._tree import Global, Opaque, OpaqueDict
 
 # Large checkpoints are freed on a background thread (python/src/reaper.cc); wait for them at exit.
@@ -30,7 +32,8 @@ atexit.register(_ckpt.drain_reaped)
 
 __version__ = "0.1.0"
 __all__ = [
-    "load", "save", "safe_open", "load_file", "save_file", "open", "Checkpoint", "TensorInfo",
+    "load", "save", "safe_open", "load_file", "save_file", "save_model", "load_model", "open",
+    "Checkpoint", "TensorInfo",
     "Opaque", "Global", "OpaqueDict", "Error", "IoError", "NotFoundError", "TruncatedError",
     "CorruptError", "UnsupportedError", "LimitExceededError", "InvalidArgumentError",
     "AuthError", "set_kept_memory_limit", "release_kept_memory", "kept_memory",
@@ -77,13 +80,57 @@ def _device(map_location, framework="torch"):
     loc = str(loc)
     if loc in ("cpu", "cpu:0"):
         return "cpu"
+    if loc == "meta":
+        if framework != "torch":
+            raise error(InvalidArgumentError, "map_location='meta' makes torch meta tensors: "
+                        "it needs torch")
+        return "meta"
     if loc == "cuda" or loc.startswith("cuda:"):
         if framework != "torch":
             raise error(InvalidArgumentError, f"device {loc!r}: numpy arrays live in host memory "
                         "(use framework='pt' for CUDA tensors)")
         return loc
-    raise error(InvalidArgumentError, f"map_location={map_location!r}: ckpt loads onto 'cpu' "
-                "or 'cuda[:N]' (move the tensors afterwards)")
+    raise error(InvalidArgumentError, f"map_location={map_location!r}: ckpt loads onto 'cpu', "
+                "'cuda[:N]' or 'meta' (move the tensors afterwards)")
+
+
+def _is_callable_location(loc):
+    if loc is None or isinstance(loc, (str, dict, int)):
+        return False
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(loc, torch.device):
+        return False
+    return callable(loc)
+
+
+def _call_location(fn, locations):
+    """The device a callable map_location (torch's ``fn(storage, location)``) puts storages on.
+
+    ckpt loads every tensor onto one device, so the callable is not called per storage with the
+    file's bytes: it is called once per distinct location the file names ("cpu", "cuda:0"...),
+    with an empty CPU storage, and the device of what it returns is where the load goes
+    (``lambda storage, loc: storage`` is "cpu"; returning None keeps the saved location, as
+    torch does). Results that differ by location, or that are not storages or tensors, raise
+    ckpt.UnsupportedError."""
+    import torch
+    targets = set()
+    for loc in sorted(set(locations)) or ["cpu"]:
+        probe = torch.UntypedStorage(0)
+        out = fn(probe, loc)
+        if out is None:
+            targets.add(loc)
+            continue
+        dev = getattr(out, "device", None)
+        if dev is None:
+            raise error(UnsupportedError, f"map_location callable returned a "
+                        f"{type(out).__name__} for location {loc!r}; ckpt needs a storage or "
+                        "tensor (its device is where the tensors go)")
+        targets.add(str(dev))
+    targets = {"cpu" if t in ("cpu", "cpu:0") else t for t in targets}
+    if len(targets) > 1:
+        raise error(UnsupportedError, f"map_location callable sends storages to "
+                    f"{sorted(targets)}; ckpt loads every tensor onto one device")
+    return targets.pop()
 
 
 def _is_url(path):
@@ -94,12 +141,6 @@ def _open_path(path, mmap, strict, key, password):
     # mmap: a private mapping with writable copy-on-write views. A URL (http://, https://,
     # s3://bucket/key) is read with ranged requests: nothing to map.
     return _ckpt.Checkpoint.open(path, mmap, strict, _key(key), password or "")
-
-
-def _key(key):
-    if key is None:
-        return ""
-    return key.hex() if isinstance(key, (bytes, bytearray)) else str(key)
 
 
 class _NoGC:
@@ -141,7 +182,7 @@ def _loader(fw):
 
 
 def load(f, *, map_location="cpu", mmap=False, verify=False, strict=False, key=None,
-         password=None, weights_only=None):
+         password=None, weights_only=None, progress=None):
     """Load a checkpoint: returns what ``torch.load(f)`` returns, without running any code.
 
     f: a path (str or os.PathLike), a URL (http://, https://, s3://bucket/key: ranged requests,
@@ -150,7 +191,11 @@ def load(f, *, map_location="cpu", mmap=False, verify=False, strict=False, key=N
       Any format ckpt reads: torch.save zip and legacy files, TorchScript archives (their state
       dict), safetensors (an OrderedDict of name -> tensor), tensorizer.
     map_location: where the tensors go: "cpu" (also None), "cuda", "cuda:N", an int N, a
-      torch.device, or a dict whose values name one device. CUDA: the bytes are read by several
+      torch.device, a dict whose values name one device, "meta" or torch.device("meta") (meta
+      tensors: dtype, shape and strides from the file's tables, no tensor byte read), or a
+      callable ``fn(storage, location)`` as torch takes it (called once per location the file
+      names, with an empty CPU storage: the device of what it returns is where every tensor
+      goes; ``lambda storage, loc: storage`` is the CPU). CUDA: the bytes are read by several
       threads into pinned staging buffers and copied into one device allocation, and the
       tensors are CUDA tensors over it (handed to torch through DLPack, no host copy; the memory
       is freed when the last of them dies). Without a usable GPU: ckpt.UnsupportedError naming
@@ -165,103 +210,76 @@ def load(f, *, map_location="cpu", mmap=False, verify=False, strict=False, key=N
       weights_only=True) does; otherwise they come back as ckpt.Opaque, never called.
     key / password: decryption for encrypted tensorizer files (32 raw bytes or 64 hex digits).
     weights_only: accepted for torch.load compatibility; True means strict=True.
+    progress: None (default), a callable ``fn(done, total)`` called with bytes read (at most
+      every 100 ms, and once at the end with done == total; from a reader thread, with the GIL
+      held; an exception it raises stops the load and is raised by it), or True for a tqdm bar
+      on stderr (a plain percentage line when tqdm is not installed).
 
     Tensors are torch tensors when torch can be imported, else numpy arrays. Storages shared in
     the file stay shared; Parameters, requires_grad, torch.Size, OrderedDict (with _metadata)
     and quantized tensors come back as torch makes them. Bytes move with the GIL released.
     Raises ckpt.Error subclasses (NotFoundError, CorruptError, TruncatedError, ...).
     """
+    strict = bool(strict or weights_only)
+    source = _source(f)
+    if _is_callable_location(map_location):
+        if _framework(None) != "torch":
+            raise error(InvalidArgumentError, "a callable map_location needs torch")
+        ck = _open_source(source, strict, key, password)
+        map_location = _call_location(map_location, [s[4] or "cpu" for s in ck.storage_infos()])
     device = _device(map_location, _framework(None))
-    with _NoGC():
-        return _load(f, mmap, verify, bool(strict or weights_only), key, password, device=device)
+    with _NoGC(), _Progress(progress, "load") as fn:
+        return _load(source, mmap, verify, strict, key, password, device=device, progress=fn)
 
 
-def _load(f, mmap, verify, strict, key, password, flat=False, device="cpu"):
+def _source(f):
+    """A path (str) or (bytes, name) for a binary file object (read whole)."""
+    if isinstance(f, (str, bytes, os.PathLike)):
+        return os.fsdecode(f)
+    if isinstance(f, tuple):
+        return f
+    if not hasattr(f, "read"):
+        raise error(InvalidArgumentError, f"expected a path (str, pathlib.Path) or a binary file "
+                    f"object, not {type(f).__name__}")
+    data = f.read()
+    if isinstance(data, str):
+        raise error(InvalidArgumentError, "the file object is open in text mode; open it with "
+                    "'rb'")
+    return (bytes(data), str(getattr(f, "name", "<stream>")))
+
+
+def _open_source(source, strict, key, password, mmap=True):
+    """A _ckpt.Checkpoint of `source` (metadata read, no tensor bytes)."""
+    if isinstance(source, tuple):
+        return _ckpt.Checkpoint.open_bytes(source[0], source[1], strict, _key(key),
+                                           password or "")
+    return _open_path(source, mmap, strict, key, password)
+
+
+def _load(f, mmap, verify, strict, key, password, flat=False, device="cpu", progress=None):
     # One call: the bytes, the tensors and the tree (python/src/load.cc).
     fw = _framework(None)
-    if isinstance(f, (str, bytes, os.PathLike)):
-        source = os.fsdecode(f)
-    else:
-        source = (bytes(f.read()), str(getattr(f, "name", "<stream>")))
+    source = _source(f)
+    if device == "meta":
+        return _load_meta(source, strict, key, password, flat)
     return _ckpt.load(source, mmap, verify, strict, _key(key), password or "", flat, *_loader(fw),
-                      device)
+                      device, progress)
 
 
-# --- saving ---------------------------------------------------------------------------------
-
-_FORMATS = {"pt": "pt", "torch": "pt", "safetensors": "safetensors", "tensorizer": "tensorizer"}
-
-
-def _format_for(path, format):
-    if format is not None:
-        if format not in _FORMATS:
-            raise error(InvalidArgumentError, f"unknown format {format!r} (pt, safetensors, "
-                        "tensorizer)")
-        return _FORMATS[format]
-    p = path.lower()
-    if p.endswith(".safetensors"):
-        return "safetensors"
-    if p.endswith(".tensors"):
-        return "tensorizer"
-    return "pt"
-
-
-def _flat_items(obj, fmt):
-    if not isinstance(obj, dict):
-        raise error(InvalidArgumentError, f"{fmt} stores a dict of name -> tensor, not a "
-                    f"{type(obj).__name__}")
-    items = []
-    for k, v in obj.items():
-        if not isinstance(k, str):
-            raise error(InvalidArgumentError, f"{fmt} tensor names are strings, not {k!r}")
-        items.append((k, v))
-    return items
-
-
-def save(obj, f, *, format=None, metadata=None, key=None, password=None):
-    """Write ``obj`` the way ``torch.save`` does (torch.load reads it), or as safetensors or
-    tensorizer (from the file extension .safetensors / .tensors, or format="pt" |
-    "safetensors" | "tensorizer").
-
-    pt: any tree of dict, OrderedDict, Counter, defaultdict, list, tuple, set, numbers, str,
-    bytes, None, torch.Size, dtypes, devices, tensors (quantized and meta too), Parameters,
-    ckpt.Opaque; storage sharing is kept.
-    safetensors/tensorizer: a dict of name -> tensor (metadata: safetensors' __metadata__;
-    key/password: tensorizer encryption). Atomic: the file appears complete or not at all.
-    f: a path or a binary file object. Raises ckpt.Error.
-    """
-    if not isinstance(f, (str, bytes, os.PathLike)):
-        import tempfile
-        fmt = _format_for("", format)
-        with tempfile.TemporaryDirectory() as d:
-            tmp = os.path.join(d, "out")
-            save(obj, tmp, format=fmt, metadata=metadata, key=key, password=password)
-            with open_builtin(tmp, "rb") as src:
-                while True:
-                    chunk = src.read(1 << 24)
-                    if not chunk:
-                        break
-                    f.write(chunk)
-        return
-    path = os.fsdecode(f)
-    fmt = _format_for(path, format)
-    if fmt == "pt":
-        _ckpt.save_torch(path, obj, _tree, 0, "")
-    elif fmt == "safetensors":
-        save_file(obj, path, metadata)
-    else:
-        return _ckpt.save_tensorizer(path, _flat_items(obj, "tensorizer"), _tree, _key(key),
-                                     password or "")
-
-
-def save_file(tensors, filename, metadata=None):
-    """safetensors.torch.save_file: write a dict of name -> tensor (and str -> str metadata).
-    Tensors sharing memory are refused (ckpt.InvalidArgumentError), as safetensors does."""
-    md = dict(metadata or {})
-    for k, v in md.items():
-        if not isinstance(k, str) or not isinstance(v, str):
-            raise error(InvalidArgumentError, "safetensors metadata maps str to str")
-    _ckpt.save_safetensors(os.fsdecode(filename), _flat_items(tensors, "safetensors"), md, _tree, 0)
+def _load_meta(source, strict, key, password, flat):
+    """map_location="meta": the file's tables only (no tensor byte is read), every tensor a
+    torch meta tensor of its dtype, shape and strides. numpy arrays, whose bytes the pickle
+    itself holds, come back as the arrays they are (as torch.load gives them)."""
+    ck = _open_source(source, strict, key, password)
+    _loader("torch")
+    b = Builder(ck, "torch", ck.name)
+    b.meta = True
+    tensors = b.all()
+    if flat:
+        return {n: tensors[i] for n, i in ck.state_dict_entries()}
+    if ck.format == "torchscript":
+        return _script.state_dict(ck, tensors, lambda: ck.tree(tensors, _tree, 1000), True)
+    return ck.tree(tensors, _tree, 1000)
 
 
 def load_file(filename, device="cpu"):
@@ -362,8 +380,9 @@ class safe_open:
                  strict=False):
         fw = _framework(framework)
         self._device = _device(device, fw)
-        self._ck = _open_path(os.fsdecode(filename), True, strict, key, password)
+        self._ck = _open_source(_source(filename), strict, key, password)
         self._b = Builder(self._ck, fw, self._ck.name)
+        self._b.meta = self._device == "meta"
         self._names = collections.OrderedDict(self._ck.state_dict_entries())
         self._lock = threading.Lock()
 
@@ -398,7 +417,7 @@ class safe_open:
 
     def _view(self, i):
         with self._lock:
-            need = self._b.need_storages([i])
+            need = [] if self._b.meta else self._b.need_storages([i])
             if need:
                 bufs = self._ck.storages(need, False, self._device)
                 for s, buf in zip(need, bufs):
@@ -466,12 +485,17 @@ class Checkpoint:
 
     def convert(self, dst, *, format=None, alignment=0, copy_shared=False, meta="refuse",
                 key=None, key_file=None, password=None, store_digests=False,
-                max_shard_size=0):
+                max_shard_size=0, fsync=True, progress=None):
         """Write this checkpoint in another format (what `ckpt convert` does); returns a report
-        dict (format, tensors, tensor_bytes, bytes_written, not_written, ...). Atomic."""
+        dict (format, tensors, tensor_bytes, bytes_written, not_written, ...). Atomic; fsync
+        (default on, as `ckpt convert`) flushes it to disk first. progress: as for
+        :func:`load`, with bytes written (called on this thread). A keyword of another format
+        than the output's is refused (ckpt.InvalidArgumentError naming it)."""
         fmt = "" if format is None else format
-        return self._ck.convert(os.fsdecode(dst), fmt, alignment, copy_shared, meta, _key(key),
-                                key_file or "", password or "", store_digests, max_shard_size)
+        with _Progress(progress, "convert") as fn:
+            return self._ck.convert(os.fsdecode(dst), fmt, alignment, copy_shared, meta,
+                                    _key(key), key_file or "", password or "", store_digests,
+                                    max_shard_size, bool(fsync), fn)
 
     def stream(self, budget, *, verify=False):
         """Iterate (name, tensor) in file order with at most ``budget`` bytes of storage in

@@ -13,7 +13,7 @@ An eager load runs the builder while its reader threads are still filling the me
 import collections
 import sys
 
-from ._errors import CorruptError, UnsupportedError, error
+from ._errors import CorruptError, Error, UnsupportedError, error
 
 _NP_TYPES = {
     "float32": "<f4", "float64": "<f8", "float16": "<f2", "complex64": "<c8",
@@ -68,6 +68,7 @@ class Builder:
         self.framework = framework
         self._infos = self._sinfos = None  # made when first needed (20,000 tuples: ~6 ms)
         self.source = source_name
+        self.meta = False  # every tensor a meta tensor (map_location="meta"): no bytes needed
         self._dtypes = {}
         # storage index -> Span, then its torch tensor / UntypedStorage; None: not loaded
         self.storages = storages if storages is not None else [None] * self.storage_count()
@@ -110,7 +111,7 @@ class Builder:
     def all(self):
         """Every tensor, as a list in table order (quantization parameters first)."""
         n = len(self.tensors)
-        if self.framework == "torch":
+        if self.framework == "torch" and not self.meta:
             self._shared_tensors()
         order = [i for i in range(n) if self.tensors[i] is None and self.infos[i][8] is None] + \
                 [i for i in range(n) if self.tensors[i] is None and self.infos[i][8] is not None]
@@ -156,6 +157,8 @@ class Builder:
         if t is None:
             try:
                 t = self._torch_tensor(i) if self.framework == "torch" else self._np_array(i)
+            except Error:
+                raise  # ckpt's own (UnsupportedError is a RuntimeError too)
             except (RuntimeError, ValueError, TypeError) as e:
                 # The library checked the layout already; anything torch or numpy still refuses
                 # is reported as the file's fault, naming the tensor.
@@ -171,10 +174,12 @@ class Builder:
         if dtype is None:
             dtype = getattr(torch, dt, None)
             self._dtypes[dt] = dtype
+        if not isinstance(dtype, torch.dtype) and self.infos[i][9] == "numpy" and dt in _NP_TYPES:
+            return self._numpy_over_torch(si, dt, shape, strides, offset)
         if not isinstance(dtype, torch.dtype):
             raise error(UnsupportedError, f"dtype {dt} does not exist in this torch "
                         f"({torch.__version__})", self.source, name)
-        if self.sinfos[si][3]:  # meta: shape and dtype only
+        if self.sinfos[si][3] or self.meta:  # meta: shape and dtype only
             t = torch.empty_strided(shape, strides, dtype=dtype, device="meta")
         elif q is not None:
             scheme, scale, zp, axis, scales_i, zps_i = q
@@ -194,6 +199,26 @@ class Builder:
         if rg:
             t.requires_grad_(True)
         return t
+
+    def _numpy_over_torch(self, si, dt, shape, strides, offset):
+        """A numpy array pickled by numpy whose dtype this torch lacks (uint16-64 before torch
+        2.3): made as numpy makes it; the tree then gives it back as the array it was."""
+        import numpy as np
+        torch = self.torch
+        s = self.storages[si]
+        if self.meta or s is None:  # the tree gives the array back from the pickle's bytes
+            return np.zeros(tuple(shape), dtype=_NP_TYPES[dt])
+        if isinstance(s, torch.Tensor):
+            s = untyped_storage(s)
+        if isinstance(s, torch.UntypedStorage):
+            raw = torch.tensor([], dtype=torch.uint8, device=s.device).set_(s).cpu().numpy()
+        elif s.__dlpack_device__()[0] == 1:  # a host Span: its buffer
+            raw = np.frombuffer(s, dtype=np.uint8) if len(s) else np.zeros(0, np.uint8)
+        else:  # device memory (a GPU load): numpy arrays stay in host memory, as torch.load's
+            raw = torch.from_dlpack(s).cpu().numpy()
+        t = np.dtype(_NP_TYPES[dt])
+        return np.ndarray(tuple(shape), dtype=t, buffer=raw, offset=offset * t.itemsize,
+                          strides=tuple(x * t.itemsize for x in strides))
 
     def _untyped(self, si):
         """The torch UntypedStorage of storage si (made once; tensors share it)."""

@@ -1,4 +1,12 @@
-"""ckpt.Error and one subclass per error code of the C++ library (include/ckpt/error.h)."""
+"""ckpt.Error and one subclass per error code of the C++ library (include/ckpt/error.h).
+
+Each subclass is also the builtin exception that fits, so code written for torch.load and
+safetensors catches it: NotFoundError is a FileNotFoundError, IoError an OSError,
+InvalidArgumentError and LimitExceededError ValueErrors, UnsupportedError a NotImplementedError.
+``except ckpt.Error`` still catches them all.
+"""
+
+import errno as _errno
 
 __all__ = [
     "Error", "IoError", "NotFoundError", "TruncatedError", "CorruptError", "UnsupportedError",
@@ -26,14 +34,31 @@ class Error(Exception):
         self.message = text if message is None else message
 
 
-class IoError(Error):
-    """The OS refused a read, write, open or mmap."""
+class _OSErrorMixin:
+    # OSError's fields: errno (where the code implies one) and filename (the file), while
+    # str(e) stays ckpt's text.
+    _errno = None
+
+    def __init__(self, text, code=None, source="", record="", offset=None, message=None):
+        Error.__init__(self, text, code, source, record, offset, message)
+        self.errno = self._errno
+        self.strerror = self.message
+        self.filename = source or None
+
+    def __str__(self):
+        return self.args[0] if self.args else ""
+
+
+class IoError(_OSErrorMixin, Error, OSError):
+    """The OS refused a read, write, open or mmap. Also an OSError."""
     code = "io"
 
 
-class NotFoundError(Error):
-    """A file, record, tensor or key that should exist does not."""
+class NotFoundError(_OSErrorMixin, Error, FileNotFoundError):
+    """A file, record, tensor or key that should exist does not. Also a FileNotFoundError
+    (an OSError): ``except FileNotFoundError`` / ``except OSError`` catch a missing file."""
     code = "not_found"
+    _errno = _errno.ENOENT
 
 
 class TruncatedError(Error):
@@ -46,18 +71,20 @@ class CorruptError(Error):
     code = "corrupt"
 
 
-class UnsupportedError(Error):
-    """Valid but not handled (an unknown global with strict=True, a dtype...)."""
+class UnsupportedError(Error, NotImplementedError):
+    """Valid but not handled (an unknown global with strict=True, a dtype...). Also a
+    NotImplementedError: the input is not wrong, ckpt does not do it."""
     code = "unsupported"
 
 
-class LimitExceededError(Error):
-    """A configurable limit was hit (metadata size, tensor count, nesting depth...)."""
+class LimitExceededError(Error, ValueError):
+    """A configurable limit was hit (metadata size, tensor count, nesting depth...). Also a
+    ValueError (the input is larger than allowed; not a MemoryError: nothing ran out)."""
     code = "limit_exceeded"
 
 
 class InvalidArgumentError(Error, ValueError):
-    """The caller asked for something impossible."""
+    """The caller asked for something impossible. Also a ValueError."""
     code = "invalid_argument"
 
 
@@ -73,6 +100,16 @@ _BY_CODE = {c.code: c for c in (IoError, NotFoundError, TruncatedError, CorruptE
 
 def class_for(code):
     return _BY_CODE.get(code, Error)
+
+
+def at_record(exc, record):
+    """exc (a ckpt.Error raised while converting a value) remade naming ``record`` (where the
+    value is); None for anything else."""
+    if not isinstance(exc, Error) or exc.record:
+        return None
+    parts = [p for p in (exc.source, record) if p]
+    text = ": ".join(parts + [exc.message]) + " [" + str(exc.code) + "]"
+    return type(exc)(text, exc.code, exc.source, record, exc.offset, exc.message)
 
 
 def error(cls, message, source="", record=""):

@@ -71,6 +71,48 @@ class Opaque:
 
     __hash__ = object.__hash__
 
+    def is_module(self):
+        """Whether this is a pickled torch.nn.Module (its state has _parameters, _buffers and
+        _modules)."""
+        st = self.state
+        return isinstance(st, dict) and all(
+            isinstance(st.get(k), dict) for k in ("_parameters", "_buffers", "_modules"))
+
+    def state_dict(self, prefix=""):
+        """The tensors of a pickled torch.nn.Module (``torch.save(model)``) by module path,
+        as ``model.state_dict()`` names them (``0.weight``, ``encoder.layers.1.bias``):
+        each module's parameters, then its persistent buffers, then its submodules', None
+        entries skipped. Read from the pickled state as data; nothing of the module runs (a
+        custom ``state_dict`` override is not applied). Raises ckpt.InvalidArgumentError when
+        this is not a module."""
+        if not self.is_module():
+            from ._errors import InvalidArgumentError, error
+            raise error(InvalidArgumentError, f"{self.module}.{self.name} is not a pickled "
+                        "torch.nn.Module (its state has no _parameters/_buffers/_modules)")
+        out = collections.OrderedDict()
+        _module_entries(self, prefix, out, set())
+        return out
+
+
+def _module_entries(m, prefix, out, seen):
+    # A shared submodule is listed under each of its names, as Module.state_dict does; `seen`
+    # holds the modules on the current path only (a cycle ends there).
+    if id(m) in seen:
+        return
+    seen.add(id(m))
+    st = m.state
+    for k, v in st["_parameters"].items():
+        if v is not None:
+            out[prefix + str(k)] = v
+    skip = st.get("_non_persistent_buffers_set") or ()
+    for k, v in st["_buffers"].items():
+        if v is not None and k not in skip:
+            out[prefix + str(k)] = v
+    for k, sub in st["_modules"].items():
+        if isinstance(sub, Opaque) and sub.is_module():
+            _module_entries(sub, prefix + str(k) + ".", out, seen)
+    seen.discard(id(m))
+
 
 class OpaqueDict(dict):
     """A dict of a class ckpt does not construct: its items, with the class's name."""
@@ -221,6 +263,9 @@ def tensor_with_origin(tensor, origin):
                     except (AttributeError, TypeError):
                         pass
         return tensor
+    arr = _array_from_reconstruct(origin)
+    if arr is not None:
+        return arr
     torch = _torch()
     if torch is not None and isinstance(tensor, torch.Tensor):
         try:
@@ -228,6 +273,30 @@ def tensor_with_origin(tensor, origin):
         except (RuntimeError, TypeError):
             return tensor
     return tensor
+
+
+def _array_from_reconstruct(origin):
+    """The ndarray numpy's own unpickling makes from _reconstruct + its BUILD state (version,
+    shape, dtype, fortran, raw bytes): its own dtype (in native byte order, as numpy's
+    __setstate__ makes it), a writable copy. None
+    where the origin is not that (numpy missing, an unexpected state)."""
+    np = _numpy()
+    if np is None or not isinstance(origin, Opaque) or origin.name != "_reconstruct":
+        return None
+    st = origin.state
+    if not (isinstance(st, tuple) and len(st) == 5 and isinstance(st[1], tuple) and
+            isinstance(st[4], (bytes, bytearray))):
+        return None
+    try:
+        t = _np_dtype(np, st[2])
+        if t is None:
+            return None
+        a = np.frombuffer(bytearray(st[4]), dtype=t)
+        if not t.isnative:  # numpy's __setstate__ gives the values in native byte order
+            a = a.astype(t.newbyteorder("="))
+        return a.reshape(st[1], order="F" if st[3] else "C")
+    except (TypeError, ValueError):
+        return None
 
 
 # --- ckpt.save: describing Python objects ---------------------------------------------------
@@ -248,6 +317,9 @@ def describe(obj, flat=False):
             return ("global", "torch", str(obj).split(".", 1)[1], False)
         if isinstance(obj, torch.device):
             return ("object", "torch", "device", (str(obj),), None, [], [], "reduce", False)
+        if isinstance(obj, (torch.layout, torch.qscheme)):
+            # pickled by name (their __reduce__ is a string): the global torch.<name>
+            return ("global", "torch", str(obj).split(".", 1)[1], False)
     if isinstance(obj, collections.OrderedDict) or type(obj) is collections.Counter:
         state = dict(vars(obj)) or None
         return ("dict", "collections", type(obj).__name__, list(obj.items()), state, ())
@@ -264,14 +336,36 @@ def describe(obj, flat=False):
         return ("dict", obj.module, obj.name, list(obj.items()), None, obj.args)
     if isinstance(obj, Global):
         return ("global", obj.module, obj.name, True)
+    if type(obj).__module__ == "argparse" and type(obj).__name__ == "Namespace":
+        # what pickle makes of it (copyreg.__reduce_ex__, protocol 2): NEWOBJ + its __dict__
+        return ("object", "argparse", "Namespace", (), dict(vars(obj)), [], [], "newobj", False)
     np = sys.modules.get("numpy")
-    if np is not None and isinstance(obj, np.ndarray):
-        if not flat:
-            # torch.save pickles an ndarray as numpy's own object, which this writer does not
-            # make: refuse rather than change its type.
-            return ("unsupported",)
-        return ("tensor", _describe_array(np, obj))
+    if np is not None:
+        if isinstance(obj, np.ndarray) and flat:
+            return ("tensor", _describe_array(np, obj))
+        if isinstance(obj, (np.ndarray, np.generic, np.dtype)):
+            return _describe_numpy(obj)
+        if isinstance(obj, type) and obj.__module__.split(".")[0] == "numpy":
+            return ("global", obj.__module__, obj.__qualname__, False)
     return ("unsupported",)
+
+
+def _describe_numpy(obj):
+    """An ndarray, numpy scalar or dtype as torch.save pickles it: numpy's own reduction
+    (protocol 2: _reconstruct + BUILD state for arrays, scalar(dtype, bytes) for scalars), so
+    torch.load (and ckpt.load) make the same object. Only numpy's reduction is called here."""
+    red = obj.__reduce_ex__(2)
+    if not isinstance(red, tuple) or len(red) < 2 or isinstance(red, str):
+        return ("unsupported",)
+    fn, args = red[0], red[1]
+    state = red[2] if len(red) > 2 else None
+    module = getattr(fn, "__module__", None)
+    name = getattr(fn, "__qualname__", None)
+    if not module or not name or module.split(".")[0] != "numpy":
+        return ("unsupported",)
+    appended = list(red[3]) if len(red) > 3 and red[3] is not None else []
+    items = list(red[4]) if len(red) > 4 and red[4] is not None else []
+    return ("object", module, name, tuple(args), state, appended, items, "reduce", False)
 
 
 def _describe_array(np, a):

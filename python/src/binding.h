@@ -6,8 +6,11 @@
 #include <dlpack/dlpack.h>
 #include <pybind11/pybind11.h>
 
+#include <chrono>
 #include <cstddef>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -123,6 +126,59 @@ pyb::list storage_spans(const Checkpoint& c, const std::vector<size_t>& which,
 // Spans of the storages of loaded tensors (by storage index, None where no tensor uses one).
 pyb::list loaded_spans(const Checkpoint& c, const std::vector<Tensor>& loaded);
 
+// --- progress (progress.cc) ------------------------------------------------------------------
+
+// A Python callable `fn(done, total)` (bytes) behind the library's ProgressFn: called with the
+// GIL taken, at most every 100 ms and once more at the end; it runs on whichever thread reports.
+// An exception it raises is kept for rethrow(): report() then throws a ckpt::Error (a save
+// stops at its next write), fn() swallows it (a load, whose reader threads cannot throw, runs
+// to its end without further reports). Lives on the stack of a bound function, across the
+// GIL-free operation.
+class PyProgress {
+ public:
+  explicit PyProgress(pyb::object fn);  // None: no progress (fn() is empty)
+  ~PyProgress();
+  PyProgress(const PyProgress&) = delete;
+  PyProgress& operator=(const PyProgress&) = delete;
+  bool active() const { return !fn_.is_none(); }
+  ProgressFn fn();
+  // Calls fn (throttled unless `last`). Called without the GIL. Throws Error after fn raised.
+  void report(uint64_t done, uint64_t total, bool last);
+  // With the GIL: rethrows the callback's exception, if it raised one.
+  void rethrow();
+
+ private:
+  pyb::object fn_;
+  std::mutex mu_;
+  bool called_ = false;
+  std::chrono::steady_clock::time_point last_call_;
+  uint64_t last_done_ = 0, last_total_ = 0;
+  std::optional<pyb::error_already_set> error_;
+};
+
+// A sink that reports the bytes written through `inner` (total: the expected size, raised if
+// the file grows past it) after each write and at commit.
+class ProgressSink final : public ByteSink {
+ public:
+  ProgressSink(std::unique_ptr<ByteSink> inner, PyProgress& progress, uint64_t total);
+  const std::string& name() const override { return inner_->name(); }
+  void write(std::span<const std::byte> bytes) override;
+  void patch(uint64_t offset, std::span<const std::byte> bytes) override {
+    inner_->patch(offset, bytes);
+  }
+  uint64_t position() const override { return inner_->position(); }
+  void reserve(uint64_t size) override { inner_->reserve(size); }
+  void write_sliced(std::span<const std::byte> bytes, size_t slice,
+                    const SliceVisitor& visit) override;
+  void commit() override;
+
+ private:
+  void tick();
+  std::unique_ptr<ByteSink> inner_;
+  PyProgress& progress_;
+  uint64_t total_;
+};
+
 // --- tensors (tensors.cc) ---------------------------------------------------------------------
 
 // Small Python values made without pybind11's casts (a tuple of ints; a dtype's name, interned).
@@ -164,12 +220,44 @@ struct PyToValue {
   std::vector<Tensor> tensors;
   pyb::list keep;
   ValuePtr convert(pyb::handle obj, uint32_t depth = 0);
+  // After convert threw: where the value it failed on is, as Python would index it from the
+  // root ("a.b[1]", "['k'][0]" for a non-str key; "" for the root itself).
+  std::string path() const;
+  // Adds a key segment to the path being unwound (a caller's own container).
+  void at(pyb::handle key) { where_.push_back(key_segment(key)); }
+  // Runs f (a conversion); an error it throws names path() as its record: a ckpt::Error is
+  // rethrown with the record, a Python ckpt.Error (from ckpt._tree) is remade with it.
+  template <class F>
+  auto located(F&& f) -> decltype(f());
 
  private:
+  std::vector<std::string> where_;  // path segments, innermost first, filled while unwinding
+  void convert_items(pyb::handle seq, std::vector<ValuePtr>& out, uint32_t depth);
+  void convert_entries(pyb::handle pairs, std::vector<std::pair<ValuePtr, ValuePtr>>& out,
+                       uint32_t depth);
+  static std::string key_segment(pyb::handle key);
   std::unordered_map<PyObject*, ValuePtr> memo_;
   std::unordered_map<uintptr_t, StoragePtr> storages_;
   std::unordered_map<PyObject*, size_t> tensor_of_;
   ValuePtr tensor(pyb::handle obj, const pyb::tuple& d);
 };
+
+template <class F>
+auto PyToValue::located(F&& f) -> decltype(f()) {
+  where_.clear();
+  try {
+    return f();
+  } catch (Error& e) {
+    if (!where_.empty()) e.with_record(path());
+    throw;
+  } catch (pyb::error_already_set& e) {
+    if (where_.empty()) throw;
+    pyb::object errors = pyb::module_::import("ckpt._errors");
+    pyb::object again = errors.attr("at_record")(e.value(), path());
+    if (again.is_none()) throw;
+    PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(again.ptr())), again.ptr());
+    throw pyb::error_already_set();
+  }
+}
 
 }  // namespace ckpt::py

@@ -253,8 +253,15 @@ void bind_checks(PyClass& c) {
       .def("convert", [](const PyCheckpoint& p, const std::string& dst, const std::string& format,
                          uint32_t alignment, bool copy_shared, const std::string& meta,
                          const std::string& key, const std::string& key_file,
-                         const std::string& password, bool store_digests, uint64_t max_shard_size) {
+                         const std::string& password, bool store_digests, uint64_t max_shard_size,
+                         bool fsync, const pyb::object& progress_fn) {
         ConvertOptions o;
+        o.fsync = fsync;
+        PyProgress progress(progress_fn);
+        if (progress.active())  // on this thread; raising aborts the conversion
+          o.progress = [&progress](uint64_t done, uint64_t total) {
+            progress.report(done, total, done >= total);
+          };
         ConvertFormat to =
             format.empty() ? convert_format_for_path(dst.ends_with(".index.json")
                                                          ? dst.substr(0, dst.size() - 11)
@@ -269,6 +276,7 @@ void bind_checks(PyClass& c) {
                         dst);
         };
         only(store_digests, "store_digests", ConvertFormat::kSafetensors);
+        only(copy_shared, "copy_shared", ConvertFormat::kSafetensors);
         only(meta != "refuse", "meta", ConvertFormat::kSafetensors);
         only(!key.empty() || !key_file.empty() || !password.empty(), "key/key_file/password",
              ConvertFormat::kTensorizer);
@@ -293,12 +301,19 @@ void bind_checks(PyClass& c) {
         }
         o.max_shard_size = max_shard_size;
         ConvertReport r;
-        {
+        try {
           pyb::gil_scoped_release nogil;
           r = convert(p.c, dst, o);
+        } catch (const Error&) {
+          progress.rethrow();
+          throw;
         }
         return report_dict(r);
-      });
+      },
+      pyb::arg("dst"), pyb::arg("format"), pyb::arg("alignment"), pyb::arg("copy_shared"),
+      pyb::arg("meta"), pyb::arg("key"), pyb::arg("key_file"), pyb::arg("password"),
+      pyb::arg("store_digests"), pyb::arg("max_shard_size"), pyb::arg("fsync") = true,
+      pyb::arg("progress") = pyb::none());
 }
 
 // Bytes for the Python builder: storages by index (safe_open), streamed tensors.

@@ -98,10 +98,11 @@ pyb::object load_mapped(const pyb::object& ck, bool verify, const Want& w) {
 // Eager: the tensors and the result are made while the reader threads still fill the memory
 // (LoadOptions::on_placed; after the load for a sharded set, which does not call it).
 pyb::object load_eager(const std::string& path, const OpenOptions& oo, bool verify,
-                       const std::string& device, const Want& w) {
+                       const std::string& device, const Want& w, PyProgress& progress) {
   pyb::object out;
   std::optional<pyb::error_already_set> build_error;
   LoadOptions lo = load_options(verify, 0, device);
+  lo.progress = progress.fn();
   lo.on_placed = [&](const Checkpoint& c, const std::vector<Tensor>& loaded) {
     pyb::gil_scoped_acquire gil;
     try {
@@ -119,8 +120,10 @@ pyb::object load_eager(const std::string& path, const OpenOptions& oo, bool veri
   } catch (const Error&) {
     out = pyb::object();  // made over bytes that never all arrived
     if (build_error) throw std::move(*build_error);
+    progress.rethrow();
     throw;
   }
+  progress.rethrow();
   if (out) return out;
   const Checkpoint& c = l->checkpoint;
   return result(pyb::cast(PyCheckpoint{c}), loaded_spans(c, l->tensors),
@@ -129,14 +132,19 @@ pyb::object load_eager(const std::string& path, const OpenOptions& oo, bool veri
 
 // Every storage read into memory of its own (ckpt.open(...).load(), a file object's bytes).
 pyb::object load_all(const pyb::object& ck, bool verify, const Want& w,
-                     const std::string& device = "cpu") {
+                     const std::string& device = "cpu", PyProgress* progress = nullptr) {
   const Checkpoint& c = ck.cast<const PyCheckpoint&>().c;
   std::vector<Tensor> loaded;
-  {
+  try {
     LoadOptions lo = load_options(verify, 0, device);
+    if (progress) lo.progress = progress->fn();
     pyb::gil_scoped_release nogil;
     loaded = c.load_all(lo);
+  } catch (const Error&) {
+    if (progress) progress->rethrow();
+    throw;
   }
+  if (progress) progress->rethrow();
   return result(ck, loaded_spans(c, loaded),
                 pyb::reinterpret_steal<pyb::list>(new_list(c.tensors().size()).release()), w);
 }
@@ -161,8 +169,9 @@ void bind_load(pyb::module_& m) {
       [](const pyb::object& source, bool mmap, bool verify, bool strict, const std::string& key,
          const std::string& password, bool flat, const pyb::object& from_dlpack,
          const pyb::object& build, const pyb::module_& tree, const pyb::object& script,
-         const std::string& device) {
+         const std::string& device, const pyb::object& progress_fn) {
         LoadScope scope;
+        PyProgress progress(progress_fn);
         Want w = want(flat, from_dlpack, build, tree, script);
         const bool host = Device::parse(device).is_cpu();
         OpenOptions oo = open_options(strict, key, password);
@@ -175,7 +184,7 @@ void bind_load(pyb::module_& m) {
             pyb::gil_scoped_release nogil;
             c.emplace(Checkpoint::open(src, oo));
           }
-          return load_all(pyb::cast(PyCheckpoint{std::move(*c)}), verify, w, device);
+          return load_all(pyb::cast(PyCheckpoint{std::move(*c)}), verify, w, device, &progress);
         }
         const std::string path = source.cast<std::string>();
         // A device load copies: nothing to map; a folder (DCP) is opened by its path.
@@ -185,13 +194,22 @@ void bind_load(pyb::module_& m) {
             pyb::gil_scoped_release nogil;
             c.emplace(Checkpoint::open(open_mmap_source(path, true), oo));
           }
-          return load_mapped(pyb::cast(PyCheckpoint{std::move(*c)}), verify, w);
+          const uint64_t size = c->source().size();
+          pyb::object out = load_mapped(pyb::cast(PyCheckpoint{std::move(*c)}), verify, w);
+          try {  // views read nothing up front: one report, the file's size, once they exist
+            progress.report(size, size, true);
+          } catch (const Error&) {
+            progress.rethrow();
+            throw;
+          }
+          return out;
         }
-        return load_eager(path, oo, verify, device, w);
+        return load_eager(path, oo, verify, device, w, progress);
       },
       pyb::arg("source"), pyb::arg("mmap"), pyb::arg("verify"), pyb::arg("strict"),
       pyb::arg("key"), pyb::arg("password"), pyb::arg("flat"), pyb::arg("from_dlpack"),
       pyb::arg("build"), pyb::arg("tree"), pyb::arg("script"), pyb::arg("device") = "cpu",
+      pyb::arg("progress") = pyb::none(),
       "A whole load: the object tree (flat: the flattened state dict) of a path, URL or "
       "(bytes, name), its tensors made through from_dlpack (None: numpy, by build.finish).");
   m.def(

@@ -5,20 +5,39 @@
 
 #include <pybind11/pybind11.h>
 
+#include <cstring>
 #include <string>
+#include <utility>
 
 #include "binding.h"
 
 namespace ckpt::py {
 namespace {
 
+// Library messages name the library's options; a Python caller sets keywords.
+std::string python_words(std::string s) {
+  static const std::pair<const char*, const char*> kKeywords[] = {
+      {"SafetensorsSaveOptions::copy_shared", "copy_shared=True"},
+      {"SafetensorsTarget::copy_shared", "copy_shared=True"},
+      {"SafetensorsTarget::meta = MetaTensors::kZeros", "meta='zeros'"},
+      {"MetaTensors::kSkip", "meta='skip'"},
+      {"OpenOptions::decrypt_key", "key="},
+      {"OpenOptions::decrypt_password", "password="},
+  };
+  for (const auto& [option, keyword] : kKeywords)
+    for (size_t at; (at = s.find(option)) != std::string::npos;)
+      s.replace(at, std::strlen(option), keyword);
+  return s;
+}
+
 void raise_error(const Error& e) {
   try {
     pyb::module_ errors = pyb::module_::import("ckpt._errors");
     pyb::object cls = errors.attr("class_for")(error_code_name(e.code()));
     pyb::object offset = e.offset() ? pyb::object(pyb::int_(*e.offset())) : pyb::none();
-    pyb::object exc = cls(text(e.what()), error_code_name(e.code()), text(e.source()),
-                          text(e.record()), offset, text(e.message()));
+    pyb::object exc = cls(text(python_words(e.what())), error_code_name(e.code()),
+                          text(e.source()), text(e.record()), offset,
+                          text(python_words(e.message())));
     PyErr_SetObject(cls.ptr(), exc.ptr());
   } catch (pyb::error_already_set& err) {
     err.restore();

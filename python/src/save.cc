@@ -6,6 +6,7 @@
 
 #include <map>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "binding.h"
@@ -18,7 +19,14 @@ std::vector<Tensor> named_tensors(PyToValue& conv, const pyb::list& items) {
   std::vector<Tensor> out;
   for (auto it : items) {
     auto pair = it.cast<pyb::tuple>();
-    ValuePtr v = conv.convert(pair[1]);
+    ValuePtr v = conv.located([&] {
+      try {
+        return conv.convert(pair[1]);
+      } catch (...) {
+        conv.at(pair[0]);  // the tensor's name
+        throw;
+      }
+    });
     if (v->kind() != Value::Kind::kTensor)
       throw Error(ErrorCode::kInvalidArgument, "not a tensor: " + pair[0].cast<std::string>());
     Tensor t = conv.tensors[v->tensor_index()];
@@ -28,31 +36,94 @@ std::vector<Tensor> named_tensors(PyToValue& conv, const pyb::list& items) {
   return out;
 }
 
+// Bytes of the distinct storages: what a writer is about to put in the file, about.
+uint64_t storage_bytes(const std::vector<Tensor>& tensors) {
+  std::unordered_set<const Storage*> seen;
+  uint64_t n = 0;
+  for (const Tensor& t : tensors)
+    if (t.storage() && seen.insert(t.storage().get()).second) n += t.storage()->info.nbytes;
+  return n;
+}
+
+// Writes to `path` with `write(path)`, or, with a progress callback, through a file sink that
+// reports the bytes written (atomic as the path overloads are; fsync as asked).
+template <class ToPath, class ToSink>
+void write_file(const std::string& path, bool fsync, PyProgress& progress, uint64_t total,
+                ToPath&& to_path, ToSink&& to_sink) {
+  try {
+    pyb::gil_scoped_release nogil;
+    if (!progress.active()) {
+      to_path();
+    } else {
+      FileSinkOptions so;
+      so.fsync = fsync;
+      ProgressSink sink(create_file_sink(path, so), progress, total);
+      to_sink(sink);
+    }
+  } catch (const Error&) {
+    progress.rethrow();
+    throw;
+  }
+}
+
 void save_torch_py(const std::string& path, pyb::handle obj, const pyb::module_& helpers,
-                   uint32_t alignment, const std::string& archive_name) {
+                   uint32_t alignment, const std::string& archive_name, bool fsync,
+                   const pyb::object& progress_fn) {
   PyToValue conv(helpers, false);
-  ValuePtr root = conv.convert(obj);
+  ValuePtr root = conv.located([&] { return conv.convert(obj); });
   SaveOptions o;
   if (alignment) o.alignment = alignment;
   o.archive_name = archive_name;
-  pyb::gil_scoped_release nogil;
-  save_torch(path, root, conv.tensors, o);
+  o.fsync = fsync;
+  PyProgress progress(progress_fn);
+  write_file(
+      path, fsync, progress, storage_bytes(conv.tensors),
+      [&] { save_torch(path, root, conv.tensors, o); },
+      [&](ByteSink& sink) {
+        save_torch(sink, root, conv.tensors, o);
+        sink.commit();
+      });
 }
 
 void save_safetensors_py(const std::string& path, const pyb::list& items,
-                         const std::map<std::string, std::string>& metadata,
-                         const pyb::module_& helpers, uint64_t alignment) {
+                         std::map<std::string, std::string> metadata,
+                         const pyb::module_& helpers, uint64_t alignment, bool fsync,
+                         const pyb::object& progress_fn, bool copy_shared, bool store_digests) {
   PyToValue conv(helpers, true);
   std::vector<Tensor> tensors = named_tensors(conv, items);
   SafetensorsSaveOptions o;
   if (alignment) o.alignment = alignment;
-  pyb::gil_scoped_release nogil;
-  save_safetensors(path, tensors, metadata, o);
+  o.fsync = fsync;
+  o.copy_shared = copy_shared;
+  if (store_digests) {
+    // Each tensor's SHA-256 under kSafetensorsDigestKey, as `ckpt convert --digests` stores them
+    // (`ckpt verify` and Checkpoint.digest() check them).
+    pyb::gil_scoped_release nogil;
+    std::vector<TensorDigest> digests;
+    for (const Tensor& t : tensors) {
+      TensorDigest d;
+      d.name = t.info().name;
+      d.dtype = t.dtype();
+      d.shape = t.info().shape;
+      d.sha256 = tensor_sha256(t);
+      digests.push_back(std::move(d));
+    }
+    metadata[kSafetensorsDigestKey] = safetensors_digest_metadata(digests);
+  }
+  PyProgress progress(progress_fn);
+  write_file(
+      path, fsync, progress, storage_bytes(tensors),
+      [&] { save_safetensors(path, tensors, metadata, o); },
+      [&](ByteSink& sink) {
+        save_safetensors(sink, tensors, metadata, o);
+        sink.commit();
+      });
 }
 
 pyb::bytes save_tensorizer_py(const std::string& path, const pyb::list& items,
                               const pyb::module_& helpers, const std::string& key,
-                              const std::string& password) {
+                              const std::string& password, bool fsync,
+                              const pyb::object& progress_fn) {
   PyToValue conv(helpers, true);
   std::vector<Tensor> tensors = named_tensors(conv, items);
   TensorizerSaveOptions o;
@@ -63,11 +134,18 @@ pyb::bytes save_tensorizer_py(const std::string& path, const pyb::list& items,
     o.encryption = TensorizerEncryption::kPassword;
     o.password = password;
   }
+  o.fsync = fsync;
   std::string raw_key;
-  {
-    pyb::gil_scoped_release nogil;
-    raw_key = save_tensorizer(path, tensors, o);
-  }
+  PyProgress progress(progress_fn);
+  write_file(
+      path, fsync, progress, storage_bytes(tensors),
+      [&] { raw_key = save_tensorizer(path, tensors, o); },
+      [&](ByteSink& sink) {
+        std::vector<TensorizerEntry> entries(tensors.size());
+        for (size_t i = 0; i < tensors.size(); ++i) entries[i].tensor = tensors[i];
+        raw_key = save_tensorizer(sink, entries, o);
+        sink.commit();
+      });
   return pyb::bytes(raw_key);
 }
 

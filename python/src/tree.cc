@@ -225,6 +225,58 @@ ValuePtr PyToValue::tensor(pyb::handle obj, const pyb::tuple& d) {
   return Value::tensor(index);
 }
 
+void PyToValue::convert_items(pyb::handle seq, std::vector<ValuePtr>& out, uint32_t depth) {
+  size_t i = 0;
+  try {
+    for (auto x : seq) {
+      out.push_back(convert(x, depth + 1));
+      ++i;
+    }
+  } catch (...) {
+    where_.push_back("[" + std::to_string(i) + "]");
+    throw;
+  }
+}
+
+void PyToValue::convert_entries(pyb::handle pairs,
+                                std::vector<std::pair<ValuePtr, ValuePtr>>& out, uint32_t depth) {
+  pyb::handle at;
+  try {
+    for (auto x : pairs) {
+      auto kv = x.cast<pyb::tuple>();
+      at = kv[0];
+      out.emplace_back(convert(kv[0], depth + 1), convert(kv[1], depth + 1));
+    }
+  } catch (...) {
+    where_.push_back(key_segment(at));
+    throw;
+  }
+}
+
+std::string PyToValue::key_segment(pyb::handle key) {
+  if (!key) return "[?]";
+  if (PyUnicode_Check(key.ptr())) {
+    Py_ssize_t n = 0;
+    const char* s = PyUnicode_AsUTF8AndSize(key.ptr(), &n);
+    if (s) return "." + std::string(s, static_cast<size_t>(n));
+    PyErr_Clear();
+  }
+  PyObject* r = PyObject_Repr(key.ptr());
+  if (!r) {
+    PyErr_Clear();
+    return "[?]";
+  }
+  std::string out = "[" + pyb::reinterpret_steal<pyb::str>(r).cast<std::string>() + "]";
+  return out;
+}
+
+std::string PyToValue::path() const {
+  std::string out;
+  for (auto it = where_.rbegin(); it != where_.rend(); ++it) out += *it;
+  if (!out.empty() && out[0] == '.') out.erase(0, 1);
+  return out;
+}
+
 ValuePtr PyToValue::convert(pyb::handle obj, uint32_t depth) {
   if (depth > Limits{}.max_pickle_depth)
     throw Error(
@@ -258,19 +310,27 @@ ValuePtr PyToValue::convert(pyb::handle obj, uint32_t depth) {
   if (PyList_CheckExact(p)) {
     out = Value::list();
     memo_[p] = out;
-    for (auto x : obj) out->items().push_back(convert(x, depth + 1));
+    convert_items(obj, out->items(), depth);
   } else if (PyTuple_CheckExact(p)) {
     std::vector<ValuePtr> items;
-    for (auto x : obj) items.push_back(convert(x, depth + 1));
+    convert_items(obj, items, depth);
     out = Value::tuple(std::move(items));
   } else if (PyDict_CheckExact(p)) {
     out = Value::dict();
     memo_[p] = out;
-    for (auto [k, x] : pyb::reinterpret_borrow<pyb::dict>(obj))
-      out->entries().emplace_back(convert(k, depth + 1), convert(x, depth + 1));
+    pyb::handle at;
+    try {
+      for (auto [k, x] : pyb::reinterpret_borrow<pyb::dict>(obj)) {
+        at = k;
+        out->entries().emplace_back(convert(k, depth + 1), convert(x, depth + 1));
+      }
+    } catch (...) {
+      where_.push_back(key_segment(at));
+      throw;
+    }
   } else if (PySet_CheckExact(p) || PyFrozenSet_CheckExact(p)) {
     std::vector<ValuePtr> items;
-    for (auto x : obj) items.push_back(convert(x, depth + 1));
+    convert_items(obj, items, depth);
     out = PySet_CheckExact(p) ? Value::set(std::move(items)) : Value::frozenset(std::move(items));
   } else {
     // Everything else is described by ckpt._tree.describe: ("tensor", tuple),
@@ -282,27 +342,20 @@ ValuePtr PyToValue::convert(pyb::handle obj, uint32_t depth) {
     if (what == "dict") {
       out = Value::dict_of(d[1].cast<std::string>(), d[2].cast<std::string>());
       memo_[p] = out;
-      for (auto x : d[3]) {
-        auto kv = x.cast<pyb::tuple>();
-        out->entries().emplace_back(convert(kv[0], depth + 1), convert(kv[1], depth + 1));
-      }
+      convert_entries(d[3], out->entries(), depth);
       if (!d[4].is_none()) out->set_state(convert(d[4], depth + 1));
-      if (d.size() > 5)
-        for (auto x : d[5]) out->items().push_back(convert(x, depth + 1));
+      if (d.size() > 5) convert_items(d[5], out->items(), depth);
     } else if (what == "global") {
       out = Value::global(d[1].cast<std::string>(), d[2].cast<std::string>());
       out->set_foreign(d[3].cast<bool>());
     } else if (what == "object") {
       std::vector<ValuePtr> args;
-      for (auto x : d[3]) args.push_back(convert(x, depth + 1));
+      convert_items(d[3], args, depth);
       out = Value::object(d[1].cast<std::string>(), d[2].cast<std::string>(), std::move(args));
       memo_[p] = out;
       if (!d[4].is_none()) out->set_state(convert(d[4], depth + 1));
-      for (auto x : d[5]) out->appended().push_back(convert(x, depth + 1));
-      for (auto x : d[6]) {
-        auto kv = x.cast<pyb::tuple>();
-        out->entries().emplace_back(convert(kv[0], depth + 1), convert(kv[1], depth + 1));
-      }
+      convert_items(d[5], out->appended(), depth);
+      convert_entries(d[6], out->entries(), depth);
       out->set_call(d[7].cast<std::string>() == "newobj" ? Value::Call::kNewObj
                                                          : Value::Call::kReduce);
       out->set_foreign(d[8].cast<bool>());

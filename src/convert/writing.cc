@@ -93,8 +93,8 @@ FlatStateDict flat_state(const Checkpoint& c, const Writer& w, const ConvertOpti
       if (meta == MetaTensors::kRefuse)
         throw Error(ErrorCode::kUnsupported,
                     "is a meta tensor (a dtype and shape without bytes), which " + target +
-                        " cannot hold: --meta=zeros (MetaTensors::kZeros) writes zeros, "
-                        "--meta=skip (kSkip) leaves it out",
+                        " cannot hold: SafetensorsTarget::meta = MetaTensors::kZeros writes "
+                        "zeros, MetaTensors::kSkip leaves it out",
                     in, e.name);
       (meta == MetaTensors::kZeros ? r.meta_zeroed : r.meta_skipped).push_back(e.name);
     }
@@ -134,8 +134,7 @@ FlatStateDict flat_state(const Checkpoint& c, const Writer& w, const ConvertOpti
                 "shares its storage with '" + shared[0].second + "' (" +
                     std::to_string(shared.size()) + " such tensors); " + target +
                     " cannot express shared or tied tensors: "
-                    "use --copy-shared (SafetensorsTarget::copy_shared) to write each as a "
-                    "separate copy",
+                    "set SafetensorsTarget::copy_shared to write separate copies",
                 in, shared[0].first);
   for (const auto& e : flat.entries) {
     const TensorInfo& t = infos[e.tensor];

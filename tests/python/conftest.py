@@ -35,3 +35,12 @@ def torch_corpus(tmp_path_factory):
 def pytest_report_header(config):
     import ckpt
     return f"ckpt module: {os.path.dirname(ckpt.__file__)}"
+
+
+@pytest.fixture(scope="session")
+def ckpt_bin():
+    """The ckpt command: $CKPT_BIN, else <repo>/build/ckpt; skipped when not built."""
+    path = os.environ.get("CKPT_BIN") or os.path.join(REPO, "build", "ckpt")
+    if not os.access(path, os.X_OK):
+        pytest.skip(f"ckpt binary not found at {path} (build it or set CKPT_BIN)")
+    return path

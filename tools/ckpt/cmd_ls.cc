@@ -126,7 +126,7 @@ void add_ls(CLI::App& app) {
       auto slash = p.rfind('/');
       return slash == std::string::npos ? p : p.substr(slash + 1);
     };
-    size_t wname = 4, wdtype = 5, wshape = 5;
+    size_t wname = 4, wdtype = 5, wshape = 5, numpy_rows = 0;
     std::vector<std::array<std::string, 6>> rows;
     for (const TensorInfo& t : c.tensors()) {
       if (!listed(t)) continue;
@@ -137,8 +137,11 @@ void add_ls(CLI::App& app) {
       if (sharded)
         shard = base_name(
             c.shards()[c.shard_of(static_cast<size_t>(&t - c.tensors().data()))].source().name());
-      std::string where =
-          off ? std::to_string(*off) : (c.storages()[t.storage].meta ? "meta" : "-");
+      // A numpy array's bytes are in the pickle (no offset of their own): marked "numpy".
+      std::string where = off ? std::to_string(*off)
+                              : (c.storages()[t.storage].meta ? "meta"
+                                                              : (t.type == "numpy" ? "numpy" : "-"));
+      if (t.type == "numpy") ++numpy_rows;
       // ONNX: external data shows as location:offset, typed fields by their field's name.
       if (size_t ti = static_cast<size_t>(&t - c.tensors().data()); ti < places.size()) {
         const OnnxTensorPlace& p = places[ti];
@@ -173,6 +176,10 @@ void add_ls(CLI::App& app) {
                 human_bytes(total).c_str(), c.storages().size(),
                 c.storages().size() == 1 ? "" : "s", static_cast<unsigned long long>(stored),
                 human_bytes(stored).c_str());
+    if (numpy_rows)
+      std::printf("%zu numpy array%s (offset \"numpy\"): pickled by numpy, bytes inside the "
+                  "pickle; Python's ckpt.load returns them as numpy.ndarray\n",
+                  numpy_rows, numpy_rows == 1 ? "" : "s");
   });
 }
 

@@ -1,5 +1,7 @@
 #include "common.h"
 
+#include <cstring>
+
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -174,6 +176,18 @@ std::string printable(std::string_view s) {
 
 std::string error_line(const Error& e) {
   std::string line = printable(e.what());
+  // Library messages name the library's options; the tool's user sets its flags.
+  static const std::pair<const char*, const char*> kOptions[] = {
+      {"SafetensorsSaveOptions::copy_shared", "--copy-shared"},
+      {"SafetensorsTarget::copy_shared", "--copy-shared"},
+      {"SafetensorsTarget::meta = MetaTensors::kZeros", "--meta=zeros"},
+      {"MetaTensors::kSkip", "--meta=skip"},
+      {"OpenOptions::decrypt_key", "--decrypt-key FILE"},
+      {"OpenOptions::decrypt_password", "--decrypt-password-file FILE"},
+  };
+  for (const auto& [option, flag] : kOptions)
+    for (size_t at; (at = line.find(option)) != std::string::npos;)
+      line.replace(at, std::strlen(option), flag);
   if (line.find("RemoteOptions::download_whole") != std::string::npos)
     return line + "; `ckpt load` and `ckpt convert` download such an object whole";
   if (e.code() != ErrorCode::kLimitExceeded) return line;

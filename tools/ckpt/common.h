@@ -80,8 +80,9 @@ OpenOptions open_options(const Common& c);
 // The RemoteOptions of the --connections, --chunk-size, --retries, --stall-timeout, --timeout flags
 // and of Common::download_whole; notes (RemoteOptions::on_note) go to stderr as "ckpt: note: ...".
 RemoteOptions remote_options(const Common& c);
-// The line the tool prints for an error: its text, and for kLimitExceeded the option that raises
-// the limit it names ("raise it with --max-tensors").
+// The line the tool prints for an error: its text, the library options it names replaced by the
+// tool's flags (SafetensorsTarget::copy_shared -> --copy-shared), and for kLimitExceeded the
+// option that raises the limit it names ("raise it with --max-tensors").
 std::string error_line(const Error& e);
 
 std::string shape_str(const std::vector<int64_t>& v);

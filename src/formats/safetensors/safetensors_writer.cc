@@ -124,8 +124,7 @@ void save_safetensors(ByteSink& sink, const std::vector<Tensor>& tensors,
       if (shared)
         throw Error(ErrorCode::kInvalidArgument,
                     "tensor shares its storage with another tensor; safetensors cannot express "
-                    "sharing: pass SafetensorsSaveOptions::copy_shared = true to write separate "
-                    "copies",
+                    "sharing: set SafetensorsSaveOptions::copy_shared to write separate copies",
                     sink.name(), name);
     }
     items.push_back({&t, *nbytes});

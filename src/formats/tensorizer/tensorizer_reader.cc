@@ -167,13 +167,13 @@ struct TzrState {
     }
     if (password.empty()) {
       h.no_key_reason =
-          "tensor is encrypted: give the key or password (ckpt: --decrypt-key FILE or "
-          "--decrypt-password-file FILE; library: OpenOptions::decrypt_key or decrypt_password)";
+          "tensor is encrypted: give the key (OpenOptions::decrypt_key) or the password "
+          "(OpenOptions::decrypt_password)";
       return;
     }
     h.no_key_reason =
-        "tensor stores no key derivation parameters, so a password cannot decrypt it: pass "
-        "OpenOptions::decrypt_key";
+        "tensor stores no key derivation parameters, so a password cannot decrypt it: give the "
+        "key (OpenOptions::decrypt_key)";
     std::vector<KdfParams> seen;
     for (size_t i = 0; i < h.tensors.size(); ++i) {
       if (!kdfs[i] || !h.tensors[i].cipher) continue;

@@ -1,0 +1,92 @@
+// Progress from Python: a callable called with (done, total) bytes while a load or save runs
+// with the GIL released, and a sink that counts the bytes a writer puts in a file.
+
+#include <chrono>
+#include <string>
+#include <utility>
+
+#include "binding.h"
+
+namespace ckpt::py {
+
+PyProgress::PyProgress(pyb::object fn) : fn_(std::move(fn)) {}
+
+PyProgress::~PyProgress() {
+  if (error_) {
+    pyb::gil_scoped_acquire gil;  // the kept exception is a Python object
+    error_.reset();
+  }
+}
+
+void PyProgress::report(uint64_t done, uint64_t total, bool last) {
+  if (!active()) return;
+  // A reader thread that finds another one reporting skips its report rather than wait.
+  std::unique_lock<std::mutex> lock(mu_, std::defer_lock);
+  if (last) {
+    lock.lock();
+  } else if (!lock.try_lock()) {
+    return;
+  }
+  if (error_) throw Error(ErrorCode::kInvalidArgument, "the progress callback raised");
+  const auto now = std::chrono::steady_clock::now();
+  if (!last && called_ && now - last_call_ < std::chrono::milliseconds(100)) return;
+  if (last && called_ && done == last_done_ && total == last_total_) return;
+  called_ = true;
+  last_call_ = now;
+  last_done_ = done;
+  last_total_ = total;
+  pyb::gil_scoped_acquire gil;
+  try {
+    fn_(done, total);
+  } catch (pyb::error_already_set& e) {
+    error_.emplace(std::move(e));
+    throw Error(ErrorCode::kInvalidArgument, "the progress callback raised");
+  }
+}
+
+ProgressFn PyProgress::fn() {
+  if (!active()) return {};
+  // The library may call it on a reader thread, where an exception cannot go: after fn raised,
+  // reports stop and the load runs to its end, then rethrow() raises it.
+  return [this](uint64_t done, uint64_t total) {
+    try {
+      report(done, total, done >= total);
+    } catch (const Error&) {
+    }
+  };
+}
+
+void PyProgress::rethrow() {
+  if (error_) {
+    pyb::error_already_set e = std::move(*error_);
+    error_.reset();
+    throw std::move(e);
+  }
+}
+
+ProgressSink::ProgressSink(std::unique_ptr<ByteSink> inner, PyProgress& progress, uint64_t total)
+    : inner_(std::move(inner)), progress_(progress), total_(total) {}
+
+void ProgressSink::tick() {
+  const uint64_t pos = inner_->position();
+  progress_.report(std::min(pos, total_), std::max(total_, pos), false);
+}
+
+void ProgressSink::write(std::span<const std::byte> bytes) {
+  inner_->write(bytes);
+  tick();
+}
+
+void ProgressSink::write_sliced(std::span<const std::byte> bytes, size_t slice,
+                                const SliceVisitor& visit) {
+  inner_->write_sliced(bytes, slice, visit);
+  tick();
+}
+
+void ProgressSink::commit() {
+  inner_->commit();
+  const uint64_t pos = inner_->position();
+  progress_.report(pos, pos, true);
+}
+
+}  // namespace ckpt::py
