@@ -5,6 +5,7 @@
 #include "ckpt/checkpoint.h"
 
 #include <filesystem>
+#include <new>
 
 #include "api/checkpoint_impl.h"
 #include "api/dcp_kind.h"
@@ -54,6 +55,18 @@ void check_storage(const CheckpointModel& m, size_t index) {
                 m.source->name());
 }
 
+// Memory running out while loading (a tensor larger than the machine can give, a cap on the
+// address space): a typed error that names the checkpoint, not std::bad_alloc.
+template <typename F>
+auto naming_oom(const CheckpointModel& m, F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const std::bad_alloc&) {
+    throw Error(ErrorCode::kLimitExceeded, "out of memory loading the checkpoint's tensors",
+                m.source->name());
+  }
+}
+
 }  // namespace
 
 const std::vector<std::string>& Checkpoint::files() const { return impl_->kind->files(); }
@@ -89,13 +102,15 @@ StoragePtr Checkpoint::storage(size_t index, const LoadOptions& options) const {
   const Impl& c = *impl_;
   check_storage(c.kind->model(), index);
   // A device storage is not cached: the cache holds host storages (loaded the default way).
-  if (!options.device.is_cpu()) return c.kind->load_storage(index, options);
+  if (!options.device.is_cpu())
+    return naming_oom(c.kind->model(), [&] { return c.kind->load_storage(index, options); });
   {
     std::lock_guard<std::mutex> lock(c.mu);
     if (c.cache.empty()) c.cache.resize(c.kind->model().storages.size());
     if (auto st = c.cache[index].lock()) return st;
   }
-  StoragePtr st = c.kind->load_storage(index, options);
+  StoragePtr st =
+      naming_oom(c.kind->model(), [&] { return c.kind->load_storage(index, options); });
   std::lock_guard<std::mutex> lock(c.mu);
   if (auto other = c.cache[index].lock()) return other;
   c.cache[index] = st;
@@ -132,7 +147,8 @@ std::vector<Tensor> Checkpoint::load_all(const LoadOptions& options,
   internal::PlacedFn placed;
   if (options.on_placed)
     placed = [&](const std::vector<Tensor>& tensors) { options.on_placed(*this, tensors); };
-  return impl_->kind->load(options, filter, placed);
+  return naming_oom(impl_->kind->model(),
+                    [&] { return impl_->kind->load(options, filter, placed); });
 }
 
 void Checkpoint::stream(uint64_t budget, const std::function<void(const Tensor&)>& fn,
@@ -142,7 +158,7 @@ void Checkpoint::stream(uint64_t budget, const std::function<void(const Tensor&)
                 "stream() hands tensors in host memory; load into " + options.device.str() +
                     " with load_all()",
                 impl_->kind->model().source->name());
-  impl_->kind->stream(budget, fn, options, filter);
+  naming_oom(impl_->kind->model(), [&] { impl_->kind->stream(budget, fn, options, filter); });
 }
 
 void Checkpoint::read_into(size_t index, std::span<std::byte> dst,
@@ -152,7 +168,7 @@ void Checkpoint::read_into(size_t index, std::span<std::byte> dst,
     throw Error(ErrorCode::kUnsupported, "read_into() fills host memory; load into " +
                                              options.device.str() + " with load_all()",
                 impl_->kind->model().source->name());
-  impl_->kind->read_into(index, dst, options);
+  naming_oom(impl_->kind->model(), [&] { impl_->kind->read_into(index, dst, options); });
 }
 
 void Checkpoint::prefetch(std::span<const size_t> tensors, bool populate) const {
@@ -160,7 +176,7 @@ void Checkpoint::prefetch(std::span<const size_t> tensors, bool populate) const 
 }
 
 size_t Checkpoint::verify(const ProgressFn& progress) const {
-  return impl_->kind->verify(progress);
+  return naming_oom(impl_->kind->model(), [&] { return impl_->kind->verify(progress); });
 }
 
 }  // namespace ckpt

@@ -10,6 +10,7 @@
 // cover the plan (other formats, deflated records), the plan runs the ordinary way.
 
 #include <algorithm>
+#include <new>
 
 #include "ckpt/remote.h"
 #include "api/checkpoint_impl.h"
@@ -69,7 +70,13 @@ LoadedCheckpoint Checkpoint::open_and_load(const std::string& path, const OpenOp
   internal::PlacedFn placed;
   if (load_options.on_placed)
     placed = [&](const std::vector<Tensor>& t) { load_options.on_placed(c, t); };
-  std::vector<Tensor> tensors = internal::execute_eager(plan, std::move(pre), started, placed);
+  std::vector<Tensor> tensors;
+  try {
+    tensors = internal::execute_eager(plan, std::move(pre), started, placed);
+  } catch (const std::bad_alloc&) {
+    throw Error(ErrorCode::kLimitExceeded, "out of memory loading the checkpoint's tensors",
+                source->name());
+  }
   return {std::move(c), std::move(tensors)};
 }
 

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <new>
 #include <thread>
 #include <utility>
 
@@ -68,9 +69,13 @@ std::shared_ptr<std::byte> allocate_arena(size_t size) {
   if (stale) ::munmap(stale, stale_len);  // never hold a kept arena beside a new one
   if (!raw) {
     raw = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (raw == MAP_FAILED)
+    if (raw == MAP_FAILED) {
+      // Out of memory (or of address space) is std::bad_alloc, which the checkpoint's load
+      // turns into Error{kLimitExceeded} naming the file.
+      if (errno == ENOMEM) throw std::bad_alloc();
       throw Error(ErrorCode::kIo, std::string("mmap of ") + std::to_string(size) +
                                       " bytes failed: " + std::strerror(errno));
+    }
   }
   auto base = reinterpret_cast<uintptr_t>(raw);
   uintptr_t aligned = (base + kHuge - 1) / kHuge * kHuge;

@@ -367,3 +367,28 @@ def test_bench_columns_align_and_say_no_internal_target(ckpt, tmp_path):
     for l in lines[head + 1:]:
         # the figure under "ms" ends where the header's "ms" ends ("0.98x" for the ratio row)
         assert l[ms_end - 1] != " " and (len(l) == ms_end or l[ms_end] in " x"), (l, lines[head])
+
+
+def test_out_of_memory_while_loading_names_the_file(ckpt, tmp_path):
+    # A 1 GiB storage (deflated: a few MiB on disk) loaded under a 512 MiB address-space cap:
+    # a typed error naming the file, not "std::bad_alloc", in every load mode that allocates.
+    big = b"\0" * (1 << 30)
+    import pickle  # noqa: F401  (the pickle below is torch's layout, written by hand)
+    pkl = (b"\x80\x02}q\x00X\x01\x00\x00\x00wq\x01ctorch._utils\n_rebuild_tensor_v2\nq\x02"
+           b"((X\x07\x00\x00\x00storageq\x03ctorch\nByteStorage\nq\x04X\x01\x00\x00\x000q\x05"
+           b"X\x03\x00\x00\x00cpuq\x06J\x00\x00\x00@tq\x07QK\x00J\x00\x00\x00@\x85q\x08K\x01\x85"
+           b"q\x09\x89ccollections\nOrderedDict\nq\x0a)Rq\x0btq\x0cRq\x0ds.")
+    p = tmp_path / "big.pt"
+    p.write_bytes(deflated_zip({"data.pkl": (pkl, zipfile.ZIP_STORED), "data/0": big,
+                                "version": (b"3\n", zipfile.ZIP_STORED)}))
+    del big
+    assert p.stat().st_size < 16 << 20
+    r = ckpt.run("ls", p)
+    assert r.returncode == 0, r.stderr
+    for mode in ("eager", "stream"):
+        r, _ = run_measured(ckpt, "load", p, "--mode", mode, "--budget-mb", 2048,
+                            address_space=512 << 20)
+        if "asan" in ckpt.path:
+            continue  # no address-space cap under ASan
+        assert r.returncode == 7, (mode, r.stderr)
+        assert str(p) in r.stderr and "bad_alloc" not in r.stderr, (mode, r.stderr)
