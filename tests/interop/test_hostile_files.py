@@ -18,6 +18,12 @@ import pytest
 MiB = 1 << 20
 
 
+def measured(ckpt):
+    """Whether peak RSS and address-space caps mean anything for this binary: not under ASan,
+    whose shadow memory and quarantine count in the RSS (the plain build's run checks them)."""
+    return "asan" not in ckpt.path
+
+
 def run_measured(ckpt, *args, timeout=120, address_space=None):
     """(CompletedProcess, peak RSS in bytes) of `ckpt args`, run under a wrapper that reports
     its only child's peak RSS; `address_space` caps the child's RLIMIT_AS."""
@@ -65,17 +71,19 @@ def test_list_bomb_is_refused_in_bounded_memory(ckpt, tmp_path):
     assert r.returncode == 7, r.stderr
     assert str(p) in r.stderr and "data.pkl" in r.stderr, r.stderr
     assert "--max-object-mb" in r.stderr, r.stderr
-    assert rss < 400 * MiB, rss
+    assert not measured(ckpt) or rss < 400 * MiB, rss
     # The limit is an option: raised, the same file opens (8M empty lists in a list).
     r, rss = run_measured(ckpt, "ls", p, "--max-object-mb", 8192)
     assert r.returncode == 0, r.stderr
     per_object = rss / 8_000_000
-    assert per_object < 210, f"{per_object:.0f} bytes per pickle object"  # 343 before
+    assert not measured(ckpt) or per_object < 210, f"{per_object:.0f} bytes per pickle object"
 
 
 def test_out_of_memory_names_the_file(ckpt, tmp_path):
     # With the limit lifted, the address-space cap is what stops it: a typed error naming the
     # file, not "std::bad_alloc".
+    if not measured(ckpt):
+        pytest.skip("no address-space cap under ASan")
     p = tmp_path / "bomb.pt"
     p.write_bytes(deflated_zip({"data.pkl": LIST_BOMB, "version": (b"3\n", zipfile.ZIP_STORED)}))
     r, _ = run_measured(ckpt, "ls", p, "--max-object-mb", 1 << 20, address_space=512 << 20)
@@ -91,7 +99,7 @@ def test_garbage_data_pkl_is_refused_before_it_is_inflated(ckpt, tmp_path):
     r, rss = run_measured(ckpt, "ls", p)
     assert r.returncode == 5, r.stderr
     assert "not a pickle" in r.stderr and "data.pkl" in r.stderr, r.stderr
-    assert rss < 100 * MiB, rss
+    assert not measured(ckpt) or rss < 100 * MiB, rss
 
 
 def test_inflated_data_pkl_bounded_by_file_size(ckpt, tmp_path):
@@ -107,7 +115,7 @@ def test_inflated_data_pkl_bounded_by_file_size(ckpt, tmp_path):
     r, rss = run_measured(ckpt, "ls", p)
     assert r.returncode == 7, r.stderr
     assert "data.pkl inflates to" in r.stderr and "--max-object-mb" in r.stderr, r.stderr
-    assert rss < 100 * MiB, rss
+    assert not measured(ckpt) or rss < 100 * MiB, rss
 
 
 def _zip_with_raw(name, raw, size, crc, extra_records=()):
@@ -167,12 +175,14 @@ def test_deflated_storage_verify_and_load_stream(ckpt, tmp_path):
     p = _big_deflated_storage(tmp_path, size)
     r, rss = run_measured(ckpt, "verify", p)
     assert r.returncode == 0, r.stderr
-    assert rss < 100 * MiB, f"verify of a deflated {size >> 20} MiB record: {rss >> 20} MiB RSS"
+    assert not measured(ckpt) or rss < 100 * MiB, \
+        f"verify of a deflated {size >> 20} MiB record: {rss >> 20} MiB RSS"
     if "load" not in ckpt.run("--help").stdout:
         return
     r, rss = run_measured(ckpt, "load", p)
     assert r.returncode == 0, r.stderr
-    assert rss < size + 150 * MiB, f"load of a deflated {size >> 20} MiB tensor: {rss >> 20} MiB"
+    assert not measured(ckpt) or rss < size + 150 * MiB, \
+        f"load of a deflated {size >> 20} MiB tensor: {rss >> 20} MiB"
 
 
 # ----------------------------------------------------------------- FIFOs, ONNX external data
@@ -388,7 +398,7 @@ def test_out_of_memory_while_loading_names_the_file(ckpt, tmp_path):
     for mode in ("eager", "stream"):
         r, _ = run_measured(ckpt, "load", p, "--mode", mode, "--budget-mb", 2048,
                             address_space=512 << 20)
-        if "asan" in ckpt.path:
+        if not measured(ckpt):
             continue  # no address-space cap under ASan
         assert r.returncode == 7, (mode, r.stderr)
         assert str(p) in r.stderr and "bad_alloc" not in r.stderr, (mode, r.stderr)
