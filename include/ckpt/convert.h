@@ -179,9 +179,17 @@ struct ConvertOptions {
   // $TMPDIR first and then uploaded. The object appears only when complete. Not with shards.
   RemoteOptions remote;
   // How tensor bytes are read from the checkpoint. A mapped checkpoint is written from views of
-  // the mapping (no copy; `verify` checks each storage's CRC32 first); an unmapped one, or with
-  // `copy`, is loaded first with Checkpoint::load_all (`threads` readers).
+  // the mapping (no copy; `verify` checks each storage's CRC32 first). An unmapped one (a
+  // torch.distributed.checkpoint folder, a URL, a compressed or encrypted file) is streamed:
+  // `threads` readers read its storages ahead of the writer, in the order the writer writes
+  // them, into a ring of memory_budget bytes. With `copy`, the checkpoint is loaded whole first
+  // with Checkpoint::load_all.
   LoadOptions load;
+  // The streamed case above: bytes of tensor data held at once. A storage larger than it is
+  // held alone, so the tensor data held is at most max(memory_budget, the largest storage).
+  // SafetensorsTarget::store_digests reads a streamed checkpoint twice (the digests go in the
+  // header, before the data).
+  uint64_t memory_budget = 128ull << 20;
   // Flat targets: bounds the depth of the tree walk (FlattenOptions::limits). Unset: any depth.
   std::optional<Limits> limits;
   // Called as the output is written: `done` bytes written so far, `total` the expected size (the

@@ -41,6 +41,7 @@ namespace internal {
 
 struct CheckpointAccess {
   static const CheckpointModel& model(const Checkpoint& c) { return c.impl_->kind->model(); }
+  static const CheckpointKind& kind(const Checkpoint& c) { return *c.impl_->kind; }
   static Checkpoint make(KindPtr kind) {
     return Checkpoint(std::make_shared<const Checkpoint::Impl>(std::move(kind)));
   }

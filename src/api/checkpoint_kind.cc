@@ -1,5 +1,5 @@
-// What every kind of checkpoint shares (api/checkpoint_kind.h): the default of parts(), the
-// selection of tensors, and the progress of an operation over several files.
+// What every kind of checkpoint shares (api/checkpoint_kind.h): the defaults of parts() and
+// stream_storages(), the selection of tensors, and the progress of an operation over several files.
 
 #include "api/checkpoint_kind.h"
 
@@ -10,6 +10,11 @@ namespace ckpt::internal {
 const std::vector<Checkpoint>& CheckpointKind::parts() const {
   static const std::vector<Checkpoint> none;
   return none;
+}
+
+void CheckpointKind::stream_storages(uint64_t, std::span<const uint32_t> order,
+                                     const StorageFn& fn, const LoadOptions& options) const {
+  for (size_t k = 0; k < order.size(); ++k) fn(k, load_storage(order[k], options));
 }
 
 std::vector<uint8_t> select_tensors(const CheckpointModel& m, const TensorFilter& filter) {

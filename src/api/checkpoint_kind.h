@@ -69,6 +69,14 @@ class CheckpointKind {
   // Checkpoint::stream: each selected tensor under the model's description.
   virtual void stream(uint64_t budget, const std::function<void(const Tensor&)>& fn,
                       const LoadOptions& options, const TensorFilter& filter) const = 0;
+  // A streamed conversion: storages `order` (indices into the model's storages; one may come
+  // more than once) handed to fn(k, storage) in that order on this thread, each storage's bytes
+  // valid during the call only, with at most max(budget, the largest of them) bytes read ahead.
+  // Default: each loaded in turn (load_storage). A single file reads ahead through the load
+  // plan's ring (views when it is mapped and options.copy is not set); a set hands each run of
+  // one part's storages to that part.
+  virtual void stream_storages(uint64_t budget, std::span<const uint32_t> order,
+                               const StorageFn& fn, const LoadOptions& options) const;
   // Checkpoint::verify.
   virtual size_t verify(const ProgressFn& progress) const = 0;
 

@@ -4,11 +4,13 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "api/checkpoint_kind.h"
 #include "load/device_load.h"
 #include "load/plan.h"
+#include "util/bytes.h"
 #include "util/progress.h"
 
 namespace ckpt::internal {
@@ -63,6 +65,29 @@ class FileKind final : public CheckpointKind {
               const LoadOptions& options, const TensorFilter& filter) const override {
     LoadPlan plan = make_plan(model(), copy_, options, filter, false);
     execute_stream(plan, budget, fn);
+  }
+
+  void stream_storages(uint64_t budget, std::span<const uint32_t> order, const StorageFn& fn,
+                       const LoadOptions& options) const override {
+    const CheckpointModel& m = model();
+    if (m.source->memory() && !options.copy) {
+      // Mapped: views, nothing to read ahead.
+      for (size_t k = 0; k < order.size(); ++k) fn(k, load_storage(order[k], options));
+      return;
+    }
+    std::vector<uint8_t> wanted(m.storages.size(), 0);
+    for (uint32_t s : order) wanted.at(s) = 1;
+    LoadPlan plan = make_plan(
+        m, copy_, options, [&](const TensorInfo& t) { return wanted[t.storage] != 0; }, false);
+    std::vector<uint32_t> at(m.storages.size(), 0);  // storage -> its place in plan.storages
+    for (size_t k = 0; k < plan.storages.size(); ++k) at[plan.storages[k].storage] = k;
+    std::vector<uint32_t> planned(order.size());
+    uint64_t largest = 0;
+    for (size_t k = 0; k < order.size(); ++k) {
+      planned[k] = at[order[k]];
+      largest = std::max(largest, m.storages[order[k]].nbytes);
+    }
+    execute_stream_order(plan, std::max(budget, align_up(largest, kStorageAlign)), planned, fn);
   }
 
   size_t verify(const ProgressFn& progress) const override;

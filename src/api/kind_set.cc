@@ -6,6 +6,7 @@
 
 #include <algorithm>
 
+#include "api/checkpoint_impl.h"
 #include "api/checkpoint_kind.h"
 
 namespace ckpt::internal {
@@ -38,6 +39,20 @@ class SetKind final : public CheckpointKind {
                            const PlacedFn& placed) const override;
   void stream(uint64_t budget, const std::function<void(const Tensor&)>& fn,
               const LoadOptions& options, const TensorFilter& filter) const override;
+  void stream_storages(uint64_t budget, std::span<const uint32_t> order, const StorageFn& fn,
+                       const LoadOptions& options) const override {
+    // Each run of storages of one part, by that part.
+    std::vector<uint32_t> local;
+    for (size_t begin = 0, end; begin < order.size(); begin = end) {
+      const uint32_t part = set_.storage_part[order[begin]];
+      local.clear();
+      for (end = begin; end < order.size() && set_.storage_part[order[end]] == part; ++end)
+        local.push_back(static_cast<uint32_t>(set_.local_storage(order[end])));
+      CheckpointAccess::kind(set_.parts[part])
+          .stream_storages(budget, local, [&](size_t k, const StoragePtr& st) { fn(begin + k, st); },
+                           options);
+    }
+  }
   size_t verify(const ProgressFn& progress) const override;
 
  private:

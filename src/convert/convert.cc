@@ -64,14 +64,14 @@ ConvertReport run(const Checkpoint& c, const ConvertOptions& o, const OpenSink& 
   r.metadata_not_written = internal::metadata_not_written(c, *writer);
   internal::WriteContent content;
   if (writer->caps().object_tree) {
-    internal::TensorSource source(c, o.load);
+    internal::TensorSource source(c, o.load, o.memory_budget);
     content = internal::tree_content(c, source, r);
   } else {
     FlatStateDict flat = internal::flat_state(c, *writer, o, r);
     const auto* st = std::get_if<SafetensorsTarget>(&o.target);
     if (st && st->store_digests)
       writer = internal::with_digests(std::move(writer), o.load.threads, r.digests_stored);
-    internal::TensorSource source(c, o.load);
+    internal::TensorSource source(c, o.load, o.memory_budget);
     content = internal::flat_content(c, flat, source, *writer);
   }
   Output out(open, r.tensor_bytes, o);

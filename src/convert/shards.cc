@@ -176,6 +176,7 @@ class ShardWriter final : public Writer {
       const std::string file = name + ext_;
       WriteContent shard;
       shard.metadata = content.metadata;
+      shard.feed = content.feed;
       for (size_t i = 0; i < content.tensors.size(); ++i) {
         if (shard_of_[i] != k) continue;
         shard.tensors.push_back(content.tensors[i]);
@@ -266,7 +267,7 @@ ConvertReport convert_sharded(const Checkpoint& c, const std::string& out_path,
   for (uint64_t s : sizes) total += s;
   r.tensor_bytes = total;
 
-  TensorSource source(c, o.load);
+  TensorSource source(c, o.load, o.memory_budget);
   WriteContent content = flat_content(c, flat, source, *target.writer);
   // A digest list names every tensor of its file: an input's would not match a shard.
   content.metadata.erase(kSafetensorsDigestKey);

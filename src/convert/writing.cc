@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <unordered_map>
 
+#include "api/checkpoint_impl.h"
 #include "ckpt/digest.h"
 #include "ckpt/error.h"
 #include "ckpt/torch.h"
@@ -16,11 +17,79 @@
 
 namespace ckpt::internal {
 
-TensorSource::TensorSource(const Checkpoint& c, const LoadOptions& o) : c_(c), o_(o) {
-  if (!c.source().memory() || o.copy) {
+namespace {
+
+// Storages of an unmapped checkpoint read in the writer's order through the kind's ring.
+class CheckpointFeed final : public TensorFeed {
+ public:
+  CheckpointFeed(const Checkpoint& c, const LoadOptions& o, uint64_t budget,
+                 std::unordered_map<const Storage*, uint32_t> index)
+      : c_(c), o_(o), budget_(budget), index_(std::move(index)) {}
+
+  void each(std::span<const Tensor* const> tensors,
+            const std::function<void(size_t, const Tensor&)>& fn) const override {
+    // One read per run of consecutive tensors of one storage.
+    std::vector<uint32_t> order;
+    std::vector<size_t> run;  // run j: tensors [run[j], run[j + 1])
+    for (size_t k = 0; k < tensors.size(); ++k) {
+      const uint32_t s = index_.at(tensors[k]->storage().get());
+      if (order.empty() || order.back() != s) {
+        order.push_back(s);
+        run.push_back(k);
+      }
+    }
+    run.push_back(tensors.size());
+    CheckpointAccess::kind(c_).stream_storages(
+        budget_, order,
+        [&](size_t j, const StoragePtr& st) {
+          for (size_t k = run[j]; k < run[j + 1]; ++k) fn(k, Tensor(tensors[k]->info(), st));
+        },
+        o_);
+  }
+
+ private:
+  const Checkpoint& c_;
+  const LoadOptions& o_;
+  const uint64_t budget_;
+  const std::unordered_map<const Storage*, uint32_t> index_;  // placeholder -> storage
+};
+
+// Whether every storage with bytes is a view of a mapped file (no read, no copy).
+bool all_viewed(const Checkpoint& c) {
+  const CheckpointKind& kind = CheckpointAccess::kind(c);
+  const auto& storages = c.storages();
+  for (size_t s = 0; s < storages.size(); ++s)
+    if (!storages[s].meta && storages[s].nbytes > 0 && !kind.view(s)) return false;
+  return true;
+}
+
+}  // namespace
+
+TensorSource::TensorSource(const Checkpoint& c, const LoadOptions& o, uint64_t budget)
+    : c_(c), o_(o) {
+  if (o.copy) {
     all_ = c.load_all(o);
     loaded_ = true;
+  } else if (!all_viewed(c)) {
+    std::unordered_map<const Storage*, uint32_t> index;
+    placeholders_.resize(c.storages().size());
+    for (size_t s = 0; s < placeholders_.size(); ++s) {
+      auto st = std::make_shared<Storage>();
+      st->info = c.storages()[s];
+      index.emplace(st.get(), static_cast<uint32_t>(s));
+      placeholders_[s] = std::move(st);
+    }
+    feed_ = std::make_shared<CheckpointFeed>(c, o, budget, std::move(index));
   }
+}
+
+Tensor TensorSource::get(size_t index) const {
+  if (loaded_) return all_.at(index);
+  if (feed_) {
+    const TensorInfo& t = c_.tensors().at(index);
+    return Tensor(t, placeholders_.at(t.storage));
+  }
+  return c_.tensor(index, o_);
 }
 
 namespace {
@@ -154,6 +223,7 @@ WriteContent flat_content(const Checkpoint& c, const FlatStateDict& flat,
                           const TensorSource& source, const Writer& w) {
   WriteContent content;
   content.tensors.reserve(flat.entries.size());
+  content.feed = source.feed();
   for (const auto& e : flat.entries) {
     // An alias is its tensor again: the same storage object (hashed once, stored once).
     Tensor t = e.alias_of ? content.tensors[*e.alias_of] : source.get(e.tensor);
@@ -172,6 +242,7 @@ WriteContent flat_content(const Checkpoint& c, const FlatStateDict& flat,
 WriteContent tree_content(const Checkpoint& c, const TensorSource& source, ConvertReport& r) {
   WriteContent content;
   std::vector<Tensor>& tensors = content.tensors;
+  content.feed = source.feed();
   tensors.reserve(c.tensors().size());
   if (c.format() == Format::kTorchScript) {
     // A TorchScript module becomes its state dict (parameters and buffers by module path),
@@ -245,7 +316,21 @@ class DigestWriter final : public Writer {
       want[i] = fresh;
       first[i] = it->second;
     }
-    auto sums = tensor_sha256_all(ts, want, threads_);
+    std::vector<std::optional<Sha256>> sums;
+    if (content.feed) {
+      // Streamed: one pass for the digests (the header holds them), then the write.
+      sums.resize(ts.size());
+      std::vector<const Tensor*> order;
+      std::vector<size_t> at;
+      for (size_t i = 0; i < ts.size(); ++i)
+        if (want[i]) {
+          order.push_back(&ts[i]);
+          at.push_back(i);
+        }
+      content.feed->each(order, [&](size_t k, const Tensor& t) { sums[at[k]] = tensor_sha256(t); });
+    } else {
+      sums = tensor_sha256_all(ts, want, threads_);
+    }
     std::vector<TensorDigest> digests(ts.size());
     for (size_t i = 0; i < ts.size(); ++i) {
       digests[i].name = ts[i].name();

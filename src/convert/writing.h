@@ -15,20 +15,27 @@
 
 namespace ckpt::internal {
 
-// The checkpoint's tensors with their bytes. A mapped checkpoint gives views (zero-copy; pages
-// are read as the writer reaches them); an unmapped one, or with `copy`, is loaded whole by
-// load_all's reader threads, which is what reading tensor by tensor would hold at the end too.
-// Both references must outlive the source.
+// The checkpoint's tensors with their bytes. A mapped checkpoint whose storages are all raw
+// gives views (zero-copy; pages are read as the writer reaches them). Any other (a
+// torch.distributed.checkpoint folder, a URL, compressed or encrypted records) gives tensors
+// without bytes and a feed (feed()) that
+// reads their storages in the writer's order through a ring of max(budget, the largest storage)
+// bytes, `o.threads` readers ahead of the writer. With `copy`, the checkpoint is loaded whole
+// first by load_all's reader threads. Both references must outlive the source and its feed.
 class TensorSource {
  public:
-  TensorSource(const Checkpoint& c, const LoadOptions& o);
-  Tensor get(size_t index) const { return loaded_ ? all_.at(index) : c_.tensor(index, o_); }
+  TensorSource(const Checkpoint& c, const LoadOptions& o, uint64_t budget);
+  Tensor get(size_t index) const;
+  // Null unless the tensors come without bytes.
+  std::shared_ptr<const TensorFeed> feed() const { return feed_; }
 
  private:
   const Checkpoint& c_;
   const LoadOptions& o_;
   std::vector<Tensor> all_;
   bool loaded_ = false;
+  std::vector<StoragePtr> placeholders_;  // per storage, when fed
+  std::shared_ptr<const TensorFeed> feed_;
 };
 
 // The writer for `o.target` (resolved, not std::monostate) with the target's options.

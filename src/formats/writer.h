@@ -9,8 +9,10 @@
 // Thread-safety: a writer may be used by one thread at a time; writers are independent. The
 // tensors' bytes are read while writing and must not change meanwhile.
 
+#include <functional>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -44,6 +46,27 @@ struct WriterCaps {
                                // goes through a local temporary file
 };
 
+// Tensor bytes that are not in memory: a streamed conversion of a checkpoint that is not mapped
+// (a torch.distributed.checkpoint folder, a URL, a compressed or encrypted file). The content's
+// tensors then carry their description and a Storage object per stored storage (shared as in
+// the checkpoint, StorageInfo filled in) without bytes, and the writer asks the feed for the
+// bytes in the order it writes them.
+class TensorFeed {
+ public:
+  virtual ~TensorFeed() = default;
+  // fn(k, tensor) for k = 0, 1, ... in order, on this thread: *tensors[k] (a tensor of the
+  // content) over its bytes, which are valid during the call only. Consecutive tensors of one
+  // storage share one read; the bytes of later tensors are read ahead within the feed's memory
+  // budget. Throws what reading throws and what fn throws.
+  virtual void each(std::span<const Tensor* const> tensors,
+                    const std::function<void(size_t k, const Tensor& tensor)>& fn) const = 0;
+};
+
+// fn(k, tensor) for each of `tensors` in order: through `feed` when it is set, else each tensor
+// as it is (its bytes in memory).
+void feed_each(const TensorFeed* feed, std::span<const Tensor* const> tensors,
+               const std::function<void(size_t k, const Tensor& tensor)>& fn);
+
 // What is written: tensors under their names (Tensor::name() is the stored name; tensors whose
 // storage() is one object share bytes), and for a writer with object_tree the tree whose kTensor
 // nodes index into `tensors` (null: a state dict of the tensors), for a writer with metadata the
@@ -52,6 +75,8 @@ struct WriteContent {
   std::vector<Tensor> tensors;
   ConstValuePtr root;
   std::map<std::string, std::string> metadata;
+  // Set: the tensors' bytes come from it (see TensorFeed); null: the tensors hold their bytes.
+  std::shared_ptr<const TensorFeed> feed;
 };
 
 // Where a writer's bytes go: one file, or the files of a folder. Sinks it hands out live as long

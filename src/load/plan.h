@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "ckpt/options.h"
@@ -84,10 +85,17 @@ std::vector<Tensor> execute_eager(const LoadPlan& plan, std::unique_ptr<Preload>
                                   const PlacedFn& placed = {});
 
 // Streaming: the planned storages in file order through a ring of `budget` bytes, each handed to
-// `fn` with the selected tensors that view it, while a reader thread fills the ring. Throws
+// `fn` with the selected tensors that view it, while reader threads fill the ring. Throws
 // Error{kInvalidArgument} naming the tensor when one storage does not fit the budget.
 void execute_stream(const LoadPlan& plan, uint64_t budget,
                     const std::function<void(const Tensor&)>& fn);
+// Streaming in a caller's order: plan.storages[order[k]] for k = 0, 1, ... (a storage may come
+// more than once) through a ring of `budget` bytes, each handed to fn(k, storage) on the calling
+// thread while plan.threads readers fill the ring ahead; the storage's bytes are valid during
+// the call only. Same errors as execute_stream.
+using StorageFn = std::function<void(size_t k, const StoragePtr& storage)>;
+void execute_stream_order(const LoadPlan& plan, uint64_t budget, std::span<const uint32_t> order,
+                          const StorageFn& fn);
 
 // Bytes the plan loads (every planned storage), the total its progress counts to.
 uint64_t plan_bytes(const LoadPlan& plan);

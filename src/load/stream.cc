@@ -1,8 +1,9 @@
 // Streaming execution of a LoadPlan under a memory budget: storages are placed in a ring of
-// `budget` bytes in file order and handed to the caller's function in that order, while several
-// readers fill the slots ahead of it.
+// `budget` bytes in an order (file order for a streaming load, the writer's order for a streamed
+// conversion) and handed to the caller's function in that order, while several readers fill the
+// slots ahead of it.
 //
-// One thread (the placer) acquires the ring's slots in plan order and queues each storage's
+// One thread (the placer) acquires the ring's slots in that order and queues each storage's
 // fill; `plan.threads` readers (the placer among them when it has nothing to place) take the
 // fills in order — a large raw storage as several 8 MiB pieces, so one storage is read by many
 // threads too — and the placer commits the slots in order as their fills complete. The ring is
@@ -21,41 +22,34 @@
 
 namespace ckpt::internal {
 
-void execute_stream(const LoadPlan& plan, uint64_t budget,
-                    const std::function<void(const Tensor&)>& fn) {
+void execute_stream_order(const LoadPlan& plan, uint64_t budget, std::span<const uint32_t> order,
+                          const StorageFn& fn) {
   const CheckpointModel& d = *plan.model;
-  // The selected tensors of each storage, as one array (first[s], first[s + 1]) into `members`:
-  // a vector per storage would cost an allocation per storage, inside the memory budget.
-  const size_t ns = d.storages.size();
-  std::vector<uint32_t> first(ns + 1, 0);
-  for (uint32_t i : plan.tensors) ++first[d.tensors[i].storage + 1];
-  for (size_t s = 0; s < ns; ++s) first[s + 1] += first[s];
-  std::vector<uint32_t> members(first[ns]);
-  {
-    std::vector<uint32_t> fill(first.begin(), first.end() - 1);
-    for (uint32_t i : plan.tensors) members[fill[d.tensors[i].storage]++] = i;
-  }
-  auto tensors_of = [&](size_t s) {
-    return std::span<const uint32_t>(members.data() + first[s], first[s + 1] - first[s]);
-  };
-  // The plan lists storages in file order, decoded ones last.
-  for (const PlannedStorage& p : plan.storages) {
-    const size_t s = p.storage;
+  for (uint32_t k : order) {
+    const size_t s = plan.storages.at(k).storage;
     uint64_t need = RingBuffer::footprint(d.storages[s].nbytes);
-    if (need > budget)
+    if (need > budget) {
+      std::string tensor;
+      for (const TensorInfo& t : d.tensors)
+        if (t.storage == s) {
+          tensor = t.name;
+          break;
+        }
       throw Error(ErrorCode::kInvalidArgument,
                   "storage of " + std::to_string(d.storages[s].nbytes) +
                       " bytes does not fit the streaming budget of " + std::to_string(budget) +
                       " bytes",
-                  d.source->name(), d.tensors[tensors_of(s)[0]].name);
+                  d.source->name(), tensor);
+    }
   }
-  if (plan.storages.empty()) return;
+  if (order.empty()) return;
 
   RingBuffer ring(std::max<uint64_t>(budget, RingBuffer::kAlign));
   ProgressMeter meter(plan.progress, plan.progress ? plan_bytes(plan) : 0);
   const int readers = std::max(1, plan.threads);
   std::thread reader([&] {
-    // A fill: storage `k` of the plan (or the bytes [off, off + len) of it) into `dst`.
+    // A fill: the storage at position `k` of the order (or the bytes [off, off + len) of it)
+    // into `dst`.
     struct Fill {
       size_t k;
       std::byte* dst;
@@ -65,7 +59,7 @@ void execute_stream(const LoadPlan& plan, uint64_t budget,
     std::mutex mu;
     std::condition_variable cv;
     std::deque<Fill> fills;        // queued, in plan order
-    std::vector<uint32_t> left(plan.storages.size(), 0);  // pieces not yet done, per storage
+    std::vector<uint32_t> left(order.size(), 0);  // pieces not yet done, per position
     size_t placed = 0;             // storages placed so far (their slots acquired)
     bool ending = false;
     std::exception_ptr failure;
@@ -74,7 +68,7 @@ void execute_stream(const LoadPlan& plan, uint64_t budget,
       fills.pop_front();
       lock.unlock();
       try {
-        const PlannedStorage& p = plan.storages[f.k];
+        const PlannedStorage& p = plan.storages[order[f.k]];
         if (f.whole)
           load_into(plan, p, f.dst);
         else
@@ -119,10 +113,10 @@ void execute_stream(const LoadPlan& plan, uint64_t budget,
             cv.wait(lock);
         }
       };
-      for (size_t k = 0; k < plan.storages.size(); ++k) {
-        const PlannedStorage& p = plan.storages[k];
+      for (size_t k = 0; k < order.size(); ++k) {
+        const PlannedStorage& p = plan.storages[order[k]];
         const StorageInfo& si = d.storages[p.storage];
-        std::optional<RingBuffer::Slot> slot = ring.try_acquire(si.nbytes, p.storage);
+        std::optional<RingBuffer::Slot> slot = ring.try_acquire(si.nbytes, k);
         while (!slot) {
           // No room: commit what is done (the consumer may be waiting for it), help, retry.
           {
@@ -133,8 +127,8 @@ void execute_stream(const LoadPlan& plan, uint64_t budget,
             else if (committed < placed)
               cv.wait_for(lock, std::chrono::milliseconds(1));
           }
-          if (committed == placed) slot = ring.acquire(si.nbytes, p.storage);  // nothing ahead: block
-          else slot = ring.try_acquire(si.nbytes, p.storage);
+          if (committed == placed) slot = ring.acquire(si.nbytes, k);  // nothing ahead: block
+          else slot = ring.try_acquire(si.nbytes, k);
           if (!slot && committed == placed) break;
         }
         if (!slot) break;  // the consumer stopped
@@ -179,8 +173,8 @@ void execute_stream(const LoadPlan& plan, uint64_t budget,
   try {
     while (auto slot = ring.wait_ready()) {
       // Writable: the ring's bytes are this load's own until fn returns.
-      StoragePtr st = make_storage(d.storages[slot->tag], slot->data, ring.arena(), true);
-      for (uint32_t i : tensors_of(slot->tag)) fn(Tensor(d.tensors[i], st));
+      const StorageInfo& si = d.storages[plan.storages[order[slot->tag]].storage];
+      fn(slot->tag, make_storage(si, slot->data, ring.arena(), true));
       ring.release();
     }
   } catch (...) {
@@ -191,6 +185,29 @@ void execute_stream(const LoadPlan& plan, uint64_t budget,
   reader.join();
   ring.rethrow_if_failed();
   meter.finish();
+}
+
+void execute_stream(const LoadPlan& plan, uint64_t budget,
+                    const std::function<void(const Tensor&)>& fn) {
+  const CheckpointModel& d = *plan.model;
+  // The selected tensors of each storage, as one array (first[s], first[s + 1]) into `members`:
+  // a vector per storage would cost an allocation per storage, inside the memory budget.
+  const size_t ns = d.storages.size();
+  std::vector<uint32_t> first(ns + 1, 0);
+  for (uint32_t i : plan.tensors) ++first[d.tensors[i].storage + 1];
+  for (size_t s = 0; s < ns; ++s) first[s + 1] += first[s];
+  std::vector<uint32_t> members(first[ns]);
+  {
+    std::vector<uint32_t> fill(first.begin(), first.end() - 1);
+    for (uint32_t i : plan.tensors) members[fill[d.tensors[i].storage]++] = i;
+  }
+  // The plan lists storages in file order, decoded ones last.
+  std::vector<uint32_t> order(plan.storages.size());
+  for (size_t k = 0; k < order.size(); ++k) order[k] = static_cast<uint32_t>(k);
+  execute_stream_order(plan, budget, order, [&](size_t k, const StoragePtr& st) {
+    const size_t s = plan.storages[k].storage;
+    for (uint32_t i = first[s]; i < first[s + 1]; ++i) fn(Tensor(d.tensors[members[i]], st));
+  });
 }
 
 }  // namespace ckpt::internal

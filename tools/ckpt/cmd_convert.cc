@@ -43,6 +43,7 @@ void add_convert(CLI::App& app) {
     std::vector<std::string> in;  // one checkpoint, an index, or shards
     std::string out, to, encrypt_key, encrypt_password_file, max_shard_size, meta;
     uint32_t align = 0;
+    double budget_mb = 0;
     bool copy_shared = false;
     bool digests = false;
     Common common;
@@ -74,6 +75,11 @@ void add_convert(CLI::App& app) {
   cmd->add_option("--encrypt-password-file", o->encrypt_password_file,
                   "tensorizer: encrypt with a key derived (Argon2id) from the password in FILE")
       ->excludes(ek);
+  cmd->add_option("--budget-mb", o->budget_mb,
+                  "input that is not mapped (a DCP folder, a URL, a compressed file): MiB of "
+                  "tensor data read ahead of the writer (default 128; a larger tensor is held "
+                  "alone)")
+      ->check(CLI::PositiveNumber);
   add_common(*cmd, o->common);
   add_progress_flags(*cmd, o->progress);
   cmd->callback([o] {
@@ -134,6 +140,7 @@ void add_convert(CLI::App& app) {
     }
     co.limits = limits_of(o->common);
     co.remote = remote_options(o->common);
+    if (o->budget_mb > 0) co.memory_budget = static_cast<uint64_t>(o->budget_mb * 1024 * 1024);
     if (!o->max_shard_size.empty()) {
       try {
         co.max_shard_size = parse_byte_size(o->max_shard_size);

@@ -76,11 +76,10 @@ int alignment_rank(DType d) {
   }
 }
 
-}  // namespace
-
-void save_safetensors(ByteSink& sink, const std::vector<Tensor>& tensors,
-                      const std::map<std::string, std::string>& metadata,
-                      const SafetensorsSaveOptions& options) {
+// save_safetensors, with the tensors' bytes from `feed` when it is set.
+void write_safetensors(ByteSink& sink, const std::vector<Tensor>& tensors,
+                       const std::map<std::string, std::string>& metadata,
+                       const SafetensorsSaveOptions& options, const internal::TensorFeed* feed) {
   const uint64_t align = options.alignment;
   if (!internal::is_pow2(align) || align > (1ull << 30))
     throw Error(ErrorCode::kInvalidArgument,
@@ -114,7 +113,7 @@ void save_safetensors(ByteSink& sink, const std::vector<Tensor>& tensors,
     if (dtype_size(t.dtype()) == 0 && !t.info().is_contiguous())
       throw Error(ErrorCode::kInvalidArgument, "a sub-byte tensor must be contiguous", sink.name(),
                   name);
-    if (*nbytes > 0 && !t.data())
+    if (*nbytes > 0 && !t.data() && !feed)
       throw Error(ErrorCode::kInvalidArgument, "tensor has no bytes loaded", sink.name(), name);
     if (t.storage() && !options.copy_shared) {
       // Identity of the Storage, and of its memory (two Storage objects over one buffer).
@@ -179,17 +178,30 @@ void save_safetensors(ByteSink& sink, const std::vector<Tensor>& tensors,
   internal::store_le<uint64_t>(len, json.size());
   out.write(len);
   out.write(internal::as_bytes(json));
-  for (const Item& it : items) {
-    const Tensor& t = *it.t;
-    if (it.nbytes == 0) continue;
+  std::vector<const Tensor*> order;
+  std::vector<uint64_t> sizes;
+  for (const Item& it : items)
+    if (it.nbytes > 0) {
+      order.push_back(it.t);
+      sizes.push_back(it.nbytes);
+    }
+  internal::feed_each(feed, order, [&](size_t k, const Tensor& t) {
     if (t.info().is_contiguous()) {
-      out.write({t.data(), it.nbytes});
+      out.write({t.data(), sizes[k]});
     } else {
       std::vector<std::byte> c = t.contiguous_bytes();
       out.write(c);
     }
-  }
+  });
   out.flush();
+}
+
+}  // namespace
+
+void save_safetensors(ByteSink& sink, const std::vector<Tensor>& tensors,
+                      const std::map<std::string, std::string>& metadata,
+                      const SafetensorsSaveOptions& options) {
+  write_safetensors(sink, tensors, metadata, options, nullptr);
 }
 
 void save_safetensors(const std::string& path, const std::vector<Tensor>& tensors,
@@ -220,7 +232,7 @@ class SafetensorsWriter final : public Writer {
   bool holds(DType dtype) const override { return dtype_info(dtype).safetensors; }
   bool copies_shared() const override { return o_.copy_shared; }
   WriteResult write(WriteOutput& out, WriteContent& content) override {
-    save_safetensors(out.file(), content.tensors, content.metadata, o_);
+    write_safetensors(out.file(), content.tensors, content.metadata, o_, content.feed.get());
     return {};
   }
 

@@ -42,10 +42,9 @@ struct Planned {
   throw Error(ErrorCode::kInvalidArgument, msg, sink.name(), tensor);
 }
 
-}  // namespace
-
-std::string save_tensorizer(ByteSink& sink, const std::vector<TensorizerEntry>& tensors,
-                            const TensorizerSaveOptions& opt) {
+// save_tensorizer, with the tensors' bytes from `feed` when it is set.
+std::string write_tensorizer(ByteSink& sink, const std::vector<TensorizerEntry>& tensors,
+                             const TensorizerSaveOptions& opt, const internal::TensorFeed* feed) {
   const bool enc = opt.encryption != TensorizerEncryption::kNone;
   Key key{};
   std::optional<KdfParams> kdf;
@@ -119,7 +118,7 @@ std::string save_tensorizer(ByteSink& sink, const std::vector<TensorizerEntry>& 
     p.meta = e.meta || (t.storage() && t.storage()->info.meta);
     if (p.meta) version = std::max(version, kVersionMeta);
     p.nbytes = p.meta ? 0 : t.info().nbytes();
-    if (p.nbytes > 0 && !t.data()) invalid(sink, t.name(), "tensor has no bytes loaded");
+    if (p.nbytes > 0 && !t.data() && !feed) invalid(sink, t.name(), "tensor has no bytes loaded");
     p.encrypt = enc && !p.meta;
     tensor_size += p.nbytes;
     index_needed += 2 + p.name.size() + 1 + 1 + p.dtype.size() + 1 + 4 * p.shape.size() + 24;
@@ -177,8 +176,10 @@ std::string save_tensorizer(ByteSink& sink, const std::vector<TensorizerEntry>& 
   out.write(index);
 
   std::vector<std::byte> chunk;
-  for (Planned& p : plan) {
-    const Tensor& t = p.entry->tensor;
+  std::vector<const Tensor*> order(plan.size());
+  for (size_t i = 0; i < plan.size(); ++i) order[i] = &plan[i].entry->tensor;
+  internal::feed_each(feed, order, [&](size_t i, const Tensor& t) {
+    Planned& p = plan[i];
     std::vector<std::byte> copy;
     std::span<const std::byte> bytes;
     if (p.nbytes > 0) {
@@ -200,7 +201,7 @@ std::string save_tensorizer(ByteSink& sink, const std::vector<TensorizerEntry>& 
       std::memcpy(hb.data() + p.header.sha_at, digest.data(), digest.size());
       out.write(hb);
       out.write(bytes);
-      continue;
+      return;
     }
     // Encrypted: hash the plaintext, encrypt chunk by chunk through a buffer, then patch the
     // header with the hash and the MACs.
@@ -223,13 +224,20 @@ std::string save_tensorizer(ByteSink& sink, const std::vector<TensorizerEntry>& 
     Sha256 digest = sha.finish();
     std::memcpy(final_header.bytes.data() + final_header.sha_at, digest.data(), digest.size());
     sink.patch(base + p.header_off, as_bytes(final_header.bytes));
-  }
+  });
   std::string end;
   append_le<uint64_t>(end, 0);
   out.write(end);
   out.flush();
   sodium_memzero(chunk.data(), chunk.size());
   return enc ? std::string(reinterpret_cast<const char*>(key.data()), key.size()) : std::string();
+}
+
+}  // namespace
+
+std::string save_tensorizer(ByteSink& sink, const std::vector<TensorizerEntry>& tensors,
+                            const TensorizerSaveOptions& options) {
+  return write_tensorizer(sink, tensors, options, nullptr);
 }
 
 std::string save_tensorizer(const std::string& path, const std::vector<TensorizerEntry>& tensors,
@@ -299,7 +307,7 @@ class TensorizerWriter final : public Writer {
     }
     content.tensors.clear();
     WriteResult r;
-    r.key = save_tensorizer(out.file(), entries, o_);
+    r.key = write_tensorizer(out.file(), entries, o_, content.feed.get());
     return r;
   }
 

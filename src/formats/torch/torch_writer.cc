@@ -16,6 +16,7 @@
 #include <atomic>
 #include <cinttypes>
 #include <cstdio>
+#include <optional>
 #include <string_view>
 #include <system_error>
 #include <thread>
@@ -39,7 +40,9 @@ constexpr size_t kSlice = 1 << 20;
 
 class TorchPickleBuilder {
  public:
-  explicit TorchPickleBuilder(const std::vector<Tensor>& tensors) : tensors_(tensors) {
+  // fed: the tensors' bytes come from a TensorFeed (their storages hold none yet).
+  TorchPickleBuilder(const std::vector<Tensor>& tensors, bool fed)
+      : tensors_(tensors), fed_(fed) {
     storage_str_ = Value::string("storage");
     cpu_str_ = Value::string("cpu");
   }
@@ -130,7 +133,7 @@ class TorchPickleBuilder {
 
   ValuePtr storage_marker(const Tensor& t) {
     const Storage* st = t.storage().get();
-    if (!st || (!st->data && st->info.nbytes > 0))
+    if (!st || (!st->data && st->info.nbytes > 0 && !fed_))
       throw Error(ErrorCode::kInvalidArgument, "tensor has no data loaded", {}, t.name());
     auto [it, inserted] = slot_of_.emplace(st, slots_.size());
     if (inserted) {
@@ -254,6 +257,7 @@ class TorchPickleBuilder {
   }
 
   const std::vector<Tensor>& tensors_;
+  const bool fed_;
   std::unordered_map<const Value*, ValuePtr> copied_;
   std::unordered_map<size_t, ValuePtr> reduced_;
   std::unordered_map<std::string, ValuePtr> globals_;
@@ -326,10 +330,10 @@ class CrcAhead {
 };
 
 
-// The torch zip of `root` into `sink`, not committed.
+// The torch zip of `root` into `sink`, not committed; the tensors' bytes from `feed` when set.
 void write_torch_zip(ByteSink& sink, const ConstValuePtr& root, const std::vector<Tensor>& tensors,
-                     const SaveOptions& options) {
-  TorchPickleBuilder builder(tensors);
+                     const SaveOptions& options, const internal::TensorFeed* feed = nullptr) {
+  TorchPickleBuilder builder(tensors, feed != nullptr);
   ValuePtr tree = builder.convert(root);
   std::string pkl;
   internal::PicklerHooks hooks;
@@ -355,17 +359,18 @@ void write_torch_zip(ByteSink& sink, const ConstValuePtr& root, const std::vecto
   };
   std::vector<Slice> slices;
   // Small storages' CRCs are taken ahead, on a second thread, while this one writes: a file of
-  // 20,000 small tensors otherwise spends a quarter of its save checksumming on one core.
-  CrcAhead ahead(storages, kSlice);
-  for (size_t k = 0; k < storages.size(); ++k) {
-    const Storage* st = storages[k];
+  // 20,000 small tensors otherwise spends a quarter of its save checksumming on one core. Fed
+  // bytes live only while they are written: their CRCs are taken then.
+  std::optional<CrcAhead> ahead;
+  if (!feed) ahead.emplace(storages, kSlice);
+  auto write_storage = [&](size_t k, const Storage* st) {
     const uint64_t n = st->info.nbytes;
     const std::span<const std::byte> bytes(st->data, n);
     zip.begin("data/" + std::to_string(k), n);
     if (n <= kSlice) {
       zip.write_unchecked(bytes);
-      zip.end(ahead.crc(k));
-      continue;
+      zip.end(ahead ? ahead->crc(k) : (n ? internal::crc32(bytes) : 0));
+      return;
     }
     // A file sink writes the slices of a large storage from two threads; each slice's CRC is
     // taken by the thread that writes it, just before, and the CRCs are joined afterwards.
@@ -377,6 +382,17 @@ void write_torch_zip(ByteSink& sink, const ConstValuePtr& root, const std::vecto
     for (size_t i = 1; i < slices.size() && slices[i].size > 0; ++i)
       crc = crc32_combine(crc, slices[i].crc, static_cast<z_off_t>(slices[i].size));
     zip.end(static_cast<uint32_t>(crc));
+  };
+  if (feed) {
+    // A tensor of each storage, in key order: the feed reads the storage it views.
+    std::unordered_map<const Storage*, const Tensor*> viewer;
+    for (const Tensor& t : tensors) viewer.emplace(t.storage().get(), &t);
+    std::vector<const Tensor*> order;
+    order.reserve(storages.size());
+    for (const Storage* st : storages) order.push_back(viewer.at(st));
+    feed->each(order, [&](size_t k, const Tensor& t) { write_storage(k, t.storage().get()); });
+  } else {
+    for (size_t k = 0; k < storages.size(); ++k) write_storage(k, storages[k]);
   }
   zip.add("version", std::string_view("3\n"));
   uint64_t names = 14695981039346656037ull, crcs = 14695981039346656037ull;
@@ -413,7 +429,7 @@ class TorchWriter final : public internal::Writer {
     SaveOptions o = o_;
     if (o.archive_name.empty()) o.archive_name = archive_name_for(sink.name());
     write_torch_zip(sink, content.root ? content.root : state_dict_value(content.tensors),
-                    content.tensors, o);
+                    content.tensors, o, content.feed.get());
     return {};
   }
 
