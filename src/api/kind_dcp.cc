@@ -1,9 +1,10 @@
 // The body of a torch.distributed.checkpoint folder (api/dcp_kind.h). Every storage of its model
 // is decoded: the decoder below reads each chunk once, straight into its place in the global
-// tensor (one read when the chunk is a contiguous run of it, else one read into a buffer and a
-// copy per row), the chunks of one storage in parallel when they are large. The load plan then
-// does the rest as for a single file (eager loads decode storages on its reader threads, streams
-// through its ring), so only files(), files_of(), view() and verify() are this body's own.
+// tensor (one read when the chunk is a contiguous run of it; else each row read into place, or
+// short rows a megabyte at a time through a small buffer and copied), the chunks of one storage
+// in parallel when they are large. The load plan then does the rest as for a single file (eager
+// loads decode storages on its reader threads, streams through its ring), so only files(),
+// files_of(), view() and verify() are this body's own.
 
 #include <algorithm>
 #include <atomic>
@@ -45,17 +46,32 @@ void place_chunk(const DcpLayout& l, const DcpPiece& p, std::span<std::byte> dst
     src.read_into(p.file_offset, dst.subspan(base, p.nbytes));
     return;
   }
-  std::vector<std::byte> buf(p.nbytes);
-  src.read_into(p.file_offset, buf);
+  // Runs of 256 KiB or more are read straight into place; shorter ones a few at a time into a
+  // small buffer that stays warm on this thread (a buffer the size of the chunk would be fresh
+  // memory, page-faulted, for every chunk), then copied to their places.
+  constexpr uint64_t kDirect = 256 << 10, kBuffer = 1 << 20;
+  const uint64_t group = run >= kDirect ? 1 : std::max<uint64_t>(1, kBuffer / run);
+  thread_local std::vector<std::byte> buf;
+  if (group > 1 && buf.size() < group * run) buf.resize(group * run);
   std::vector<int64_t> idx(outer, 0);
-  for (uint64_t from = 0; from < p.nbytes; from += run) {
+  auto place = [&] {  // where the run at idx goes, and steps idx to the next run
     uint64_t at = 0;
     for (size_t d = 0; d < outer; ++d) at += static_cast<uint64_t>(idx[d]) * stride[d];
-    std::memcpy(dst.data() + base + at * elsize, buf.data() + from, run);
     for (size_t d = outer; d-- > 0;) {
       if (++idx[d] < p.sizes[d]) break;
       idx[d] = 0;
     }
+    return dst.data() + base + at * elsize;
+  };
+  for (uint64_t from = 0; from < p.nbytes;) {
+    const uint64_t n = std::min(group * run, p.nbytes - from);
+    if (group == 1) {
+      src.read_into(p.file_offset + from, std::span<std::byte>(place(), n));
+    } else {
+      src.read_into(p.file_offset + from, std::span<std::byte>(buf.data(), n));
+      for (uint64_t r = 0; r < n; r += run) std::memcpy(place(), buf.data() + r, run);
+    }
+    from += n;
   }
 }
 
@@ -154,6 +170,10 @@ class DcpKind final : public CheckpointKind {
   void stream(uint64_t budget, const std::function<void(const Tensor&)>& fn,
               const LoadOptions& options, const TensorFilter& filter) const override {
     inner_->stream(budget, fn, options, filter);
+  }
+  void stream_storages(uint64_t budget, std::span<const uint32_t> order, const StorageFn& fn,
+                       const LoadOptions& options) const override {
+    inner_->stream_storages(budget, order, fn, options);
   }
   // DCP stores no checksums: nothing is checked.
   size_t verify(const ProgressFn& progress) const override {
