@@ -227,3 +227,26 @@ def test_refusals_leave_nothing(ckpt, tmp_path):
     assert r.returncode == INVALID_ARGUMENT and "a.b" in one_error_line(r)
     assert not os.path.exists(tmp_path / "o")
     assert not [n for n in os.listdir(tmp_path) if n.startswith(".o.")]
+
+
+FIXTURES = next((os.path.join(d, "torch2") for d in (
+    os.environ.get("CKPT_FIXTURES"),
+    os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "shared",
+                 "fixtures"),
+    "/work/shared/fixtures") if d and os.path.isdir(os.path.join(d, "torch2", "dcp_model"))), "")
+
+
+@pytest.mark.skipif(not FIXTURES, reason="the workplace fixture dcp_model is not here")
+def test_torchs_folder_resharded_to_three_files(ckpt, dcp, tmp_path):
+    """DCP in, DCP out: torch 2.11's own folder re-written as 3 ranks gives the same state."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    out = tmp_path / "three"
+    ckpt.ok("convert", os.path.join(FIXTURES, "dcp_model"), out, "--to", "dcp",
+            "--dcp-files", "3")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp_to_torch_save(str(out), str(tmp_path / "three.pt"))
+    got = torch.load(tmp_path / "three.pt", weights_only=False)
+    want = torch.load(os.path.join(FIXTURES, "dcp_model_as_torch_save.pt"), weights_only=False)
+    assert_same(got, want)
