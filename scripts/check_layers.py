@@ -70,6 +70,7 @@ PUBLIC_HEADERS = {
     "safetensors.h": 4,
     "tensorizer.h": 4,
     "torch.h": 4,
+    "dcp.h": 4,
     "torchscript_types.h": 4,
     "onnx_types.h": 4,
     # the API: checkpoint.h, torchscript.h, convert.h, ckpt.h, ...

@@ -7,6 +7,7 @@
 //   torch.h              save_torch(), state_dict_value()
 //   safetensors.h        save_safetensors()
 //   tensorizer.h         save_tensorizer() (with encryption)
+//   dcp.h                save_dcp(): a torch.distributed.checkpoint folder
 //   torchscript.h        TorchScriptArchive: code, debug info, constants, rewrite
 //   tensor.h, value.h    Tensor/Storage/TensorInfo, the object tree
 //   source.h, sink.h     where bytes come from and go to (files, memory, your own)
@@ -19,6 +20,7 @@
 //   error.h, dtype.h, format.h, options.h
 #include "ckpt/checkpoint.h"
 #include "ckpt/convert.h"
+#include "ckpt/dcp.h"
 #include "ckpt/device.h"
 #include "ckpt/digest.h"
 #include "ckpt/dtype.h"

@@ -35,15 +35,17 @@ enum class ConvertFormat {
   kTorch,        // a torch.save zip
   kSafetensors,
   kTensorizer,
+  kDcp,          // a torch.distributed.checkpoint folder (never from a path: name it)
 };
 
-// "pt", "safetensors", "tensorizer" ("auto" for kAuto).
+// "pt", "safetensors", "tensorizer", "dcp" ("auto" for kAuto).
 const char* convert_format_name(ConvertFormat format) noexcept;
-// "pt" or "torch", "safetensors", "tensorizer". Throws Error{kInvalidArgument} for anything else.
+// "pt" or "torch", "safetensors", "tensorizer", "dcp". Throws Error{kInvalidArgument} for
+// anything else.
 ConvertFormat parse_convert_format(std::string_view name);
 // The format a path's extension names: .pt .pth .bin .ckpt -> kTorch, .safetensors ->
 // kSafetensors, .tensors -> kTensorizer. Throws Error{kInvalidArgument} (naming the extension
-// and the path) for any other.
+// and the path) for any other (a DCP folder has no extension: its format is named).
 ConvertFormat convert_format_for_path(const std::string& path);
 
 // ---------------------------------------------------------------------------------------------
@@ -158,10 +160,22 @@ struct TensorizerTarget {
   ConvertEncryption encryption;  // none by default
 };
 
+// A torch.distributed.checkpoint folder (include/ckpt/dcp.h, save_dcp): `.metadata` and the
+// data files "__<rank>_0.distcp", which torch.distributed.checkpoint.load reads into a state
+// dict of the checkpoint's structure. The path overload only (a folder, created whole or not at
+// all; an existing non-empty folder is refused). The whole object tree is written (non-tensor
+// values as bytes items); tied and shared tensors are written once per key.
+struct DcpTarget {
+  // Data files, as that many ranks would write them: each tensor cut along its first dimension
+  // as DTensor's Shard(0) cuts it (DcpSaveOptions::files). 1 to 4096.
+  uint32_t files = 1;
+};
+
 // The target: a format and its options. std::monostate (the default): the format the output's
 // name gives (convert_format_for_path; the sink overload: the sink's name), with that format's
 // default options.
-using ConvertTarget = std::variant<std::monostate, PtTarget, SafetensorsTarget, TensorizerTarget>;
+using ConvertTarget =
+    std::variant<std::monostate, PtTarget, SafetensorsTarget, TensorizerTarget, DcpTarget>;
 // The format a target names (kAuto for std::monostate).
 ConvertFormat target_format(const ConvertTarget& target) noexcept;
 // A target of `format` with its default options (std::monostate for kAuto).
@@ -248,7 +262,8 @@ struct ConvertReport {
   // With SafetensorsTarget::store_digests: the number of tensor digests stored.
   size_t digests_stored = 0;
   // With max_shard_size: the files written (shards, in order) and the index ("" when everything
-  // fit one file, which is then `files[0]`, the output's name).
+  // fit one file, which is then `files[0]`, the output's name). DCP: the folder's files, in the
+  // order written ("__0_0.distcp", ..., ".metadata"), index "".
   std::vector<std::string> files;
   std::string index;
 };
@@ -265,8 +280,10 @@ struct ConvertReport {
 // the sink's fast paths (reserve, write_sliced) as save_torch does: `ckpt bench` compares a
 // pt -> pt conversion with save_torch of the same tensors loaded.
 //
+// To dcp: a folder at out_path (DcpTarget); `progress` is called once, at the end.
+//
 // Throws Error: kInvalidArgument (no format for the path, shared tensors to safetensors without
-// copy_shared, max_shard_size for tensorizer, a checkpoint that is one unnamed tensor to a flat
+// copy_shared, max_shard_size for tensorizer or dcp, dcp to a sink or a URL, a checkpoint that is one unnamed tensor to a flat
 // format), kUnsupported (a dtype the target cannot hold: quantized and sub-byte dtypes in a flat format, complex128/complex32 in safetensors; a meta tensor to
 // safetensors with MetaTensors::kRefuse), kLimitExceeded (a tree deeper than options.limits, see
 // flatten_state_dict; pt: save_torch's pickler refuses trees nested deeper than
@@ -276,7 +293,7 @@ struct ConvertReport {
 ConvertReport convert(const Checkpoint& checkpoint, const std::string& out_path,
                       const ConvertOptions& options = {});
 // Same, into a sink (format: options.target's, or the sink's name): the sink is committed at
-// the end (after a new random key's key file).
+// the end (after a new random key's key file). dcp (a folder) is refused: Error{kInvalidArgument}.
 // options.atomic and fsync do not apply (the sink decides); they do for the key file.
 ConvertReport convert(const Checkpoint& checkpoint, ByteSink& sink,
                       const ConvertOptions& options = {});

@@ -64,14 +64,15 @@ class _Progress:
 
 # --- saving ---------------------------------------------------------------------------------
 
-_FORMATS = {"pt": "pt", "torch": "pt", "safetensors": "safetensors", "tensorizer": "tensorizer"}
+_FORMATS = {"pt": "pt", "torch": "pt", "safetensors": "safetensors", "tensorizer": "tensorizer",
+            "dcp": "dcp"}
 
 
 def _format_for(path, format):
     if format is not None:
         if format not in _FORMATS:
             raise error(InvalidArgumentError, f"unknown format {format!r} (pt, safetensors, "
-                        "tensorizer)")
+                        "tensorizer, dcp)")
         return _FORMATS[format]
     p = path.lower()
     if p.endswith(".safetensors"):
@@ -94,10 +95,12 @@ def _flat_items(obj, fmt):
 
 
 def save(obj, f, *, format=None, metadata=None, fsync=False, progress=None, align=None,
-         copy_shared=False, store_digests=False, key=None, key_file=None, password=None):
+         copy_shared=False, store_digests=False, key=None, key_file=None, password=None,
+         dcp_files=None):
     """Write ``obj`` the way ``torch.save`` does (torch.load reads it), or as safetensors or
     tensorizer (from the file extension .safetensors / .tensors, or format="pt" |
-    "safetensors" | "tensorizer").
+    "safetensors" | "tensorizer"), or as a torch.distributed.checkpoint folder (format="dcp",
+    which torch.distributed.checkpoint.load reads).
 
     pt: any tree of dict, OrderedDict, Counter, defaultdict, list, tuple, set, numbers, str,
     bytes, None, torch.Size, dtypes, layouts, devices, tensors (quantized and meta too),
@@ -105,6 +108,10 @@ def save(obj, f, *, format=None, metadata=None, fsync=False, progress=None, alig
     torch.save does), argparse.Namespace, ckpt.Opaque / OpaqueDict / Global (written back as
     they were read): whatever ckpt.load returns. Storage sharing is kept.
     safetensors/tensorizer: a dict of name -> tensor.
+    dcp: a dict (a state dict, nested as pt's): f is the folder (created whole; an existing
+    non-empty folder is refused), tensors are stored under DCP's dotted keys, other values as
+    torch.save'd bytes items; dcp_files=N writes N data files as N ranks would (each tensor's
+    rows split as Shard(0) splits them; default 1). progress is called once, at the end.
     Atomic: the file appears complete or not at all (a temporary file renamed over the target).
 
     Every format: fsync (also flush the file and its folder to disk before the rename; torch.save
@@ -127,6 +134,8 @@ def save(obj, f, *, format=None, metadata=None, fsync=False, progress=None, alig
     if not isinstance(f, (str, bytes, os.PathLike)):
         import tempfile
         fmt = _format_for("", format)
+        if fmt == "dcp":
+            raise error(InvalidArgumentError, "format='dcp' writes a folder: pass its path")
         with tempfile.TemporaryDirectory() as d:
             tmp = os.path.join(d, "out")
             out = save(obj, tmp, format=fmt, **kw)
@@ -144,12 +153,21 @@ def save(obj, f, *, format=None, metadata=None, fsync=False, progress=None, alig
               store_digests=(bool(store_digests), "safetensors"),
               key=(key is not None, "tensorizer"), key_file=(key_file is not None, "tensorizer"),
               password=(password is not None, "tensorizer"),
-              align=(align is not None, ("pt", "safetensors")))
+              align=(align is not None, ("pt", "safetensors")),
+              dcp_files=(dcp_files is not None, "dcp"))
     with _Progress(progress, "save") as fn:
         if fmt == "pt":
             _ckpt.save_torch(path, obj, _tree, _align(align), "", bool(fsync), fn)
         elif fmt == "safetensors":
             _save_safetensors(obj, path, metadata, fsync, fn, align, copy_shared, store_digests)
+        elif fmt == "dcp":
+            if not isinstance(obj, dict):
+                raise error(InvalidArgumentError, "dcp stores a state dict (a dict), not a "
+                            f"{type(obj).__name__}", path)
+            files = 1 if dcp_files is None else dcp_files
+            if not isinstance(files, int) or isinstance(files, bool) or not 1 <= files <= 4096:
+                raise error(InvalidArgumentError, f"dcp_files={dcp_files!r}: 1 to 4096", path)
+            _ckpt.save_dcp(path, obj, _tree, files, bool(fsync), fn)
         else:
             if key_file is not None and key is None:
                 key = _key_from_file(os.fsdecode(key_file))

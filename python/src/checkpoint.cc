@@ -254,7 +254,7 @@ void bind_checks(PyClass& c) {
                          uint32_t alignment, bool copy_shared, const std::string& meta,
                          const std::string& key, const std::string& key_file,
                          const std::string& password, bool store_digests, uint64_t max_shard_size,
-                         bool fsync, const pyb::object& progress_fn) {
+                         bool fsync, const pyb::object& progress_fn, uint32_t dcp_files) {
         ConvertOptions o;
         o.fsync = fsync;
         PyProgress progress(progress_fn);
@@ -280,6 +280,7 @@ void bind_checks(PyClass& c) {
         only(meta != "refuse", "meta", ConvertFormat::kSafetensors);
         only(!key.empty() || !key_file.empty() || !password.empty(), "key/key_file/password",
              ConvertFormat::kTensorizer);
+        only(dcp_files != 0, "dcp_files", ConvertFormat::kDcp);
         if (to == ConvertFormat::kTorch) {
           PtTarget pt;
           pt.alignment = alignment;
@@ -291,6 +292,11 @@ void bind_checks(PyClass& c) {
           st.meta = parse_meta_tensors(meta);
           st.store_digests = store_digests;
           o.target = st;
+        } else if (to == ConvertFormat::kDcp) {
+          only(alignment != 0, "alignment", ConvertFormat::kTorch);
+          DcpTarget dcp;
+          if (dcp_files) dcp.files = dcp_files;
+          o.target = dcp;
         } else {
           only(alignment != 0, "alignment", ConvertFormat::kTorch);
           TensorizerTarget tz;
@@ -313,7 +319,7 @@ void bind_checks(PyClass& c) {
       pyb::arg("dst"), pyb::arg("format"), pyb::arg("alignment"), pyb::arg("copy_shared"),
       pyb::arg("meta"), pyb::arg("key"), pyb::arg("key_file"), pyb::arg("password"),
       pyb::arg("store_digests"), pyb::arg("max_shard_size"), pyb::arg("fsync") = true,
-      pyb::arg("progress") = pyb::none());
+      pyb::arg("progress") = pyb::none(), pyb::arg("dcp_files") = 0);
 }
 
 // Bytes for the Python builder: storages by index (safe_open), streamed tensors.

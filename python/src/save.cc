@@ -1,4 +1,4 @@
-// _ckpt.save_torch / save_safetensors / save_tensorizer: Python objects -> the object tree
+// _ckpt.save_torch / save_safetensors / save_tensorizer / save_dcp: Python objects -> the object tree
 // (tree.cc, PyToValue) -> the library's writers, the bytes written with the GIL released.
 
 #include <pybind11/pybind11.h>
@@ -85,6 +85,26 @@ void save_torch_py(const std::string& path, pyb::handle obj, const pyb::module_&
       });
 }
 
+// A DCP folder (save_dcp): written whole, then one progress call at the end.
+void save_dcp_py(const std::string& path, pyb::handle obj, const pyb::module_& helpers,
+                 uint32_t files, bool fsync, const pyb::object& progress_fn) {
+  PyToValue conv(helpers, false);
+  ValuePtr root = conv.located([&] { return conv.convert(obj); });
+  DcpSaveOptions o;
+  o.files = files;
+  o.fsync = fsync;
+  PyProgress progress(progress_fn);
+  const uint64_t total = storage_bytes(conv.tensors);
+  try {
+    pyb::gil_scoped_release nogil;
+    save_dcp(path, root, conv.tensors, o);
+    if (progress.active()) progress.report(total, total, true);
+  } catch (const Error&) {
+    progress.rethrow();
+    throw;
+  }
+}
+
 void save_safetensors_py(const std::string& path, const pyb::list& items,
                          std::map<std::string, std::string> metadata,
                          const pyb::module_& helpers, uint64_t alignment, bool fsync,
@@ -155,6 +175,7 @@ void bind_save(pyb::module_& m) {
   m.def("save_torch", &save_torch_py);
   m.def("save_safetensors", &save_safetensors_py);
   m.def("save_tensorizer", &save_tensorizer_py);
+  m.def("save_dcp", &save_dcp_py);
 }
 
 }  // namespace ckpt::py

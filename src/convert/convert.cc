@@ -87,6 +87,49 @@ ConvertReport run(const Checkpoint& c, const ConvertOptions& o, const OpenSink& 
   return r;
 }
 
+// The files of a folder output, recorded as they are created.
+class FolderFiles final : public internal::WriteOutput {
+ public:
+  explicit FolderFiles(FolderSink& folder) : out_(folder) {}
+  ByteSink& file() override { return out_.file(); }
+  ByteSink& file(const std::string& name) override {
+    ByteSink& f = out_.file(name);
+    files_.emplace_back(name, &f);
+    return f;
+  }
+  // Commits the files, then the folder; returns their total size.
+  uint64_t commit(std::vector<std::string>& names) {
+    uint64_t bytes = 0;
+    for (const auto& [name, f] : files_) {
+      names.push_back(name);
+      bytes += f->position();
+    }
+    out_.commit();
+    return bytes;
+  }
+
+ private:
+  internal::FolderOutput out_;
+  std::vector<std::pair<std::string, ByteSink*>> files_;
+};
+
+// A writer of several files (dcp): read -> writer -> a folder that appears whole, or not at all.
+ConvertReport convert_to_folder(const Checkpoint& c, const std::string& dir,
+                                const ConvertOptions& o) {
+  ConvertReport r;
+  r.format = target_format(o.target);
+  internal::TargetWriter target = internal::make_target(o);
+  r.metadata_not_written = internal::metadata_not_written(c, *target.writer);
+  internal::TensorSource source(c, o.load);
+  internal::WriteContent content = internal::tree_content(c, source, r);
+  std::unique_ptr<FolderSink> folder = create_folder_sink(dir, FolderSinkOptions{false, o.fsync});
+  FolderFiles out(*folder);
+  target.writer->write(out, content);
+  r.bytes_written = out.commit(r.files);
+  if (o.progress) o.progress(r.bytes_written, r.bytes_written);
+  return r;
+}
+
 // An upload (ConvertOptions::remote): streamed where the writer only appends, else through a
 // local temporary file.
 ConvertReport convert_to_url(const Checkpoint& c, const std::string& url, ConvertOptions o) {
@@ -129,6 +172,12 @@ ConvertReport convert(const Checkpoint& c, const std::string& out_path,
       named.resize(named.size() - 11);
     o.target = default_target(convert_format_for_path(named));
   }
+  if (std::holds_alternative<DcpTarget>(o.target)) {
+    if (is_url(out_path))
+      throw Error(ErrorCode::kInvalidArgument, "a DCP folder is written to a local path only",
+                  redact_url(out_path));
+    return convert_to_folder(c, out_path, o);
+  }
   if (is_url(out_path)) return convert_to_url(c, out_path, o);
   if (o.max_shard_size) return internal::convert_sharded(c, out_path, o);
   std::unique_ptr<ByteSink> file;
@@ -142,6 +191,9 @@ ConvertReport convert(const Checkpoint& c, ByteSink& sink, const ConvertOptions&
   ConvertOptions o = options;
   if (std::holds_alternative<std::monostate>(o.target))
     o.target = default_target(convert_format_for_path(sink.name()));
+  if (std::holds_alternative<DcpTarget>(o.target))
+    throw Error(ErrorCode::kInvalidArgument,
+                "a DCP output is a folder of files: use the path overload", sink.name());
   if (auto* pt = std::get_if<PtTarget>(&o.target); pt && pt->archive_name.empty())
     pt->archive_name = "archive";  // not the sink's name
   if (o.max_shard_size)

@@ -19,6 +19,8 @@ const char* convert_format_name(ConvertFormat format) noexcept {
       return "safetensors";
     case ConvertFormat::kTensorizer:
       return "tensorizer";
+    case ConvertFormat::kDcp:
+      return "dcp";
   }
   return "?";
 }
@@ -27,9 +29,10 @@ ConvertFormat parse_convert_format(std::string_view name) {
   if (name == "pt" || name == "torch") return ConvertFormat::kTorch;
   if (name == "safetensors") return ConvertFormat::kSafetensors;
   if (name == "tensorizer") return ConvertFormat::kTensorizer;
+  if (name == "dcp") return ConvertFormat::kDcp;
   throw Error(ErrorCode::kInvalidArgument,
               "unknown output format '" + std::string(name) +
-                  "': the format must be pt, safetensors or tensorizer");
+                  "': the format must be pt, safetensors, tensorizer or dcp");
 }
 
 const char* meta_tensors_name(MetaTensors m) noexcept {
@@ -60,6 +63,8 @@ ConvertFormat target_format(const ConvertTarget& target) noexcept {
       return ConvertFormat::kSafetensors;
     case 3:
       return ConvertFormat::kTensorizer;
+    case 4:
+      return ConvertFormat::kDcp;
   }
   return ConvertFormat::kAuto;
 }
@@ -72,6 +77,8 @@ ConvertTarget default_target(ConvertFormat format) noexcept {
       return SafetensorsTarget{};
     case ConvertFormat::kTensorizer:
       return TensorizerTarget{};
+    case ConvertFormat::kDcp:
+      return DcpTarget{};
     case ConvertFormat::kAuto:
       break;
   }
@@ -86,7 +93,7 @@ ConvertFormat convert_format_for_path(const std::string& path) {
   throw Error(ErrorCode::kInvalidArgument,
               "cannot tell the output format from '" + ext +
                   "' (.pt .pth .bin .ckpt, .safetensors, .tensors); name it "
-                  "(pt, safetensors or tensorizer)",
+                  "(pt, safetensors, tensorizer or dcp)",
               path);
 }
 

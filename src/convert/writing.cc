@@ -14,6 +14,7 @@
 #include "ckpt/torchscript.h"
 #include "convert/digest_internal.h"
 #include "convert/encryption.h"
+#include "formats/dcp/dcp_writer.h"
 
 namespace ckpt::internal {
 
@@ -109,6 +110,11 @@ std::unique_ptr<Writer> writer_for(const ConvertTarget& target, const Tensorizer
     return make_safetensors_writer(so);
   }
   if (std::holds_alternative<TensorizerTarget>(target)) return make_tensorizer_writer(crypt);
+  if (const auto* dcp = std::get_if<DcpTarget>(&target)) {
+    DcpSaveOptions so;
+    so.files = dcp->files;
+    return make_dcp_writer(so);
+  }
   throw Error(ErrorCode::kInvalidArgument, "no output format");
 }
 

@@ -1,9 +1,9 @@
-// ckpt convert IN... OUT [--to pt|safetensors|tensorizer] [--max-shard-size SIZE] [--align N] [--copy-shared] [--digests]
-// [--meta zeros|skip]
+// ckpt convert IN... OUT [--to pt|safetensors|tensorizer|dcp] [--max-shard-size SIZE] [--align N]
+// [--copy-shared] [--digests] [--meta zeros|skip] [--dcp-files N]
 // [--encrypt-key FILE | --encrypt-password-file FILE] [--decrypt-key FILE |
 // --decrypt-password-file FILE]
 // Reads any supported checkpoint and writes the target format (from OUT's extension unless --to
-// says) with ckpt::convert (include/ckpt/convert.h). Non-tensor values that the target cannot
+// says; a DCP folder always by --to dcp) with ckpt::convert (include/ckpt/convert.h). Non-tensor values that the target cannot
 // hold (safetensors, tensorizer) are reported on stderr, never silently dropped. On a terminal,
 // conversions that take a while show a one-line progress bar on stderr.
 
@@ -21,9 +21,9 @@ namespace {
 
 ConvertFormat target_of(const std::string& to, const std::string& out) {
   if (!to.empty()) {
-    if (to == "pt" || to == "torch" || to == "safetensors" || to == "tensorizer")
+    if (to == "pt" || to == "torch" || to == "safetensors" || to == "tensorizer" || to == "dcp")
       return parse_convert_format(to);
-    throw Error(ErrorCode::kInvalidArgument, "--to must be pt, safetensors or tensorizer");
+    throw Error(ErrorCode::kInvalidArgument, "--to must be pt, safetensors, tensorizer or dcp");
   }
   try {
     return convert_format_for_path(out);
@@ -31,7 +31,7 @@ ConvertFormat target_of(const std::string& to, const std::string& out) {
     throw Error(ErrorCode::kInvalidArgument,
                 "cannot tell the output format from '" +
                     std::filesystem::path(out).extension().string() +
-                    "'; use --to pt|safetensors|tensorizer",
+                    "'; use --to pt|safetensors|tensorizer|dcp",
                 out);
   }
 }
@@ -44,6 +44,7 @@ void add_convert(CLI::App& app) {
     std::string out, to, encrypt_key, encrypt_password_file, max_shard_size, meta;
     uint32_t align = 0;
     double budget_mb = 0;
+    uint32_t dcp_files = 0;  // 0: not given
     bool copy_shared = false;
     bool digests = false;
     Common common;
@@ -51,11 +52,14 @@ void add_convert(CLI::App& app) {
   };
   auto o = std::make_shared<Opts>();
   auto* cmd =
-      app.add_subcommand("convert", "convert a checkpoint to pt, safetensors or tensorizer");
+      app.add_subcommand("convert", "convert a checkpoint to pt, safetensors, tensorizer or dcp");
   cmd->add_option("IN", o->in, "input checkpoint, shard index, or shard files")->required();
   // IN takes every argument (several shard files); the last one is OUT.
-  cmd->add_option("OUT", o->out, "output file (.pt/.pth/.bin, .safetensors, .tensors)");
-  cmd->add_option("--to", o->to, "output format: pt, safetensors or tensorizer");
+  cmd->add_option("OUT", o->out,
+                  "output file (.pt/.pth/.bin, .safetensors, .tensors), or folder (--to dcp)");
+  cmd->add_option("--to", o->to,
+                  "output format: pt, safetensors, tensorizer, or dcp (a "
+                  "torch.distributed.checkpoint folder)");
   cmd->add_option("--max-shard-size", o->max_shard_size,
                   "pt/safetensors: write shards of at most SIZE tensor bytes (500MB, 5GB, "
                   "10GiB) and an index, as Hugging Face does (default: one file)");
@@ -69,6 +73,10 @@ void add_convert(CLI::App& app) {
                   "safetensors: write meta tensors (no bytes) as zeros, or skip them; without "
                   "it they are refused (pt and tensorizer keep them as meta tensors)")
       ->check(CLI::IsMember({"zeros", "skip"}));
+  cmd->add_option("--dcp-files", o->dcp_files,
+                  "dcp: write N data files __<rank>_0.distcp as N ranks would (each tensor's "
+                  "rows split as Shard(0) splits them; default 1)")
+      ->check(CLI::Range(1u, 4096u));
   auto* ek = cmd->add_option("--encrypt-key", o->encrypt_key,
                              "tensorizer: encrypt with the key in FILE (hex); a new random key is "
                              "written there if FILE does not exist");
@@ -114,6 +122,21 @@ void add_convert(CLI::App& app) {
                               "available for tensorizer output, not ") +
                       to_name,
                   o->out);
+    if (o->dcp_files && to != ConvertFormat::kDcp)
+      throw Error(ErrorCode::kInvalidArgument,
+                  std::string("--dcp-files applies to dcp output only, not ") + to_name, o->out);
+    if (to == ConvertFormat::kDcp) {
+      // pt's, safetensors' and tensorizer's flags have no meaning in a DCP folder.
+      const char* other = o->align                     ? "--align"
+                          : o->copy_shared             ? "--copy-shared"
+                          : !o->meta.empty()           ? "--meta"
+                          : !o->max_shard_size.empty() ? "--max-shard-size"
+                                                       : nullptr;
+      if (other)
+        throw Error(ErrorCode::kInvalidArgument,
+                    std::string(other) + " does not apply to dcp output (--dcp-files splits it)",
+                    o->out);
+    }
     if (!o->meta.empty() && to != ConvertFormat::kSafetensors)
       std::fprintf(stderr, "ckpt: warning: %s keeps meta tensors as meta tensors; --meta ignored\n",
                    to_name);
@@ -130,6 +153,10 @@ void add_convert(CLI::App& app) {
       st.store_digests = o->digests;
       if (!o->meta.empty()) st.meta = parse_meta_tensors(o->meta);
       co.target = st;
+    } else if (to == ConvertFormat::kDcp) {
+      DcpTarget dcp;
+      if (o->dcp_files) dcp.files = o->dcp_files;
+      co.target = dcp;
     } else {
       for (const std::string* f : {&o->encrypt_key, &o->encrypt_password_file})
         if (!f->empty()) warn_if_readable_by_others(*f);
@@ -217,6 +244,14 @@ void add_convert(CLI::App& app) {
                   r.files.size(), r.index.c_str(), target, r.tensors,
                   human_bytes(r.tensor_bytes).c_str(), human_bytes(r.bytes_written).c_str(),
                   static_cast<unsigned long long>(r.bytes_written), now_seconds() - t0);
+      return;
+    }
+    if (r.format == ConvertFormat::kDcp) {
+      std::printf("wrote %s (dcp, %zu files): %zu tensors (%s of data), %s (%llu bytes) in "
+                  "%.3f s\n",
+                  o->out.c_str(), r.files.size(), r.tensors, human_bytes(r.tensor_bytes).c_str(),
+                  human_bytes(r.bytes_written).c_str(),
+                  static_cast<unsigned long long>(r.bytes_written), dt);
       return;
     }
     std::printf("wrote %s (%s): %zu tensors (%s of data), %s (%llu bytes) in %.3f s\n",
