@@ -120,7 +120,7 @@ ConvertReport convert_to_folder(const Checkpoint& c, const std::string& dir,
   r.format = target_format(o.target);
   internal::TargetWriter target = internal::make_target(o);
   r.metadata_not_written = internal::metadata_not_written(c, *target.writer);
-  internal::TensorSource source(c, o.load);
+  internal::TensorSource source(c, o.load, o.memory_budget);
   internal::WriteContent content = internal::tree_content(c, source, r);
   std::unique_ptr<FolderSink> folder = create_folder_sink(dir, FolderSinkOptions{false, o.fsync});
   FolderFiles out(*folder);

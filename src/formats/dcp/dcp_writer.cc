@@ -7,7 +7,9 @@
 //  2. plan: which file (rank) gets which item: tensors cut along dim 0 as Shard(0) cuts them.
 //  3. write: per file the bytes items, then the tensor chunks (filesystem.py,
 //     _write_files_from_queue writes in that order), each a torch.save zip of its own (a chunk:
-//     the chunk alone, contiguous), then `.metadata` last.
+//     the chunk alone, contiguous), then `.metadata` last. The tensors are taken in the tree's
+//     order, each once (from a TensorFeed in a streamed conversion), and each file's chunk of
+//     it is appended to that file.
 
 #include "formats/dcp/dcp_writer.h"
 
@@ -62,8 +64,10 @@ bool is_tensor(const ConstValuePtr& v) {
 
 class Flattener {
  public:
-  Flattener(const std::vector<Tensor>& tensors, DcpWrittenState& state, std::vector<Leaf>& leaves)
-      : tensors_(tensors), state_(state), leaves_(leaves) {}
+  // fed: the tensors' bytes come from a TensorFeed (their storages hold none yet).
+  Flattener(const std::vector<Tensor>& tensors, DcpWrittenState& state, std::vector<Leaf>& leaves,
+            bool fed)
+      : tensors_(tensors), state_(state), leaves_(leaves), fed_(fed) {}
 
   void run(const ConstValuePtr& root) {
     if (!root) {
@@ -180,7 +184,8 @@ class Flattener {
            "dtype " + std::string(dtype_name(info.dtype)) + " cannot be written to DCP");
     if (t.storage() && !t.storage()->on_host())
       fail(ErrorCode::kUnsupported, "a tensor on a device is written from host memory only");
-    if (info.numel() > 0 && (!t.storage() || (!t.storage()->data && t.storage()->info.nbytes)))
+    if (info.numel() > 0 &&
+        (!t.storage() || (!t.storage()->data && t.storage()->info.nbytes && !fed_)))
       fail(ErrorCode::kInvalidArgument, "tensor has no data loaded");
     const size_t entry = new_entry(false);
     DcpWrittenEntry& e = state_.entries[entry];
@@ -193,6 +198,7 @@ class Flattener {
   const std::vector<Tensor>& tensors_;
   DcpWrittenState& state_;
   std::vector<Leaf>& leaves_;
+  const bool fed_;
   std::vector<ValuePtr> path_;
   std::unordered_set<std::string> fqns_;
   std::unordered_set<const Value*> open_;  // dicts and lists on the current path
@@ -231,38 +237,106 @@ class DcpWriter final : public Writer {
   }
 
   WriteResult write(WriteOutput& out, WriteContent& content) override {
+    const TensorFeed* feed = content.feed.get();
     DcpWrittenState state;
     std::vector<Leaf> leaves;
-    Flattener(content.tensors, state, leaves).run(content.root);
+    Flattener(content.tensors, state, leaves, feed != nullptr).run(content.root);
     const std::vector<std::vector<Planned>> plan = make_plan(content.tensors, state, leaves);
-    for (uint32_t r = 0; r < files_; ++r) {
-      const std::string name = data_file(r);
-      ByteSink& file = out.file(name);
-      for (const Planned& p : plan[r]) {
-        const Leaf& leaf = leaves[p.leaf];
-        DcpWrittenItem item;
-        item.entry = leaf.entry;
-        item.file = name;
-        item.offset = file.position();
-        BlobSink blob(file);
-        SaveOptions so;
-        so.archive_name = "archive";  // torch.save into a stream
-        if (leaf.value) {
-          save_torch(blob, leaf.value, content.tensors, so);
-        } else {
-          Tensor chunk = chunk_of(content.tensors[leaf.tensor], p, item);
-          save_torch(blob, Value::tensor(0), {chunk}, so);
+    std::vector<ByteSink*> files(files_);
+    for (uint32_t r = 0; r < files_; ++r) files[r] = &out.file(data_file(r));
+    // One item at the end of file r: a torch.save of `root` over `tensors`.
+    auto write_item = [&](uint32_t r, DcpWrittenItem item, const ConstValuePtr& root,
+                          const std::vector<Tensor>& tensors) {
+      ByteSink& file = *files[r];
+      item.file = data_file(r);
+      item.offset = file.position();
+      BlobSink blob(file);
+      SaveOptions so;
+      so.archive_name = "archive";  // torch.save into a stream
+      save_torch(blob, root, tensors, so);
+      item.length = file.position() - item.offset;
+      state.items.push_back(std::move(item));
+    };
+    // Each file's bytes items first (filesystem.py writes them first)...
+    const std::vector<Tensor> tensors = bytes_item_tensors(content, leaves);
+    for (uint32_t r = 0; r < files_; ++r)
+      for (const Planned& p : plan[r])
+        if (leaves[p.leaf].value) {
+          DcpWrittenItem item;
+          item.entry = leaves[p.leaf].entry;
+          write_item(r, std::move(item), leaves[p.leaf].value, tensors);
         }
-        item.length = file.position() - item.offset;
-        state.items.push_back(std::move(item));
+    // ...then the tensors in the tree's order, each read once, its chunk for file r appended to
+    // file r: every file gets its chunks in that order, as if written one file at a time.
+    std::vector<std::vector<std::pair<uint32_t, const Planned*>>> chunks(leaves.size());
+    for (uint32_t r = 0; r < files_; ++r)
+      for (const Planned& p : plan[r])
+        if (!leaves[p.leaf].value) chunks[p.leaf].emplace_back(r, &p);
+    std::vector<const Tensor*> order;
+    std::vector<size_t> leaf_of;
+    for (size_t i = 0; i < leaves.size(); ++i)
+      if (!leaves[i].value) {
+        order.push_back(&content.tensors[leaves[i].tensor]);
+        leaf_of.push_back(i);
       }
-    }
+    feed_each(feed, order, [&](size_t k, const Tensor& t) {
+      for (const auto& [r, p] : chunks[leaf_of[k]]) {
+        DcpWrittenItem item;
+        item.entry = leaves[p->leaf].entry;
+        Tensor chunk = chunk_of(t, *p, item);
+        write_item(r, std::move(item), Value::tensor(0), {chunk});
+      }
+    });
+    // The items file by file, in the order of their bytes.
+    std::stable_sort(state.items.begin(), state.items.end(),
+                     [](const DcpWrittenItem& a, const DcpWrittenItem& b) {
+                       if (a.file.size() != b.file.size()) return a.file.size() < b.file.size();
+                       return a.file != b.file ? a.file < b.file : a.offset < b.offset;
+                     });
     // Last: a reader that finds `.metadata` finds every item it names.
     out.file(".metadata").write(dcp_metadata_pickle(state));
     return {};
   }
 
  private:
+  // The tensors a bytes item's value refers to (a tuple of tensors is one item) are in memory
+  // already, or with a feed copied out of it: a value is pickled whole.
+  static std::vector<Tensor> bytes_item_tensors(const WriteContent& content,
+                                                const std::vector<Leaf>& leaves) {
+    std::vector<Tensor> tensors = content.tensors;
+    if (!content.feed) return tensors;
+    std::vector<size_t> refs;
+    std::vector<const Value*> todo;
+    std::unordered_set<const Value*> seen;
+    for (const Leaf& leaf : leaves)
+      if (leaf.value) todo.push_back(leaf.value.get());
+    while (!todo.empty()) {
+      const Value* v = todo.back();
+      todo.pop_back();
+      if (!v || !seen.insert(v).second) continue;
+      if (v->kind() == Value::Kind::kTensor) refs.push_back(static_cast<size_t>(v->tensor_index()));
+      for (const auto& item : v->items()) todo.push_back(item.get());
+      for (const auto& [k, val] : v->entries()) {
+        todo.push_back(k.get());
+        todo.push_back(val.get());
+      }
+      if (v->state()) todo.push_back(v->state().get());
+      for (const auto& item : v->appended()) todo.push_back(item.get());
+    }
+    std::sort(refs.begin(), refs.end());
+    refs.erase(std::unique(refs.begin(), refs.end()), refs.end());
+    std::vector<const Tensor*> order;
+    for (size_t i : refs) order.push_back(&content.tensors.at(i));
+    content.feed->each(order, [&](size_t k, const Tensor& t) {
+      const TensorInfo& info = t.info();
+      Tensor copy = Tensor::copy_of(info.name, info.dtype, info.shape, t.contiguous_bytes());
+      copy.info().requires_grad = info.requires_grad;
+      copy.info().is_parameter = info.is_parameter;
+      tensors[refs[k]] = std::move(copy);
+    });
+    return tensors;
+  }
+
   std::vector<std::vector<Planned>> make_plan(const std::vector<Tensor>& tensors,
                                               const DcpWrittenState& state,
                                               const std::vector<Leaf>& leaves) const {
