@@ -7,6 +7,7 @@ The torch corpus is generated once per session into a pytest tmp dir.
 
 import json
 import os
+import shutil
 import subprocess
 import warnings
 
@@ -26,6 +27,11 @@ LEGACY_IDS = [f"{c.name}.legacy" for c in corpus.CASES if c.legacy]
 ALL_IDS = ZIP_IDS + LEGACY_IDS
 REFUSE_IDS = [f"{n}{s}" for n in corpus.REFUSE for s in ("", ".legacy")]
 BYTE_IDENTITY_IDS = [c.name for c in corpus.CASES if c.byte_identity]
+# The workplace's DCP folder written by torch 2.11 (one process), when it is here.
+DCP_FIXTURE = next((os.path.join(d, "torch2", "dcp_model") for d in (
+    os.environ.get("CKPT_FIXTURES"),
+    os.path.join(REPO, "..", "shared", "fixtures"),
+    "/work/shared/fixtures") if d and os.path.isdir(os.path.join(d, "torch2", "dcp_model"))), "")
 
 
 def ckpt_path():
@@ -115,3 +121,53 @@ def one_error_line(r):
     for marker in ("Traceback", "terminate called", "Assertion", "AddressSanitizer", "Segmentation"):
         assert marker not in r.stderr, f"crash marker {marker!r} in stderr: {r.stderr!r}"
     return lines[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# Shared by several files, started or made once per session.
+
+@pytest.fixture(scope="session")
+def rgw(tmp_path_factory):
+    import rgw_server
+    if not shutil.which("curl"):
+        pytest.skip("the curl tool is needed to fill the bucket")
+    g, err = None, None
+    for _ in range(2):  # a second try: a cluster of an earlier session may still be exiting
+        try:
+            g = rgw_server.Rgw(str(tmp_path_factory.mktemp("rgw")))
+            break
+        except (RuntimeError, OSError, subprocess.TimeoutExpired) as e:
+            err = e
+    if g is None:
+        pytest.skip(f"Ceph RGW cannot run here: {err}")
+    try:
+        g.curl("PUT", "/ckpt")
+        yield g
+    finally:
+        g.stop()
+
+
+def s3_env(rgw, **over):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(AWS_ENDPOINT_URL=rgw.endpoint, AWS_ACCESS_KEY_ID=rgw.access_key,
+               AWS_SECRET_ACCESS_KEY=rgw.secret_key, AWS_REGION="us-east-1")
+    for k, v in over.items():
+        if v is None:
+            env.pop(k, None)
+        else:
+            env[k] = v
+    return env
+
+
+@pytest.fixture(scope="session")
+def dcp_dirs(tmp_path_factory):
+    try:
+        import torch.distributed.checkpoint  # noqa: F401
+    except ImportError:
+        pytest.skip("torch.distributed is not available")
+    import dcp_make
+
+    dirs = dcp_make.make_folders(str(tmp_path_factory.mktemp("dcp")))
+    if DCP_FIXTURE:
+        dirs["fixture"] = DCP_FIXTURE
+    return dirs

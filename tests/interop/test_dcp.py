@@ -26,20 +26,6 @@ pytestmark = pytest.mark.skipif(int(torch.__version__.split(".")[0]) < 2,
 NOT_VERIFIED = 10
 
 
-@pytest.fixture(scope="session")
-def dcp_dirs(tmp_path_factory):
-    try:
-        import torch.distributed.checkpoint  # noqa: F401
-    except ImportError:
-        pytest.skip("torch.distributed is not available")
-    import dcp_make
-
-    dirs = dcp_make.make_folders(str(tmp_path_factory.mktemp("dcp")))
-    if FIXTURES:
-        dirs["fixture"] = os.path.join(FIXTURES, "dcp_model")
-    return dirs
-
-
 NAMES = ["dtensor", "fsdp", "single", "fixture"]
 
 

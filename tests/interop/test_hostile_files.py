@@ -15,6 +15,8 @@ import zlib
 
 import pytest
 
+from helpers import run_measured
+
 MiB = 1 << 20
 
 
@@ -22,27 +24,6 @@ def measured(ckpt):
     """Whether peak RSS and address-space caps mean anything for this binary: not under ASan,
     whose shadow memory and quarantine count in the RSS (the plain build's run checks them)."""
     return "asan" not in ckpt.path
-
-
-def run_measured(ckpt, *args, timeout=120, address_space=None):
-    """(CompletedProcess, peak RSS in bytes) of `ckpt args`, run under a wrapper that reports
-    its only child's peak RSS; `address_space` caps the child's RLIMIT_AS."""
-    wrapper = (
-        "import resource, subprocess, sys\n"
-        "lim = int(sys.argv[1])\n"
-        "def pre():\n"
-        "    if lim: resource.setrlimit(resource.RLIMIT_AS, (lim, lim))\n"
-        "r = subprocess.run(sys.argv[2:], preexec_fn=pre, capture_output=True)\n"
-        "sys.stdout.buffer.write(r.stdout); sys.stderr.buffer.write(r.stderr)\n"
-        "sys.stderr.write('\\nRSS_KIB %d\\n' % resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n"
-        "sys.exit(r.returncode)\n")
-    asan = "asan" in ckpt.path
-    r = subprocess.run([sys.executable, "-c", wrapper, str(0 if asan else (address_space or 0)),
-                        ckpt.path, *map(str, args)], capture_output=True, text=True,
-                       timeout=timeout, errors="replace")
-    head, _, tail = r.stderr.rpartition("\nRSS_KIB ")
-    r.stderr = head
-    return r, int(tail.strip()) * 1024
 
 
 def deflated_zip(records) -> bytes:

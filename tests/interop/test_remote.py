@@ -17,6 +17,7 @@ import pytest
 
 import faulty_http
 import helpers
+from conftest import s3_env
 
 NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
 
@@ -401,40 +402,8 @@ def test_object_changed_mid_load(ckpt, faulty):
 
 
 # ---------------------------------------------------------------------------------------------
-# S3: a real Ceph RADOS Gateway (SigV4 checked), started once per session (~12 s).
-
-
-@pytest.fixture(scope="session")
-def rgw(tmp_path_factory):
-    import rgw_server
-    if not shutil.which("curl"):
-        pytest.skip("the curl tool is needed to fill the bucket")
-    g, err = None, None
-    for _ in range(2):  # a second try: a cluster of an earlier session may still be exiting
-        try:
-            g = rgw_server.Rgw(str(tmp_path_factory.mktemp("rgw")))
-            break
-        except (RuntimeError, OSError, subprocess.TimeoutExpired) as e:
-            err = e
-    if g is None:
-        pytest.skip(f"Ceph RGW cannot run here: {err}")
-    try:
-        g.curl("PUT", "/ckpt")
-        yield g
-    finally:
-        g.stop()
-
-
-def s3_env(rgw, **over):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    env.update(AWS_ENDPOINT_URL=rgw.endpoint, AWS_ACCESS_KEY_ID=rgw.access_key,
-               AWS_SECRET_ACCESS_KEY=rgw.secret_key, AWS_REGION="us-east-1")
-    for k, v in over.items():
-        if v is None:
-            env.pop(k, None)
-        else:
-            env[k] = v
-    return env
+# S3: a real Ceph RADOS Gateway (SigV4 checked), started once per session (~12 s; the `rgw`
+# fixture and s3_env are in conftest.py, shared with the DCP tests).
 
 
 def run_env(ckpt, env, *args, timeout=60):
