@@ -485,19 +485,26 @@ class Checkpoint:
 
     def convert(self, dst, *, format=None, alignment=0, copy_shared=False, meta="refuse",
                 key=None, key_file=None, password=None, store_digests=False,
-                max_shard_size=0, fsync=True, progress=None, dcp_files=0):
+                max_shard_size=0, fsync=True, progress=None, dcp_files=0, memory_budget=None):
         """Write this checkpoint in another format (what `ckpt convert` does); returns a report
         dict (format, tensors, tensor_bytes, bytes_written, not_written, ...). Atomic; fsync
         (default on, as `ckpt convert`) flushes it to disk first. progress: as for
         :func:`load`, with bytes written (called on this thread). A keyword of another format
         than the output's is refused (ckpt.InvalidArgumentError naming it). format="dcp": dst
         is a torch.distributed.checkpoint folder; dcp_files=N writes N data files as N ranks
-        would (`ckpt convert --dcp-files`)."""
+        would (`ckpt convert --dcp-files`). A checkpoint that is not one mapped file (a DCP
+        folder, a URL, compressed records) is streamed to the writer: memory_budget bytes of
+        tensor data at most are read ahead (default 128 MiB; a larger tensor is held alone),
+        as `ckpt convert --budget-mb`."""
         fmt = "" if format is None else format
+        if memory_budget is not None and memory_budget <= 0:
+            raise error(InvalidArgumentError, "memory_budget must be more than 0 bytes",
+                        os.fsdecode(dst))
         with _Progress(progress, "convert") as fn:
             return self._ck.convert(os.fsdecode(dst), fmt, alignment, copy_shared, meta,
                                     _key(key), key_file or "", password or "", store_digests,
-                                    max_shard_size, bool(fsync), fn, dcp_files)
+                                    max_shard_size, bool(fsync), fn, dcp_files,
+                                    int(memory_budget or 0))
 
     def stream(self, budget, *, verify=False):
         """Iterate (name, tensor) in file order with at most ``budget`` bytes of storage in

@@ -254,9 +254,11 @@ void bind_checks(PyClass& c) {
                          uint32_t alignment, bool copy_shared, const std::string& meta,
                          const std::string& key, const std::string& key_file,
                          const std::string& password, bool store_digests, uint64_t max_shard_size,
-                         bool fsync, const pyb::object& progress_fn, uint32_t dcp_files) {
+                         bool fsync, const pyb::object& progress_fn, uint32_t dcp_files,
+                         uint64_t memory_budget) {
         ConvertOptions o;
         o.fsync = fsync;
+        if (memory_budget) o.memory_budget = memory_budget;
         PyProgress progress(progress_fn);
         if (progress.active())  // on this thread; raising aborts the conversion
           o.progress = [&progress](uint64_t done, uint64_t total) {
@@ -319,7 +321,8 @@ void bind_checks(PyClass& c) {
       pyb::arg("dst"), pyb::arg("format"), pyb::arg("alignment"), pyb::arg("copy_shared"),
       pyb::arg("meta"), pyb::arg("key"), pyb::arg("key_file"), pyb::arg("password"),
       pyb::arg("store_digests"), pyb::arg("max_shard_size"), pyb::arg("fsync") = true,
-      pyb::arg("progress") = pyb::none(), pyb::arg("dcp_files") = 0);
+      pyb::arg("progress") = pyb::none(), pyb::arg("dcp_files") = 0,
+      pyb::arg("memory_budget") = 0);
 }
 
 // Bytes for the Python builder: storages by index (safe_open), streamed tensors.

@@ -79,3 +79,21 @@ def test_get_slice_equals_indexing(dirs, key):
                     slice(None, None, 2)]:
             assert torch.equal(s[idx], want[idx]), idx
         assert torch.equal(f.get_tensor(f"model.{key}"), want)
+
+
+def test_convert_streams_within_memory_budget(dirs, tmp_path):
+    """Checkpoint.convert(memory_budget=) of a folder: the same state as dcp_to_torch_save, with
+    a budget below every tensor (each is then held alone); a budget of 0 is refused."""
+    from safetensors.torch import load_file
+
+    want = {k: v for k, v in torch.load(dirs["dtensor"] + ".pt", weights_only=False)["model"]
+            .items() if isinstance(v, torch.Tensor)}
+    c = ckpt.open(dirs["dtensor"])
+    out = tmp_path / "out.safetensors"
+    report = c.convert(str(out), memory_budget=64)
+    assert report["format"] == "safetensors"
+    got = load_file(str(out))
+    for k, t in want.items():
+        assert torch.equal(got["model." + k], t), k
+    with pytest.raises(ckpt.InvalidArgumentError, match="memory_budget"):
+        c.convert(str(tmp_path / "zero.safetensors"), memory_budget=0)
