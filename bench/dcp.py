@@ -8,6 +8,7 @@ median of REPEAT runs:
   ckpt convert same.pt out.safetensors ckpt's own pt -> safetensors of the same bytes
   dcp_to_torch_save + safetensors.torch.save_file   what users run today, timed without and
                                        with an fsync of its output (ckpt convert always fsyncs)
+  writing as many bytes to a new file + fsync        the machine's limit for the output
 and the peak RSS of the streamed ckpt conversion (default budget, and --budget-mb 64) beside the
 largest tensor. Run with the torch 2.x
 Python (it has torchrun):
@@ -53,6 +54,21 @@ TORCH = textwrap.dedent(r"""
     os.fsync(fd)
     os.close(fd)
     print(t1 - t0, time.perf_counter() - t0)
+""")
+
+
+WRITE = textwrap.dedent(r"""
+    import os, sys, time
+    out, size = sys.argv[1], int(sys.argv[2])
+    buf = memoryview(bytearray(16 << 20))
+    t0 = time.perf_counter()
+    fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    done = 0
+    while done < size:
+        done += os.write(fd, buf[:min(len(buf), size - done)])
+    os.fsync(fd)
+    os.close(fd)
+    print(time.perf_counter() - t0)
 """)
 
 
@@ -106,8 +122,12 @@ def main():
     torch_script = os.path.join(a.out, "torch_convert.py")
     with open(torch_script, "w") as f:
         f.write(TORCH)
+    write_script = os.path.join(a.out, "write.py")
+    with open(write_script, "w") as f:
+        f.write(WRITE)
     rows = {"ckpt convert DIR": [], "ckpt convert same.pt": [],
-            "dcp_to_torch_save + save_file": [], "dcp_to_torch_save + save_file + fsync": []}
+            "dcp_to_torch_save + save_file": [], "dcp_to_torch_save + save_file + fsync": [],
+            "machine: write as many bytes to a new file + fsync": []}
     def run_dcp():
         rows["ckpt convert DIR"].append(timed([a.ckpt, "convert", d, st]))
 
@@ -122,12 +142,20 @@ def main():
         rows["dcp_to_torch_save + save_file"].append(plain)
         rows["dcp_to_torch_save + save_file + fsync"].append(synced)
 
+    def run_write():
+        settle(st)
+        size = sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d))
+        r = subprocess.run([sys.executable, write_script, st, str(size)], check=True,
+                           capture_output=True, text=True)
+        rows["machine: write as many bytes to a new file + fsync"].append(float(r.stdout))
+
     # The order turns each round, so that each contender follows each other equally often: a
     # run right after the torch one (gigabytes allocated and freed) is slower on some machines
     # (a VM's freed guest pages are touched again first), whoever it is.
-    runs = [run_dcp, run_pt, run_torch]
+    runs = [run_dcp, run_pt, run_torch, run_write]
     for i in range(a.repeat):
-        for run in runs[i % 3:] + runs[:i % 3]:
+        k = i % len(runs)
+        for run in runs[k:] + runs[:k]:
             run()
     med = {k: statistics.median(v) for k, v in rows.items()}
     best = {k: min(v) for k, v in rows.items()}
@@ -146,6 +174,8 @@ def main():
     print(f"| ckpt over torch + fsync | {med['dcp_to_torch_save + save_file + fsync'] / dcp_s:.1f}x "
           f"| (target >= 5x) |")
     print(f"| ckpt over torch without fsync | {med['dcp_to_torch_save + save_file'] / dcp_s:.1f}x | |")
+    w = med["machine: write as many bytes to a new file + fsync"]
+    print(f"| ckpt convert DIR over the machine's write | {w / dcp_s:.2f}x | |")
     print(f"| peak RSS of ckpt convert DIR (budget 128 MiB) | {rss / 2**20:.0f} MiB (largest tensor 16 MiB) |")
     print(f"| peak RSS of ckpt convert DIR --budget-mb 64 | {rss_small / 2**20:.0f} MiB |")
     print(json.dumps({"median_s": med, "best_s": best, "peak_rss": rss, "peak_rss_budget_64": rss_small,
