@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <exception>
 #include <map>
 #include <mutex>
@@ -246,6 +247,18 @@ class Opener {
     const uint32_t f = item_file_[i];
     SourcePtr w = window_source(layout_->sources[f], s->offset, s->length,
                                 layout_->paths[f] + "@" + std::to_string(s->offset));
+    if (j.chunk && s->length >= 4) {
+      // A tensor item is a torch.save zip. torch's SerializationFormat.SAFETENSORS writes one
+      // safetensors blob per file instead, at an offset every item of the file shares (torch's
+      // own FileSystemReader does not read it either).
+      std::byte head[4];
+      w->read_into(0, head);
+      if (std::memcmp(head, "PK\x03\x04", 4) != 0)
+        fail(ErrorCode::kUnsupported,
+             "the chunk at " + dims(j.chunk->offsets) + " is not a torch.save zip (a storage layout this reader does not know; a "
+                 "safetensors blob is what torch writes with SerializationFormat.SAFETENSORS)",
+             layout_->paths[f], j.entry->fqn, s->offset);
+    }
     try {
       return open_model(w, options_);
     } catch (Error& e) {

@@ -147,18 +147,6 @@ def rgw(tmp_path_factory):
         g.stop()
 
 
-def s3_env(rgw, **over):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    env.update(AWS_ENDPOINT_URL=rgw.endpoint, AWS_ACCESS_KEY_ID=rgw.access_key,
-               AWS_SECRET_ACCESS_KEY=rgw.secret_key, AWS_REGION="us-east-1")
-    for k, v in over.items():
-        if v is None:
-            env.pop(k, None)
-        else:
-            env[k] = v
-    return env
-
-
 @pytest.fixture(scope="session")
 def dcp_dirs(tmp_path_factory):
     try:

@@ -505,3 +505,17 @@ def run_measured(ckpt, *args, timeout=120, address_space=None):
     head, _, tail = r.stderr.rpartition("\nRSS_KIB ")
     r.stderr = head
     return r, int(tail.strip()) * 1024
+
+
+def s3_env(rgw, **over):
+    """The environment of a ckpt run against the session's RGW (the `rgw` fixture): its
+    endpoint and keys, no other AWS_ variable; `over` sets (or, with None, removes) more."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(AWS_ENDPOINT_URL=rgw.endpoint, AWS_ACCESS_KEY_ID=rgw.access_key,
+               AWS_SECRET_ACCESS_KEY=rgw.secret_key, AWS_REGION="us-east-1")
+    for k, v in over.items():
+        if v is None:
+            env.pop(k, None)
+        else:
+            env[k] = v
+    return env

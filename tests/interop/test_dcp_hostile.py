@@ -121,6 +121,22 @@ def test_transforms_are_an_unknown_layout(ckpt, base, tmp_path):
     refused(ckpt, variant(base, tmp_path, change), UNSUPPORTED, "transforms")
 
 
+def test_safetensors_serialised_items_are_an_unknown_layout(ckpt, tmp_path):
+    """torch's FileSystemWriter(serialization_format=SAFETENSORS) writes one safetensors blob per
+    file where each tensor item would be a torch.save zip (torch's own FileSystemReader cannot
+    read it back either): refused by name, not misread."""
+    import torch.distributed.checkpoint as dcp
+    try:
+        from torch.distributed.checkpoint.filesystem import SerializationFormat
+    except ImportError:
+        pytest.skip("this torch has no SerializationFormat")
+    d = tmp_path / "st"
+    writer = dcp.FileSystemWriter(str(d), serialization_format=SerializationFormat.SAFETENSORS)
+    dcp.save({"w": torch.ones(8, 4), "n": 3}, storage_writer=writer, no_dist=True)
+    err = refused(ckpt, d, UNSUPPORTED, "w", "__0_0.distcp", "not a torch.save zip")
+    assert "SAFETENSORS" in err
+
+
 def test_unknown_storage_metadata_class(ckpt, base, tmp_path):
     def change(md, d):
         md.state_dict_metadata["b"] = {"not": "a storage metadata"}

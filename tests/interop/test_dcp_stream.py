@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import helpers
-from conftest import s3_env
+from helpers import s3_env
 
 pytestmark = pytest.mark.skipif(int(torch.__version__.split(".")[0]) < 2,
                                 reason="DCP folders are made by torch 2.x")

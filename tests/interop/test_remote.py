@@ -17,7 +17,6 @@ import pytest
 
 import faulty_http
 import helpers
-from conftest import s3_env
 
 NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
 
@@ -403,7 +402,7 @@ def test_object_changed_mid_load(ckpt, faulty):
 
 # ---------------------------------------------------------------------------------------------
 # S3: a real Ceph RADOS Gateway (SigV4 checked), started once per session (~12 s; the `rgw`
-# fixture and s3_env are in conftest.py, shared with the DCP tests).
+# fixture is in conftest.py and s3_env in helpers.py, shared with the DCP tests).
 
 
 def run_env(ckpt, env, *args, timeout=60):
@@ -419,7 +418,7 @@ def test_s3_load_matches_torch(ckpt, rgw, model, fmt, tmp_path):
     from urllib.parse import quote
     rgw.put_file("/ckpt/" + quote(key, safe="/-._~"), model[fmt])
     url = f"s3://ckpt/{key}"
-    env = s3_env(rgw)
+    env = helpers.s3_env(rgw)
     r = run_env(ckpt, env, "ls", "--json", url)
     assert r.returncode == 0, r.stderr
     assert len(json.loads(r.stdout)["tensors"]) == len(model["sd"])
@@ -435,7 +434,7 @@ def test_s3_load_matches_torch(ckpt, rgw, model, fmt, tmp_path):
 
 def test_s3_wrong_secret_is_auth_error(ckpt, rgw, model):
     rgw.put_file("/ckpt/auth.pt", model["pt"])
-    env = s3_env(rgw, AWS_SECRET_ACCESS_KEY="wrong-secret-value-xyz")
+    env = helpers.s3_env(rgw, AWS_SECRET_ACCESS_KEY="wrong-secret-value-xyz")
     r = run_env(ckpt, env, "ls", "s3://ckpt/auth.pt")
     assert r.returncode == 9, r.stderr
     assert "s3://ckpt/auth.pt" in r.stderr and "403" in r.stderr, r.stderr
@@ -451,13 +450,13 @@ def test_s3_profile_and_anonymous(ckpt, rgw, model, tmp_path):
                      f"aws_secret_access_key = {rgw.secret_key}\n")
     config = tmp_path / "config"
     config.write_text(f"[profile ckpt]\nregion = us-east-1\nendpoint_url = {rgw.endpoint}\n")
-    env = s3_env(rgw, AWS_ACCESS_KEY_ID=None, AWS_SECRET_ACCESS_KEY=None, AWS_ENDPOINT_URL=None,
+    env = helpers.s3_env(rgw, AWS_ACCESS_KEY_ID=None, AWS_SECRET_ACCESS_KEY=None, AWS_ENDPOINT_URL=None,
                  AWS_PROFILE="ckpt", AWS_SHARED_CREDENTIALS_FILE=str(creds),
                  AWS_CONFIG_FILE=str(config), HOME=str(tmp_path))
     r = run_env(ckpt, env, "ls", "s3://ckpt/private.pt")
     assert r.returncode == 0, r.stderr
     # No credentials at all: unsigned requests; a public object reads, a private one is refused.
-    anon = s3_env(rgw, AWS_ACCESS_KEY_ID=None, AWS_SECRET_ACCESS_KEY=None, HOME=str(tmp_path / "none"))
+    anon = helpers.s3_env(rgw, AWS_ACCESS_KEY_ID=None, AWS_SECRET_ACCESS_KEY=None, HOME=str(tmp_path / "none"))
     r = run_env(ckpt, anon, "ls", "s3://ckpt/public.pt")
     assert r.returncode == 0, r.stderr
     r = run_env(ckpt, anon, "ls", "s3://ckpt/private.pt")
@@ -483,7 +482,7 @@ def big_model(tmp_path_factory):
 def test_s3_upload_multipart(ckpt, rgw, big_model, fmt, tmp_path):
     import torch
     url = f"s3://ckpt/up/out.{fmt}"
-    env = s3_env(rgw)
+    env = helpers.s3_env(rgw)
     r = run_env(ckpt, env, "convert", "--chunk-size", "5", "--connections", "2", big_model["pt"], url)
     assert r.returncode == 0, r.stderr
     # The object is there, whole: ckpt reads it back, and so does torch (pt) after a plain GET.
@@ -511,7 +510,7 @@ def test_s3_upload_multipart(ckpt, rgw, big_model, fmt, tmp_path):
 
 
 def test_s3_small_upload_and_failures(ckpt, rgw, model):
-    env = s3_env(rgw)
+    env = helpers.s3_env(rgw)
     r = run_env(ckpt, env, "convert", model["pt"], "s3://ckpt/small.safetensors")
     assert r.returncode == 0, r.stderr
     assert rgw.curl("GET", "/ckpt/small.safetensors")[0] == 200
@@ -520,7 +519,7 @@ def test_s3_small_upload_and_failures(ckpt, rgw, model):
     assert r.returncode == 2, r.stderr
     assert "s3://no-such-bucket/x.safetensors" in r.stderr
     # A wrong secret: auth error, no object, the secret never printed.
-    bad = s3_env(rgw, AWS_SECRET_ACCESS_KEY="not-the-secret-42")
+    bad = helpers.s3_env(rgw, AWS_SECRET_ACCESS_KEY="not-the-secret-42")
     r = run_env(ckpt, bad, "convert", model["pt"], "s3://ckpt/denied.safetensors")
     assert r.returncode == 9, r.stderr
     assert "not-the-secret-42" not in r.stderr
@@ -546,7 +545,7 @@ def test_s3_upload_interrupted_is_aborted(ckpt, rgw, tmp_path):
     import torch
     src = str(tmp_path / "huge.pt")
     torch.save({"w": torch.ones(96 * 1024 * 1024)}, src)  # 384 MiB: a few seconds of upload
-    env = s3_env(rgw)
+    env = helpers.s3_env(rgw)
     p = subprocess.Popen([ckpt.path, "convert", "--chunk-size", "8", "--connections", "2", src,
                           "s3://ckpt/interrupted.safetensors"], env=env, stderr=subprocess.PIPE,
                          text=True)

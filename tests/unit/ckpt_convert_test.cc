@@ -278,6 +278,51 @@ TEST(Convert, SharedAndTiedTensorsAreRefusedOrCopiedPerOption) {
   EXPECT_EQ(flatten_state_dict(back).entries.size(), 4u);
 }
 
+// An unmapped checkpoint (pread) is streamed to the writer in its order through a ring of
+// memory_budget bytes: a budget below every tensor holds each alone, and the output is the same
+// as from the mapped file, tied tensors and digests included.
+TEST(Convert, StreamedConversionWithABudgetBelowEveryTensorWritesTheSameBytes) {
+  TempDir dir;
+  const auto ts = sample_tensors();
+  const std::string src = dir.file("src.pt");
+  write_source(ConvertFormat::kTorch, src, ts);
+  OpenOptions pread;
+  pread.mmap = false;
+  Checkpoint mapped = Checkpoint::open(src), unmapped = Checkpoint::open(src, pread);
+  for (ConvertFormat to : kFormats) {
+    SCOPED_TRACE(convert_format_name(to));
+    ConvertOptions o = quick();
+    o.memory_budget = 1;
+    const std::string out = dir.file(std::string("out") + ext_of(to));  // one name: pt's folder
+    convert(mapped, out, quick());
+    const std::vector<std::byte> from_mapping = test::read_file(out);
+    ConvertReport r = convert(unmapped, out, o);
+    EXPECT_EQ(r.tensors, ts.size());
+    EXPECT_EQ(test::read_file(out), from_mapping);
+    EXPECT_EQ(contents(Checkpoint::open(out)), contents(ts));
+  }
+  // Digests: the streamed input is read twice, the digests are the same.
+  ConvertOptions d = quick();
+  d.memory_budget = 1;
+  d.target = SafetensorsTarget{.store_digests = true};
+  convert(unmapped, dir.file("d1.safetensors"), d);
+  d.memory_budget = 128ull << 20;
+  convert(mapped, dir.file("d2.safetensors"), d);
+  EXPECT_EQ(test::read_file(dir.file("d1.safetensors")), test::read_file(dir.file("d2.safetensors")));
+  // Tied tensors: one storage read for consecutive names, copies where asked, sharing in pt.
+  Checkpoint tied = Checkpoint::open(tied_checkpoint(dir), pread);
+  ConvertOptions c = quick();
+  c.memory_budget = 1;
+  c.target = SafetensorsTarget{.copy_shared = true};
+  convert(tied, dir.file("t.safetensors"), c);
+  auto got = contents(Checkpoint::open(dir.file("t.safetensors")));
+  EXPECT_EQ(got["decoder.weight"], got["encoder.weight"]);
+  EXPECT_EQ(got["encoder.weight_t"].bytes, tied.tensor(2).contiguous_bytes());
+  c.target = PtTarget{};
+  convert(tied, dir.file("t.pt"), c);
+  EXPECT_EQ(Checkpoint::open(dir.file("t.pt")).storages().size(), 2u);
+}
+
 TEST(Convert, TreesDeeperThan200AreWalkedWholeOrRefusedPerLimits) {
   TempDir dir;
   std::vector<Tensor> ts = {make("x", DType::kFloat32, {5}, 9)};
