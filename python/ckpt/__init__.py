@@ -240,9 +240,12 @@ def load(f, map_location="cpu", pickle_module=None, *, weights_only=None, mmap=N
       configured by the AWS_* environment as the ckpt command documents; mmap does not apply),
       or a binary file object (read whole into memory).
       Any format ckpt reads: torch.save zip and legacy files, TorchScript archives (their state
-      dict), safetensors (an OrderedDict of name -> tensor), tensorizer.
-    map_location: where the tensors go: "cpu" (also None), "cuda", "cuda:N", an int N, a
-      torch.device, a dict whose values name one device, "meta" or torch.device("meta") (meta
+      dict), safetensors (a dict of name -> tensor, as safetensors' load_file), tensorizer.
+    map_location (also the second positional argument): where the tensors go: "cpu", "cuda",
+      "cuda:N", an int N, a torch.device; None: where the file's storages were saved (as
+      torch.load); a dict as torch.load takes it (each saved location through the dict, one it
+      does not name staying where it was saved: {"cuda:1": "cuda:0"} on a CPU file is the
+      CPU); the storages must all end on one device; "meta" or torch.device("meta") (meta
       tensors: dtype, shape and strides from the file's tables, no tensor byte read), or a
       callable ``fn(storage, location)`` as torch takes it (called once per location the file
       names, with an empty CPU storage: the device of what it returns is where every tensor
@@ -260,7 +263,11 @@ def load(f, map_location="cpu", pickle_module=None, *, weights_only=None, mmap=N
     strict: refuse classes ckpt does not know (ckpt.UnsupportedError), as torch.load(
       weights_only=True) does; otherwise they come back as ckpt.Opaque, never called.
     key / password: decryption for encrypted tensorizer files (32 raw bytes or 64 hex digits).
-    weights_only: accepted for torch.load compatibility; True means strict=True.
+    weights_only: True means strict=True; a refused global raises ckpt.ForbiddenGlobalError,
+      also a pickle.UnpicklingError as torch.load(weights_only=True) raises.
+    pickle_module (third positional), encoding: torch.load's; None / pickle and None / "utf-8"
+      / "ascii" are accepted, anything else refused by name (ckpt runs no pickle module, and
+      decodes Python 2 str as UTF-8 where valid, else latin-1).
     progress: None (default), a callable ``fn(done, total)`` called with bytes read (at most
       every 100 ms, and once at the end with done == total; from a reader thread, with the GIL
       held; an exception it raises stops the load and is raised by it), or True for a tqdm bar
@@ -269,7 +276,8 @@ def load(f, map_location="cpu", pickle_module=None, *, weights_only=None, mmap=N
     Tensors are torch tensors when torch can be imported, else numpy arrays. Storages shared in
     the file stay shared; Parameters, requires_grad, torch.Size, OrderedDict (with _metadata)
     and quantized tensors come back as torch makes them. Bytes move with the GIL released.
-    Raises ckpt.Error subclasses (NotFoundError, CorruptError, TruncatedError, ...).
+    Raises ckpt.Error subclasses (NotFoundError, CorruptError, TruncatedError, ...; a folder that
+    is not a checkpoint: NotACheckpointDirError, an IsADirectoryError).
     """
     _torch_load_args(pickle_module, encoding)
     strict = bool(strict or weights_only)

@@ -85,13 +85,6 @@ class ForbiddenGlobalError(UnsupportedError, _pickle.UnpicklingError):
     falls back to a full load on ``except pickle.UnpicklingError`` catches it."""
 
 
-class NotACheckpointDirError(_OSErrorMixin, Error, IsADirectoryError):
-    """A folder that is not a checkpoint (no DCP ``.metadata``). Also an IsADirectoryError, as
-    torch.load and safetensors raise for a folder."""
-    code = "invalid_argument"
-    _errno = _errno.EISDIR
-
-
 class LimitExceededError(Error, ValueError):
     """A configurable limit was hit (metadata size, tensor count, nesting depth...). Also a
     ValueError (the input is larger than allowed; not a MemoryError: nothing ran out)."""
@@ -106,6 +99,12 @@ class InvalidArgumentError(Error, ValueError):
 class AuthError(Error):
     """A wrong key or password, or tampered ciphertext."""
     code = "auth"
+
+
+class NotACheckpointDirError(_OSErrorMixin, InvalidArgumentError, IsADirectoryError):
+    """A folder that is not a checkpoint (no DCP ``.metadata``): an InvalidArgumentError that is
+    also an IsADirectoryError (errno EISDIR), as torch.load and safetensors raise for a folder."""
+    _errno = _errno.EISDIR
 
 
 _BY_CODE = {c.code: c for c in (IoError, NotFoundError, TruncatedError, CorruptError,
