@@ -240,3 +240,16 @@ def test_load_file_is_mapped(tmp_path):
     gc.collect()
     ckpt._ckpt.drain_reaped()
     assert not mapped()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here")
+@pytest.mark.parametrize("loc", [None, {"cuda:0": "cpu"}, {"cuda:1": "cuda:0"}, {},
+                                 {"cuda:0": "cuda:0"}])
+def test_map_location_dict_and_none_on_a_cuda_file(tmp_path, loc):
+    # Saved on cuda:0: None and a dict that does not name cuda:0 keep it there, as torch does.
+    p = tmp_path / "cuda.pt"
+    torch.save({"w": torch.arange(6.0, device="cuda:0"), "n": 3}, p)
+    ref = torch.load(p, map_location=loc, weights_only=True)
+    got = ckpt.load(p, map_location=loc)
+    assert got["w"].device == ref["w"].device
+    assert torch.equal(got["w"].cpu(), ref["w"].cpu()) and got["n"] == 3
