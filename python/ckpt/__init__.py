@@ -39,7 +39,8 @@ __all__ = [
     "Checkpoint", "TensorInfo",
     "Opaque", "Global", "OpaqueDict", "Error", "IoError", "NotFoundError", "TruncatedError",
     "CorruptError", "UnsupportedError", "LimitExceededError", "InvalidArgumentError",
-    "AuthError", "ForbiddenGlobalError", "NotACheckpointDirError", "set_kept_memory_limit", "release_kept_memory", "kept_memory",
+    "AuthError", "ForbiddenGlobalError", "NotACheckpointDirError", "set_kept_memory_limit",
+    "release_kept_memory", "kept_memory",
 ]
 
 TensorInfo = collections.namedtuple(
@@ -254,7 +255,7 @@ def load(f, map_location="cpu", pickle_module=None, *, weights_only=None, mmap=N
       tensors are CUDA tensors over it (handed to torch through DLPack, no host copy; the memory
       is freed when the last of them dies). Without a usable GPU: ckpt.UnsupportedError naming
       what is missing. mmap does not apply to a device load.
-    mmap: tensors are zero-copy views of a private copy-on-write mapping of the file (writable:
+    mmap: (None: False, as torch.load) tensors are zero-copy views of a private copy-on-write mapping of the file (writable:
       writes stay in this process); the mapping lives while any tensor uses it. The file may be
       deleted or replaced by rename meanwhile; truncating it in place is undefined, as for any
       mapping. Stored bytes that need decoding (compressed, encrypted, other byte order) are
