@@ -65,7 +65,8 @@ void mark_committed(const pyb::object& exc, const std::string& name) {
   try {
     exc.attr("ckpt_committed") = true;
     if (pyb::hasattr(exc, "add_note"))
-      exc.attr("add_note")("ckpt: " + name + " was written completely (committed) before the "
+      exc.attr("add_note")("ckpt: " + name +
+                           " was written completely (committed) before the "
                            "progress callback raised");
   } catch (pyb::error_already_set&) {  // an exception type that takes no attributes
   }
