@@ -15,15 +15,18 @@ Errors are :class:`ckpt.Error` subclasses naming the file, record and byte offse
 import atexit
 import collections
 import gc
+import io
 import os
+import pickle
 import sys
 import threading
 
 from . import _build, _ckpt, _script, _tree
 from ._build import Builder, backend
 from ._build import untyped_storage as _untyped_storage
-from ._errors import (AuthError, CorruptError, Error, InvalidArgumentError, IoError,
-                      LimitExceededError, NotFoundError, TruncatedError, UnsupportedError, error)
+from ._errors import (AuthError, CorruptError, Error, ForbiddenGlobalError, InvalidArgumentError,
+                      IoError, LimitExceededError, NotACheckpointDirError, NotFoundError,
+                      TruncatedError, UnsupportedError, error)
 from ._save import _key, _Progress, load_model, save, save_file, save_model
 from ._tree import Global, Opaque, OpaqueDict
 
@@ -36,7 +39,8 @@ __all__ = [
     "Checkpoint", "TensorInfo",
     "Opaque", "Global", "OpaqueDict", "Error", "IoError", "NotFoundError", "TruncatedError",
     "CorruptError", "UnsupportedError", "LimitExceededError", "InvalidArgumentError",
-    "AuthError", "set_kept_memory_limit", "release_kept_memory", "kept_memory",
+    "AuthError", "ForbiddenGlobalError", "NotACheckpointDirError", "set_kept_memory_limit",
+    "release_kept_memory", "kept_memory",
 ]
 
 TensorInfo = collections.namedtuple(
@@ -133,6 +137,54 @@ def _call_location(fn, locations):
     return targets.pop()
 
 
+def _saved_device(map_location, locations, framework="torch"):
+    """The one device a dict map_location, or None, puts a file's storages on, as torch.load
+    maps them: each saved location ("cpu", "cuda:1") through the dict, a location the dict does
+    not name staying where it was saved; None keeps every saved location. locations: those the
+    file names (none: "cpu"). Storages that would go to several devices raise
+    ckpt.InvalidArgumentError (ckpt loads every tensor onto one device)."""
+    table = {} if map_location is None else {str(k): v for k, v in map_location.items()}
+    targets = set()
+    for loc in sorted(set(locations)) or ["cpu"]:
+        targets.add(_device(table.get(loc, loc), framework))
+    if len(targets) > 1:
+        raise error(InvalidArgumentError, f"map_location={map_location!r} puts the file's "
+                    f"storages on {sorted(targets)}; ckpt loads every tensor onto one device")
+    return targets.pop()
+
+
+def _resolve_location(map_location, source, strict, key, password, framework):
+    """map_location as _device takes it. A dict, None or a callable depends on where the file's
+    storages were saved: the file's tables are read for their locations (no tensor byte)."""
+    callable_loc = _is_callable_location(map_location)
+    if not (map_location is None or isinstance(map_location, dict) or callable_loc):
+        return map_location
+    if callable_loc and framework != "torch":
+        raise error(InvalidArgumentError, "a callable map_location needs torch")
+    ck = _open_source(source, strict, key, password)
+    locations = [s[4] or "cpu" for s in ck.storage_infos()]
+    del ck
+    if callable_loc:
+        return _call_location(map_location, locations)
+    return _saved_device(map_location, locations, framework)
+
+
+_ENCODINGS = ("utf-8", "utf8", "ascii")
+
+
+def _torch_load_args(pickle_module, encoding):
+    """torch.load's pickle_module= and encoding=: accepted where ckpt does what torch does,
+    refused by name otherwise (ckpt.InvalidArgumentError)."""
+    if pickle_module is not None and pickle_module is not pickle:
+        name = getattr(pickle_module, "__name__", type(pickle_module).__name__)
+        raise error(InvalidArgumentError, f"pickle_module={name}: ckpt reads pickles itself and "
+                    "never runs a pickle module (pass None or pickle)")
+    if encoding is not None and str(encoding).lower() not in _ENCODINGS:
+        raise error(InvalidArgumentError, f"encoding={encoding!r}: ckpt decodes Python 2 str "
+                    "as UTF-8 where it is valid, else as latin-1, and has no other encoding "
+                    "(leave encoding out, or pass 'utf-8')")
+
+
 def _is_url(path):
     return path.split("://", 1)[0].lower() in ("http", "https", "s3") and "://" in path
 
@@ -181,17 +233,20 @@ def _loader(fw):
     return (_build.from_dlpack(), _build, _tree, _script)
 
 
-def load(f, *, map_location="cpu", mmap=False, verify=False, strict=False, key=None,
-         password=None, weights_only=None, progress=None):
+def load(f, map_location="cpu", pickle_module=None, *, weights_only=None, mmap=None,
+         verify=False, strict=False, key=None, password=None, progress=None, encoding=None):
     """Load a checkpoint: returns what ``torch.load(f)`` returns, without running any code.
 
     f: a path (str or os.PathLike), a URL (http://, https://, s3://bucket/key: ranged requests,
       configured by the AWS_* environment as the ckpt command documents; mmap does not apply),
       or a binary file object (read whole into memory).
       Any format ckpt reads: torch.save zip and legacy files, TorchScript archives (their state
-      dict), safetensors (an OrderedDict of name -> tensor), tensorizer.
-    map_location: where the tensors go: "cpu" (also None), "cuda", "cuda:N", an int N, a
-      torch.device, a dict whose values name one device, "meta" or torch.device("meta") (meta
+      dict), safetensors (a dict of name -> tensor, as safetensors' load_file), tensorizer.
+    map_location (also the second positional argument): where the tensors go: "cpu", "cuda",
+      "cuda:N", an int N, a torch.device; None: where the file's storages were saved (as
+      torch.load); a dict as torch.load takes it (each saved location through the dict, one it
+      does not name staying where it was saved: {"cuda:1": "cuda:0"} on a CPU file is the
+      CPU); the storages must all end on one device; "meta" or torch.device("meta") (meta
       tensors: dtype, shape and strides from the file's tables, no tensor byte read), or a
       callable ``fn(storage, location)`` as torch takes it (called once per location the file
       names, with an empty CPU storage: the device of what it returns is where every tensor
@@ -200,7 +255,7 @@ def load(f, *, map_location="cpu", mmap=False, verify=False, strict=False, key=N
       tensors are CUDA tensors over it (handed to torch through DLPack, no host copy; the memory
       is freed when the last of them dies). Without a usable GPU: ckpt.UnsupportedError naming
       what is missing. mmap does not apply to a device load.
-    mmap: tensors are zero-copy views of a private copy-on-write mapping of the file (writable:
+    mmap: (None: False, as torch.load) tensors are zero-copy views of a private copy-on-write mapping of the file (writable:
       writes stay in this process); the mapping lives while any tensor uses it. The file may be
       deleted or replaced by rename meanwhile; truncating it in place is undefined, as for any
       mapping. Stored bytes that need decoding (compressed, encrypted, other byte order) are
@@ -209,7 +264,11 @@ def load(f, *, map_location="cpu", mmap=False, verify=False, strict=False, key=N
     strict: refuse classes ckpt does not know (ckpt.UnsupportedError), as torch.load(
       weights_only=True) does; otherwise they come back as ckpt.Opaque, never called.
     key / password: decryption for encrypted tensorizer files (32 raw bytes or 64 hex digits).
-    weights_only: accepted for torch.load compatibility; True means strict=True.
+    weights_only: True means strict=True; a refused global raises ckpt.ForbiddenGlobalError,
+      also a pickle.UnpicklingError as torch.load(weights_only=True) raises.
+    pickle_module (third positional), encoding: torch.load's; None / pickle and None / "utf-8"
+      / "ascii" are accepted, anything else refused by name (ckpt runs no pickle module, and
+      decodes Python 2 str as UTF-8 where valid, else latin-1).
     progress: None (default), a callable ``fn(done, total)`` called with bytes read (at most
       every 100 ms, and once at the end with done == total; from a reader thread, with the GIL
       held; an exception it raises stops the load and is raised by it), or True for a tqdm bar
@@ -218,18 +277,18 @@ def load(f, *, map_location="cpu", mmap=False, verify=False, strict=False, key=N
     Tensors are torch tensors when torch can be imported, else numpy arrays. Storages shared in
     the file stay shared; Parameters, requires_grad, torch.Size, OrderedDict (with _metadata)
     and quantized tensors come back as torch makes them. Bytes move with the GIL released.
-    Raises ckpt.Error subclasses (NotFoundError, CorruptError, TruncatedError, ...).
+    Raises ckpt.Error subclasses (NotFoundError, CorruptError, TruncatedError, ...; a folder that
+    is not a checkpoint: NotACheckpointDirError, an IsADirectoryError).
     """
+    _torch_load_args(pickle_module, encoding)
     strict = bool(strict or weights_only)
     source = _source(f)
-    if _is_callable_location(map_location):
-        if _framework(None) != "torch":
-            raise error(InvalidArgumentError, "a callable map_location needs torch")
-        ck = _open_source(source, strict, key, password)
-        map_location = _call_location(map_location, [s[4] or "cpu" for s in ck.storage_infos()])
-    device = _device(map_location, _framework(None))
+    fw = _framework(None)
+    map_location = _resolve_location(map_location, source, strict, key, password, fw)
+    device = _device(map_location, fw)
     with _NoGC(), _Progress(progress, "load") as fn:
-        return _load(source, mmap, verify, strict, key, password, device=device, progress=fn)
+        return _load(source, bool(mmap), verify, strict, key, password, device=device,
+                     progress=fn)
 
 
 def _source(f):
@@ -241,11 +300,17 @@ def _source(f):
     if not hasattr(f, "read"):
         raise error(InvalidArgumentError, f"expected a path (str, pathlib.Path) or a binary file "
                     f"object, not {type(f).__name__}")
-    data = f.read()
-    if isinstance(data, str):
+    name = str(getattr(f, "name", "<stream>"))
+    text_mode = isinstance(f, io.TextIOBase)
+    if not text_mode:
+        try:
+            data = f.read()
+        except UnicodeDecodeError:
+            text_mode = True
+    if text_mode or isinstance(data, str):
         raise error(InvalidArgumentError, "the file object is open in text mode; open it with "
-                    "'rb'")
-    return (bytes(data), str(getattr(f, "name", "<stream>")))
+                    "'rb'", name)
+    return (bytes(data), name)
 
 
 def _open_source(source, strict, key, password, mmap=True):
@@ -284,10 +349,12 @@ def _load_meta(source, strict, key, password, flat):
 
 def load_file(filename, device="cpu"):
     """safetensors.torch.load_file: a dict of name -> tensor, from any format ckpt reads (a
-    torch checkpoint: its flattened state dict, dotted names)."""
+    torch checkpoint: its flattened state dict, dotted names). On the CPU the tensors are
+    zero-copy views of a private copy-on-write mapping of the file (as load(mmap=True)): no
+    byte is read until touched, as safetensors' own load_file maps the file."""
     device = _device(device, _framework(None))
     with _NoGC():
-        return _load(filename, False, False, False, None, None, flat=True, device=device)
+        return _load(filename, True, False, False, None, None, flat=True, device=device)
 
 
 # --- safe_open ------------------------------------------------------------------------------

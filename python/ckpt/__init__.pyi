@@ -1,5 +1,6 @@
 # Type stubs of the ckpt package (python/ckpt/__init__.py).
 import os
+import pickle
 from typing import (IO, Any, Callable, Dict, Iterator, List, Mapping, NamedTuple, Optional, Sequence,
                     Tuple, Union)
 
@@ -27,6 +28,8 @@ class UnsupportedError(Error): ...
 class LimitExceededError(Error): ...
 class InvalidArgumentError(Error, ValueError): ...
 class AuthError(Error): ...
+class ForbiddenGlobalError(UnsupportedError, pickle.UnpicklingError): ...
+class NotACheckpointDirError(InvalidArgumentError, IsADirectoryError): ...
 
 class Global:
     module: str
@@ -67,10 +70,11 @@ class TensorInfo(NamedTuple):
 
 _Progress = Union[None, bool, Callable[[int, int], Any]]
 
-def load(f: Union[_Path, IO[bytes]], *, map_location: Any = ..., mmap: bool = ...,
+def load(f: Union[_Path, IO[bytes]], map_location: Any = ..., pickle_module: Any = ..., *,
+         weights_only: Optional[bool] = ..., mmap: Optional[bool] = ...,
          verify: bool = ..., strict: bool = ..., key: _Key = ...,
-         password: Optional[str] = ..., weights_only: Optional[bool] = ...,
-         progress: _Progress = ...) -> Any: ...
+         password: Optional[str] = ..., progress: _Progress = ...,
+         encoding: Optional[str] = ...) -> Any: ...
 def save(obj: Any, f: Union[_Path, IO[bytes]], *, format: Optional[str] = ...,
          metadata: Optional[Mapping[str, str]] = ..., fsync: bool = ...,
          progress: _Progress = ..., align: Optional[int] = ..., copy_shared: bool = ...,

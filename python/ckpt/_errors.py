@@ -7,10 +7,12 @@ InvalidArgumentError and LimitExceededError ValueErrors, UnsupportedError a NotI
 """
 
 import errno as _errno
+import pickle as _pickle
 
 __all__ = [
     "Error", "IoError", "NotFoundError", "TruncatedError", "CorruptError", "UnsupportedError",
-    "LimitExceededError", "InvalidArgumentError", "AuthError",
+    "LimitExceededError", "InvalidArgumentError", "AuthError", "ForbiddenGlobalError",
+    "NotACheckpointDirError",
 ]
 
 
@@ -77,6 +79,12 @@ class UnsupportedError(Error, NotImplementedError):
     code = "unsupported"
 
 
+class ForbiddenGlobalError(UnsupportedError, _pickle.UnpicklingError):
+    """strict=True (weights_only=True) met a class or function outside torch's weights_only
+    list. Also a pickle.UnpicklingError, as torch.load(weights_only=True) raises, so code that
+    falls back to a full load on ``except pickle.UnpicklingError`` catches it."""
+
+
 class LimitExceededError(Error, ValueError):
     """A configurable limit was hit (metadata size, tensor count, nesting depth...). Also a
     ValueError (the input is larger than allowed; not a MemoryError: nothing ran out)."""
@@ -93,12 +101,25 @@ class AuthError(Error):
     code = "auth"
 
 
+class NotACheckpointDirError(_OSErrorMixin, InvalidArgumentError, IsADirectoryError):
+    """A folder that is not a checkpoint (no DCP ``.metadata``): an InvalidArgumentError that is
+    also an IsADirectoryError (errno EISDIR), as torch.load and safetensors raise for a folder."""
+    _errno = _errno.EISDIR
+
+
 _BY_CODE = {c.code: c for c in (IoError, NotFoundError, TruncatedError, CorruptError,
                                 UnsupportedError, LimitExceededError, InvalidArgumentError,
                                 AuthError)}
 
 
-def class_for(code):
+def class_for(code, message=""):
+    """The class of a library error: by its code; a strict refusal of a global (the
+    unpickler's "global 'm.n' is not allowed") and a folder that is not a checkpoint ("is a
+    directory") by their messages."""
+    if code == "unsupported" and message.startswith("global '") and "is not allowed" in message:
+        return ForbiddenGlobalError
+    if code == "invalid_argument" and message.startswith("is a directory"):
+        return NotACheckpointDirError
     return _BY_CODE.get(code, Error)
 
 
@@ -110,6 +131,16 @@ def at_record(exc, record):
     parts = [p for p in (exc.source, record) if p]
     text = ": ".join(parts + [exc.message]) + " [" + str(exc.code) + "]"
     return type(exc)(text, exc.code, exc.source, record, exc.offset, exc.message)
+
+
+def with_source(exc, source, replacing=""):
+    """exc (a ckpt.Error that names no file, or names ``replacing``) remade naming ``source``;
+    None for anything else."""
+    if not isinstance(exc, Error) or not source or exc.source not in ("", replacing):
+        return None
+    parts = [p for p in (source, exc.record) if p]
+    text = ": ".join(parts + [exc.message]) + " [" + str(exc.code) + "]"
+    return type(exc)(text, exc.code, source, exc.record, exc.offset, exc.message)
 
 
 def error(cls, message, source="", record=""):

@@ -2,12 +2,14 @@
 (python/src/save.cc), each writer's options as keywords; and the progress= argument."""
 
 import collections
+import contextlib
+import io
 import os
 import sys
 
 from . import _ckpt, _tree
 from ._build import untyped_storage as _untyped_storage
-from ._errors import InvalidArgumentError, error
+from ._errors import Error, InvalidArgumentError, error, with_source
 
 open_builtin = open
 
@@ -63,6 +65,26 @@ class _Progress:
 
 
 # --- saving ---------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def _naming_file(path, replacing=""):
+    """A ckpt.Error raised inside that names no file (a value that cannot be saved) is raised
+    naming ``path`` (and one naming ``replacing``, a temporary file, names ``path`` instead)."""
+    try:
+        yield
+    except Error as e:
+        named = with_source(e, path, replacing)
+        if named is None:
+            raise
+        raise named.with_traceback(e.__traceback__) from None
+
+
+def _file_object_name(f):
+    if isinstance(f, io.TextIOBase):
+        raise error(InvalidArgumentError, "the file object is open in text mode; open it with "
+                    "'wb'", str(getattr(f, "name", "<stream>")))
+    return str(getattr(f, "name", "<stream>"))
+
 
 _FORMATS = {"pt": "pt", "torch": "pt", "safetensors": "safetensors", "tensorizer": "tensorizer",
             "dcp": "dcp"}
@@ -133,12 +155,14 @@ def save(obj, f, *, format=None, metadata=None, fsync=False, progress=None, alig
               password=password)
     if not isinstance(f, (str, bytes, os.PathLike)):
         import tempfile
+        name = _file_object_name(f)
         fmt = _format_for("", format)
         if fmt == "dcp":
-            raise error(InvalidArgumentError, "format='dcp' writes a folder: pass its path")
+            raise error(InvalidArgumentError, "format='dcp' writes a folder: pass its path", name)
         with tempfile.TemporaryDirectory() as d:
             tmp = os.path.join(d, "out")
-            out = save(obj, tmp, format=fmt, **kw)
+            with _naming_file(name, tmp):
+                out = save(obj, tmp, format=fmt, **kw)
             with open_builtin(tmp, "rb") as src:
                 while True:
                     chunk = src.read(1 << 24)
@@ -155,7 +179,7 @@ def save(obj, f, *, format=None, metadata=None, fsync=False, progress=None, alig
               password=(password is not None, "tensorizer"),
               align=(align is not None, ("pt", "safetensors")),
               dcp_files=(dcp_files is not None, "dcp"))
-    with _Progress(progress, "save") as fn:
+    with _naming_file(path), _Progress(progress, "save") as fn:
         if fmt == "pt":
             _ckpt.save_torch(path, obj, _tree, _align(align), "", bool(fsync), fn)
         elif fmt == "safetensors":
@@ -234,7 +258,9 @@ def save_file(tensors, filename, metadata=None):
     filename: a path or a binary file object."""
     if not isinstance(filename, (str, bytes, os.PathLike)):
         return save(tensors, filename, format="safetensors", metadata=metadata)
-    _save_safetensors(tensors, os.fsdecode(filename), metadata, False, None)
+    path = os.fsdecode(filename)
+    with _naming_file(path):
+        _save_safetensors(tensors, path, metadata, False, None)
 
 
 # --- whole models ---------------------------------------------------------------------------

@@ -14,6 +14,7 @@
 #include <span>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "ckpt/ckpt.h"
@@ -144,8 +145,11 @@ class PyProgress {
   ProgressFn fn();
   // Calls fn (throttled unless `last`). Called without the GIL. Throws Error after fn raised.
   void report(uint64_t done, uint64_t total, bool last);
-  // With the GIL: rethrows the callback's exception, if it raised one.
+  // With the GIL: rethrows the callback's exception, if it raised one. When the output was
+  // committed first, the exception says so: ckpt_committed = True and a note naming the file.
   void rethrow();
+  // The output `name` is complete and in place (called before the report that follows commit).
+  void set_committed(const std::string& name) { committed_ = name; }
 
  private:
   pyb::object fn_;
@@ -154,6 +158,7 @@ class PyProgress {
   std::chrono::steady_clock::time_point last_call_;
   uint64_t last_done_ = 0, last_total_ = 0;
   std::optional<pyb::error_already_set> error_;
+  std::string committed_;
 };
 
 // A sink that reports the bytes written through `inner` (total: the expected size, raised if
@@ -237,6 +242,7 @@ struct PyToValue {
                        uint32_t depth);
   static std::string key_segment(pyb::handle key);
   std::unordered_map<PyObject*, ValuePtr> memo_;
+  std::unordered_set<PyObject*> open_;  // being converted: met again, a reference cycle
   std::unordered_map<uintptr_t, StoragePtr> storages_;
   std::unordered_map<PyObject*, size_t> tensor_of_;
   ValuePtr tensor(pyb::handle obj, const pyb::tuple& d);

@@ -33,7 +33,8 @@ std::string python_words(std::string s) {
 void raise_error(const Error& e) {
   try {
     pyb::module_ errors = pyb::module_::import("ckpt._errors");
-    pyb::object cls = errors.attr("class_for")(error_code_name(e.code()));
+    pyb::object cls =
+        errors.attr("class_for")(error_code_name(e.code()), text(python_words(e.message())));
     pyb::object offset = e.offset() ? pyb::object(pyb::int_(*e.offset())) : pyb::none();
     pyb::object exc = cls(text(python_words(e.what())), error_code_name(e.code()),
                           text(e.source()), text(e.record()), offset,

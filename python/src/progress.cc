@@ -56,10 +56,29 @@ ProgressFn PyProgress::fn() {
   };
 }
 
+namespace {
+
+// The callback raised after the output was committed: the caller's exception is raised as it
+// is, marked (ckpt_committed = True; on Python 3.11+ a note naming the file) so that a caller
+// can tell a complete output from a stopped one.
+void mark_committed(const pyb::object& exc, const std::string& name) {
+  try {
+    exc.attr("ckpt_committed") = true;
+    if (pyb::hasattr(exc, "add_note"))
+      exc.attr("add_note")("ckpt: " + name +
+                           " was written completely (committed) before the "
+                           "progress callback raised");
+  } catch (pyb::error_already_set&) {  // an exception type that takes no attributes
+  }
+}
+
+}  // namespace
+
 void PyProgress::rethrow() {
   if (error_) {
     pyb::error_already_set e = std::move(*error_);
     error_.reset();
+    if (!committed_.empty()) mark_committed(e.value(), committed_);
     throw std::move(e);
   }
 }
@@ -85,6 +104,7 @@ void ProgressSink::write_sliced(std::span<const std::byte> bytes, size_t slice,
 
 void ProgressSink::commit() {
   inner_->commit();
+  progress_.set_committed(inner_->name());
   const uint64_t pos = inner_->position();
   progress_.report(pos, pos, true);
 }

@@ -98,6 +98,7 @@ void save_dcp_py(const std::string& path, pyb::handle obj, const pyb::module_& h
   try {
     pyb::gil_scoped_release nogil;
     save_dcp(path, root, conv.tensors, o);
+    progress.set_committed(path);
     if (progress.active()) progress.report(total, total, true);
   } catch (const Error&) {
     progress.rethrow();

@@ -277,6 +277,24 @@ std::string PyToValue::path() const {
   return out;
 }
 
+namespace {
+
+// A reference cycle is refused: the library reads none (a checkpoint never holds one), so a file
+// holding one could not be read back by ckpt, and safetensors and DCP cannot store one.
+constexpr const char* kCycle =
+    "the object contains itself (a reference cycle): ckpt does not write cycles, as it does not "
+    "read them";
+
+// Marks `p` as being converted while it lives.
+struct OpenGuard {
+  std::unordered_set<PyObject*>& open;
+  PyObject* p;
+  OpenGuard(std::unordered_set<PyObject*>& o, PyObject* obj) : open(o), p(obj) { open.insert(p); }
+  ~OpenGuard() { open.erase(p); }
+};
+
+}  // namespace
+
 ValuePtr PyToValue::convert(pyb::handle obj, uint32_t depth) {
   if (depth > Limits{}.max_pickle_depth)
     throw Error(
@@ -305,7 +323,9 @@ ValuePtr PyToValue::convert(pyb::handle obj, uint32_t depth) {
   if (PyBytes_CheckExact(p)) return Value::bytes(pyb::reinterpret_borrow<pyb::bytes>(obj));
   if (PyByteArray_CheckExact(p))
     return Value::bytes(std::string(PyByteArray_AsString(p), PyByteArray_Size(p)), true);
+  if (open_.count(p)) throw Error(ErrorCode::kInvalidArgument, kCycle);
   if (auto it = memo_.find(p); it != memo_.end()) return it->second;
+  OpenGuard guard(open_, p);
   ValuePtr out;
   if (PyList_CheckExact(p)) {
     out = Value::list();

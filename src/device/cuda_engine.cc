@@ -38,6 +38,8 @@ constexpr int kMemcpyDeviceToHost = 2;
 constexpr unsigned kHostAllocPortable = 1;
 constexpr unsigned kStreamNonBlocking = 1;
 constexpr unsigned kEventDisableTiming = 2;
+constexpr cudaError kErrorInsufficientDriver = 35;
+constexpr cudaError kErrorNoDevice = 100;
 
 struct Runtime {
   void* handle = nullptr;
@@ -126,8 +128,15 @@ std::string unavailable(int index) {
   const Runtime& rt = runtime();
   if (!rt.handle) return rt.missing;
   int count = 0;
-  if (cudaError e = rt.GetDeviceCount(&count); e != 0)
+  if (cudaError e = rt.GetDeviceCount(&count); e != 0) {
+    // 35 (cudaErrorInsufficientDriver, "CUDA driver version is insufficient") is what the
+    // runtime answers where no NVIDIA driver is installed at all (a machine without a GPU),
+    // 100 (cudaErrorNoDevice) where the driver finds no GPU: both mean no device.
+    if (e == kErrorInsufficientDriver)
+      return "no CUDA device (" + rt.path + " finds no NVIDIA driver, or one older than it needs)";
+    if (e == kErrorNoDevice) return "no CUDA device (" + rt.path + ": " + cuda_text(rt, e) + ")";
     return "no usable CUDA device (" + rt.path + ": " + cuda_text(rt, e) + ")";
+  }
   if (index < 0 || index >= count)
     return "CUDA device " + std::to_string(index) + " does not exist (this machine has " +
            std::to_string(count) + ")";
