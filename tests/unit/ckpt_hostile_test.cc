@@ -512,8 +512,9 @@ TEST(Limits, DefaultsOpenADcpFolderOf400kKeys) {
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   ASSERT_EQ(c.tensors().size(), 4 * n);
   EXPECT_EQ(c.tensors().back().name, "optim.state." + std::to_string(n - 1) + ".exp_avg_sq");
-  // docs/benchmarks.md has the measured time; this bound only catches a quadratic return.
-  EXPECT_LT(s, 60.0) << "opening took " << s << " s";
+  // docs/benchmarks.md has measured times; this bound only catches the quadratic lookups (about
+  // 15 minutes at this size), not a slow machine.
+  EXPECT_LT(s, 300.0) << "opening took " << s << " s";
   std::printf("opened %zu keys in %.2f s\n", 4 * n, s);
 }
 
