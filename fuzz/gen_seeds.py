@@ -191,6 +191,86 @@ def onnx_seeds(out):
     write(out, "onnx", "external.onnx", h.make_model(g2).SerializeToString())
 
 
+def dcp_seeds(out):
+    """`.metadata` pickles written opcode by opcode (protocol 2, as pickle writes torch's
+    dataclasses; torch itself is not needed): list indexes in planner_data that ask for padding,
+    many entries sharing one byte range of a data file, and an optimizer-shaped state of 256
+    keys with nested planner paths."""
+    md_mod = b"torch.distributed.checkpoint.metadata"
+
+    def glob(module, name):
+        return b"c" + module + b"\n" + name + b"\n"
+
+    def text(x):
+        b = x.encode()
+        return b"X" + struct.pack("<I", len(b)) + b
+
+    def num(x):
+        return b"J" + struct.pack("<i", x)
+
+    def tup(*items):
+        return b"(" + b"".join(items) + b"t"
+
+    def items(pairs):
+        return b"(" + b"".join(k + v for k, v in pairs) + b"u"
+
+    def obj(module, name, fields):
+        return glob(module, name) + b")\x81}" + items((text(k), v) for k, v in fields) + b"b"
+
+    def size(dims):
+        return glob(b"torch", b"Size") + tup(tup(*map(num, dims))) + b"R"
+
+    def tensor(dims):
+        props = glob(md_mod, b"TensorProperties") + b")\x81" + tup(
+            glob(b"torch", b"float32"), glob(b"torch", b"strided"), b"\x89",
+            glob(md_mod, b"_MEM_FORMAT_ENCODING") + tup(num(0)) + b"R", b"\x89") + b"b"
+        chunk = obj(md_mod, b"ChunkStorageMetadata",
+                    [("offsets", size([0] * len(dims))), ("sizes", size(dims))])
+        return obj(md_mod, b"TensorStorageMetadata",
+                   [("properties", props), ("size", size(dims)), ("chunks", b"](" + chunk + b"e")])
+
+    def metadata(entries, planner, storage):
+        sdm = b"}" + items((text(k), v) for k, v in entries)
+        pd = b"}" + items((text(k), tup(*(text(x) if isinstance(x, str) else num(x) for x in p)))
+                          for k, p in planner)
+        sd = b"}" + items(
+            (obj(md_mod, b"MetadataIndex",
+                 [("fqn", text(k)), ("offset", size(off)), ("index", b"N")]),
+             obj(b"torch.distributed.checkpoint.filesystem", b"_StorageInfo",
+                 [("relative_path", text("__0_0.distcp")), ("offset", num(o)),
+                  ("length", num(n))]))
+            for k, off, o, n in storage)
+        return b"\x80\x02" + obj(md_mod, b"Metadata", [
+            ("state_dict_metadata", sdm), ("planner_data", pd), ("storage_data", sd),
+            ("version", text("1.0.0"))]) + b"."
+
+    bytes_md = glob(md_mod, b"BytesStorageMetadata") + b")\x81"
+    # Padding: a few list positions, one far past the entries (torch writes gaps: an empty
+    # dict in a list leaves no key).
+    keys = ["a.0", "a.3", "b.16777216", "c.2.1"]
+    write(out, "dcp_metadata", "index_padding.metadata", metadata(
+        [(k, bytes_md) for k in keys],
+        [("a.0", ("a", 0)), ("a.3", ("a", 3)), ("b.16777216", ("b", 16777216)),
+         ("c.2.1", ("c", 2, 1))],
+        [(k, [], 0, 8) for k in keys]))
+    # 64 tensors whose items all lie on the same 64 bytes.
+    keys = [f"w{i}" for i in range(64)]
+    write(out, "dcp_metadata", "shared_range.metadata", metadata(
+        [(k, tensor([4, 4])) for k in keys], [(k, (k,)) for k in keys],
+        [(k, [0, 0], 0, 64) for k in keys]))
+    # 64 parameters and Adam's state for each: 256 keys, nested paths, one item each.
+    entries, planner, storage = [], [], []
+    for i in range(64):
+        p = f"layers.{i}.weight"
+        for path in (("model", p), ("optim", "state", p, "exp_avg"),
+                     ("optim", "state", p, "exp_avg_sq"), ("optim", "state", p, "step")):
+            key = ".".join(path)
+            entries.append((key, tensor([] if path[-1] == "step" else [8])))
+            planner.append((key, path))
+            storage.append((key, [] if path[-1] == "step" else [0], 32 * len(storage), 32))
+    write(out, "dcp_metadata", "many_keys.metadata", metadata(entries, planner, storage))
+
+
 def main():
     out = sys.argv[1]
     here = os.path.dirname(os.path.abspath(__file__))
@@ -204,6 +284,7 @@ def main():
     except ImportError:
         print("gen_seeds.py: no python3-onnx; onnx seeds come from fuzz/corpus only", file=sys.stderr)
     tensorizer_seeds(out, fixtures)
+    dcp_seeds(out)
     try:
         torch_seeds(out)
         torchscript_seeds(out)

@@ -5,6 +5,7 @@
 
 #include <pybind11/pybind11.h>
 
+#include <algorithm>
 #include <string>
 
 #include "binding.h"
@@ -164,7 +165,9 @@ std::vector<int64_t> int_list(pyb::handle seq) {
 
 pyb::object tree_to_python(const Value& root, const pyb::list& tensors, const pyb::module_& helpers,
                            uint32_t max_depth) {
-  ToPython t(tensors, helpers, max_depth);
+  // build() takes a stack frame per level: whatever the caller asks, no deeper than the default
+  // limit (the depth Python itself recurses to by default).
+  ToPython t(tensors, helpers, std::min(max_depth, Limits{}.max_pickle_depth));
   return t.build(root, 0);
 }
 

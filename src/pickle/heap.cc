@@ -324,7 +324,7 @@ bool PickleHeap::has_cycle(std::span<const Ref> roots) const {
   return false;
 }
 
-ValuePtr PickleHeap::to_value(Ref root, CopyBudget& budget) const {
+ValuePtr PickleHeap::to_value(Ref root, CopyBudget& budget, uint32_t max_depth) const {
   // Containers are made as shells when first reached and filled in depth-first order by an
   // explicit stack (a hostile tree can nest 1e6 deep). made_at[r]: 1 + the index in `made` of
   // node r's Value, 0 while not made (4 bytes a node rather than 16: most nodes are temporaries
@@ -333,13 +333,26 @@ ValuePtr PickleHeap::to_value(Ref root, CopyBudget& budget) const {
   std::vector<ValuePtr> made;
   std::vector<uint8_t> open(nodes_.size());  // 1 while the node's frame is on the stack
   // A frame fills one node's children by kind: its items (dict entries), then state, dict
-  // arguments, origin, appended items and set entries of an object.
+  // arguments, origin, appended items and set entries of an object. `height`: the longest path
+  // below the node among the children filled so far; heights[i]: that of made[i] once filled.
   struct Frame {
     Ref r;
     Value* v;
     size_t next;
+    uint32_t height = 0;
   };
   std::vector<Frame> stack;
+  std::vector<uint32_t> heights;
+  auto too_deep = [max_depth]() {
+    throw Error(ErrorCode::kLimitExceeded, "object tree deeper than Limits::max_pickle_depth (" +
+                                               std::to_string(max_depth) + ")");
+  };
+  // The frame on top has a child of height `h`.
+  auto below = [&](uint32_t h) {
+    Frame& f = stack.back();
+    if (h >= max_depth) too_deep();
+    f.height = std::max(f.height, h + 1);
+  };
   const bool extras = !origins_.empty() || !object_lists_.empty() || dict_args_used_;
 
   auto make = [&](Ref r) -> ValuePtr {
@@ -408,10 +421,12 @@ ValuePtr PickleHeap::to_value(Ref root, CopyBudget& budget) const {
     }
     if (extras && (frame || origin(r) != kNoRef)) frame = true;
     if (frame) {
+      if (stack.size() > max_depth) too_deep();  // early: the node sits stack.size() deep
       stack.push_back({r, v.get(), 0});
       open[r] = 1;
     }
     made.push_back(v);
+    heights.push_back(0);
     made_at[r] = static_cast<uint32_t>(made.size());
     return v;
   };
@@ -420,7 +435,16 @@ ValuePtr PickleHeap::to_value(Ref root, CopyBudget& budget) const {
       throw Error(ErrorCode::kUnsupported,
                   "the object graph contains a cycle (a container that contains itself); "
                   "checkpoints never do");
-    return make(c);
+    // A node already made is complete: its height is known. A new container's own frame
+    // reports to this one when it closes.
+    if (made_at[c]) {
+      below(heights[made_at[c] - 1]);
+      return made[made_at[c] - 1];
+    }
+    const size_t frames = stack.size();
+    ValuePtr v = make(c);
+    if (stack.size() == frames) below(0);
+    return v;
   };
 
   ValuePtr result = make(root);
@@ -455,7 +479,7 @@ ValuePtr PickleHeap::to_value(Ref root, CopyBudget& budget) const {
                       "the object graph contains a cycle (an object whose state contains it); "
                       "checkpoints never do");
         Value* parent = f.v;
-        parent->set_state(make(s));
+        parent->set_state(child(s));
       }
       continue;
     }
@@ -491,7 +515,10 @@ ValuePtr PickleHeap::to_value(Ref root, CopyBudget& budget) const {
       continue;
     }
     open[f.r] = 0;
+    const uint32_t h = f.height;
+    heights[made_at[f.r] - 1] = h;
     stack.pop_back();
+    if (!stack.empty()) below(h);
   }
   // `made` holds one reference to every Value made, whose counts have long left the cache:
   // dropped in order, each count asked for 16 Values ahead (make_shared puts it just before

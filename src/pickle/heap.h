@@ -140,7 +140,9 @@ class PickleHeap {
   // The Value tree that `root` reaches; shared objects stay shared. Refuses (kUnsupported) a
   // graph with a cycle through the containers it reaches. Object arguments are copied per
   // object, which `budget` bounds (a hostile pickle can share one huge tuple a million times).
-  ValuePtr to_value(Ref root, CopyBudget& budget) const;
+  // Refuses (kLimitExceeded) a tree whose longest path from `root` has more than `max_depth`
+  // edges, every path through a shared node counted (walks over the result recurse that deep).
+  ValuePtr to_value(Ref root, CopyBudget& budget, uint32_t max_depth = UINT32_MAX) const;
   // Is there a cycle among the containers reachable from `roots`? Iterative.
   bool has_cycle(std::span<const Ref> roots) const;
 

@@ -70,9 +70,9 @@ struct UnpickleOptions {
 // Runs the pickle in `data` to its STOP and returns the result. `consumed`, if given, receives
 // the number of bytes read (the legacy format has several pickles back to back). Throws Error:
 // kTruncated, kCorrupt (stack underflow, bad memo index, unknown opcode byte...), kUnsupported
-// (disallowed global, opcode not supported), kLimitExceeded (memo/stack/nesting limits, more
-// objects than limits.object_bytes_for(file_size) allows, or memory running out: std::bad_alloc
-// is reported as this, naming the file).
+// (disallowed global, opcode not supported), kLimitExceeded (memo/stack limits, a result nested
+// deeper than limits.max_pickle_depth, more objects than limits.object_bytes_for(file_size)
+// allows, or memory running out: std::bad_alloc is reported as this, naming the file).
 ValuePtr unpickle(std::span<const std::byte> data, const UnpicklerHooks& hooks,
                   const UnpickleOptions& options, size_t* consumed = nullptr);
 

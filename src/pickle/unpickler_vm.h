@@ -100,7 +100,7 @@ class Vm {
       Ref result = loop();
       check_acyclic();
       op_pos_ = pos_;
-      ValuePtr v = heap_.to_value(result, budget_);
+      ValuePtr v = heap_.to_value(result, budget_, opt_.limits.max_pickle_depth);
       if (consumed) *consumed = pos_;
       return v;
     } catch (Error& e) {

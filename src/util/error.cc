@@ -76,6 +76,8 @@ void Error::rebuild() {
   s += " [";
   s += error_code_name(code_);
   s += "]";
+  // what() is a C string: a NUL from a file's name or key would end it there.
+  for (size_t at; (at = s.find('\0')) != std::string::npos;) s.replace(at, 1, "\\x00");
   what_ = std::move(s);
 }
 

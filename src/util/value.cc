@@ -1,5 +1,6 @@
 #include "ckpt/value.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -217,66 +218,79 @@ std::string fmt_float(double f) {
   }
   return buf;
 }
-}  // namespace
 
-std::string Value::repr(size_t max_len) const {
+// repr and path_component recurse into containers: past this depth they print "..." (a file can
+// nest 1e6 deep, and every level of a repr takes a stack frame).
+constexpr uint32_t kMaxTextDepth = 1000;
+
+std::string path_component(const Value& key, uint32_t depth);
+
+// Value::repr of `v`, nested `depth` deep in the text being made.
+std::string repr_text(const Value& v, size_t max_len, uint32_t depth) {
+  using Kind = Value::Kind;
+  // Each level adds at least one character before its children's text: a level deeper than
+  // max_len is cut off anyway.
+  if (depth > std::min<size_t>(max_len, kMaxTextDepth)) return "...";
   std::string s;
-  switch (kind_) {
+  switch (v.kind()) {
     case Kind::kNone:
       s = "None";
       break;
     case Kind::kBool:
-      s = b_ ? "True" : "False";
+      s = v.as_bool() ? "True" : "False";
       break;
     case Kind::kInt:
-      s = this->s_.empty() ? std::to_string(i_) : this->s_;
+      s = v.is_big_int() ? v.str() : std::to_string(v.as_int());
       break;
     case Kind::kFloat:
-      s = fmt_float(f_);
+      s = fmt_float(v.as_float());
       break;
     case Kind::kComplex:
-      s = "(" + fmt_float(as_complex().real()) + "+" + fmt_float(as_complex().imag()) + "j)";
+      s = "(" + fmt_float(v.as_complex().real()) + "+" + fmt_float(v.as_complex().imag()) + "j)";
       break;
     case Kind::kString:
-      s = quote(this->s_);
+      s = quote(v.str());
       break;
     case Kind::kBytes:
-      s = (bytearray_ ? "bytearray(b" : "b") + quote(this->s_) + (bytearray_ ? ")" : "");
+      s = (v.is_bytearray() ? "bytearray(b" : "b") + quote(v.str()) + (v.is_bytearray() ? ")" : "");
       break;
     case Kind::kList:
     case Kind::kTuple:
     case Kind::kSet: {
-      const char* open = kind_ == Kind::kList ? "[" : kind_ == Kind::kTuple ? "(" : "{";
-      const char* close = kind_ == Kind::kList ? "]" : kind_ == Kind::kTuple ? ")" : "}";
+      const char* open = v.kind() == Kind::kList ? "[" : v.kind() == Kind::kTuple ? "(" : "{";
+      const char* close = v.kind() == Kind::kList ? "]" : v.kind() == Kind::kTuple ? ")" : "}";
       s = open;
-      for (size_t n = 0; n < items_.size(); ++n) {
+      const auto& items = v.items();
+      for (size_t n = 0; n < items.size(); ++n) {
         if (n) s += ", ";
-        s += items_[n] ? items_[n]->repr(max_len) : "?";
+        s += items[n] ? repr_text(*items[n], max_len, depth + 1) : "?";
         if (s.size() > max_len) break;
       }
-      if (kind_ == Kind::kTuple && items_.size() == 1) s += ",";
+      if (v.kind() == Kind::kTuple && items.size() == 1) s += ",";
       s += close;
-      if (is_frozenset()) s = "frozenset(" + s + ")";
+      if (v.is_frozenset()) s = "frozenset(" + s + ")";
       break;
     }
     case Kind::kDict:
-      s = (name().empty() ? std::string("dict") : name()) + "(" + std::to_string(entries_.size()) +
-          (entries_.size() == 1 ? " item)" : " items)");
+      s = (v.name().empty() ? std::string("dict") : v.name()) + "(" +
+          std::to_string(v.entries().size()) + (v.entries().size() == 1 ? " item)" : " items)");
       break;
     case Kind::kTensor:
-      s = "tensor#" + std::to_string(i_);
+      s = "tensor#" + std::to_string(v.as_int());
       break;
     case Kind::kGlobal:
-      s = module() + "." + name();
+      s = v.module() + "." + v.name();
       break;
     case Kind::kObject: {
       // torch.Size((3, 4)) prints as torch does: torch.Size([3, 4]).
-      if (module() == "torch" && name() == "Size" && items_.size() == 1 && items_[0] &&
-          items_[0]->is_sequence()) {
+      const auto& args = v.items();
+      if (v.module() == "torch" && v.name() == "Size" && args.size() == 1 && args[0] &&
+          args[0]->is_sequence()) {
+        const auto& dims = args[0]->items();
         s = "torch.Size([";
-        for (size_t n = 0; n < items_[0]->items().size(); ++n) {
+        for (size_t n = 0; n < dims.size(); ++n) {
           if (n) s += ", ";
-          s += items_[0]->items()[n] ? items_[0]->items()[n]->repr(max_len) : "?";
+          s += dims[n] ? repr_text(*dims[n], max_len, depth + 2) : "?";
           if (s.size() > max_len) break;
         }
         s += "])";
@@ -284,26 +298,28 @@ std::string Value::repr(size_t max_len) const {
       }
       // module.name(args, attr=value...): the call as the pickle made it, and a dict state as
       // keyword-like attributes (argparse.Namespace(lr=0.1)).
-      s = module() + "." + name() + "(";
+      s = v.module() + "." + v.name() + "(";
       bool first = true;
       auto sep = [&] {
         if (!first) s += ", ";
         first = false;
       };
-      for (auto& it : items_) {
+      for (auto& it : args) {
         if (s.size() > max_len) break;
         sep();
-        s += it ? it->repr(max_len) : "?";
+        s += it ? repr_text(*it, max_len, depth + 1) : "?";
       }
-      if (state() && state()->kind_ == Kind::kDict) {
-        for (auto& [k, val] : state()->entries_) {
+      const ValuePtr& state = v.state();
+      if (state && state->kind() == Kind::kDict) {
+        for (auto& [k, val] : state->entries()) {
           if (s.size() > max_len) break;
           sep();
-          s += (k ? path_component(*k) : "?") + "=" + (val ? val->repr(max_len) : "?");
+          s += (k ? path_component(*k, depth + 2) : "?") + "=" +
+               (val ? repr_text(*val, max_len, depth + 2) : "?");
         }
-      } else if (state() && !state()->is_none() && s.size() <= max_len) {
+      } else if (state && !state->is_none() && s.size() <= max_len) {
         sep();
-        s += "state=" + state()->repr(max_len);
+        s += "state=" + repr_text(*state, max_len, depth + 1);
       }
       s += ")";
       break;
@@ -312,6 +328,33 @@ std::string Value::repr(size_t max_len) const {
   if (s.size() > max_len && max_len > 3) s = s.substr(0, max_len - 3) + "...";
   return s;
 }
+
+std::string path_component(const Value& key, uint32_t depth) {
+  if (depth > kMaxTextDepth) return "...";
+  switch (key.kind()) {
+    case Value::Kind::kString:
+      return key.str();
+    case Value::Kind::kInt:
+      return key.str().empty() ? std::to_string(key.as_int()) : key.str();
+    case Value::Kind::kBool:
+      return key.as_bool() ? "True" : "False";
+    case Value::Kind::kNone:
+      return "None";
+    case Value::Kind::kFloat:
+      return repr_text(key, 80, depth);
+    case Value::Kind::kTuple: {
+      std::string s;
+      for (auto& it : key.items())
+        s += (s.empty() ? "" : ",") + (it ? path_component(*it, depth + 1) : "?");
+      return "(" + s + ")";
+    }
+    default:
+      return repr_text(key, 40, depth);
+  }
+}
+}  // namespace
+
+std::string Value::repr(size_t max_len) const { return repr_text(*this, max_len, 0); }
 
 ValuePtr Value::clone(uint32_t max_depth) const {
   // Iterative: a copy of each container is made first, its children are then replaced by their
@@ -354,26 +397,6 @@ ValuePtr Value::clone(uint32_t max_depth) const {
   return root;
 }
 
-std::string path_component(const Value& key) {
-  switch (key.kind()) {
-    case Value::Kind::kString:
-      return key.str();
-    case Value::Kind::kInt:
-      return key.str().empty() ? std::to_string(key.as_int()) : key.str();
-    case Value::Kind::kBool:
-      return key.as_bool() ? "True" : "False";
-    case Value::Kind::kNone:
-      return "None";
-    case Value::Kind::kFloat:
-      return key.repr();
-    case Value::Kind::kTuple: {
-      std::string s;
-      for (auto& it : key.items()) s += (s.empty() ? "" : ",") + (it ? path_component(*it) : "?");
-      return "(" + s + ")";
-    }
-    default:
-      return key.repr(40);
-  }
-}
+std::string path_component(const Value& key) { return path_component(key, 0); }
 
 }  // namespace ckpt

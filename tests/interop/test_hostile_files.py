@@ -282,6 +282,27 @@ def test_control_characters_are_escaped_in_text_output(ckpt, tmp_path):
     assert j["tensors"][0]["name"] == "w\x1b[2J\x07"
 
 
+
+def test_extract_names_longer_than_a_file_name(ckpt, tmp_path):
+    """A tensor name past NAME_MAX (255 bytes) gets a shortened file name (its start and a hash);
+    index.json keeps the real name. Two such names with one start get two files."""
+    torch = pytest.importorskip("torch")
+    long = "layer." * 60
+    names = [long + "weight", long + "bias", "short"]
+    p = tmp_path / "long.pt"
+    torch.save({n: torch.full((2,), float(i)) for i, n in enumerate(names)}, p)
+    out = tmp_path / "x"
+    ckpt.ok("extract", p, out)
+    index = json.loads((out / "index.json").read_text())
+    assert [t["name"] for t in index["tensors"]] == names
+    files = [t["file"] for t in index["tensors"]]
+    assert len(set(files)) == 3 and files[2] == "short.npy", files
+    np = pytest.importorskip("numpy")
+    for i, f in enumerate(files):
+        assert len(f.encode()) <= 255, f
+        assert np.load(out / f).tolist() == [float(i)] * 2
+
+
 # ----------------------------------------------------------------- CLI rough edges
 
 def _zero_storage_crcs(data: bytes) -> bytes:

@@ -251,6 +251,33 @@ TEST(Value, DeepTreeFreesWithoutRecursion) {
 namespace ckpt {
 namespace {
 
+TEST(Value, DeepTreesPrintWithoutRecursingPastABound) {
+  // 300,000 nested 1-tuples (a 300 KB pickle makes them): repr and path_component print the
+  // outer levels and "..." below, at any max_len; they used to overflow the stack.
+  ValuePtr root = Value::none();
+  for (int i = 0; i < 300000; ++i) root = Value::tuple({root});
+  std::string short_text, long_text, key;
+  run_on_small_stack(8 << 20, [&] {
+    short_text = root->repr(40);
+    long_text = root->repr(1 << 20);
+    key = path_component(*root);
+  });
+  EXPECT_EQ(short_text, std::string(37, '(') + "...");
+  EXPECT_EQ(long_text.substr(0, 1001), std::string(1001, '('));
+  EXPECT_NE(long_text.find("(...,),),"), std::string::npos) << long_text.substr(990, 40);
+  EXPECT_EQ(key.substr(0, 1001), std::string(1001, '('));
+  // Objects whose state is keyed by a tuple holding the next object, 100,000 deep: repr and
+  // path_component call each other, and the depth runs on through both.
+  ValuePtr obj = Value::none();
+  for (int i = 0; i < 100000; ++i) {
+    ValuePtr state = Value::dict();
+    state->set(Value::tuple({obj}), Value::integer(i));
+    obj = Value::object("m", "C", {}, state);
+  }
+  run_on_small_stack(8 << 20, [&] { short_text = obj->repr(1 << 20); });
+  EXPECT_EQ(short_text.substr(0, 17), "m.C((m.C((m.C((m.") << short_text.substr(0, 40);
+}
+
 TEST(Value, SharedChildOutlivesOneParent) {
   // A subtree reachable from two parents (a pickle memo hit) survives the first parent's death.
   ValuePtr leaf = Value::string("shared");

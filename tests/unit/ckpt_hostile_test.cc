@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <functional>
@@ -276,6 +277,26 @@ TEST(Hostile, DeepNestingNeitherRecursesNorOverflows) {
   expect_bounded([&] { use_fully(legacy_file(pkl)); });
 }
 
+TEST(Hostile, TreesTooDeepToWriteAreLimitExceededOnEveryWriter) {
+  // A tensor under 1,500 and under 12,000 nested lists: every writer refuses it with one code,
+  // kLimitExceeded (the torch writer said kInvalidArgument past 10,000 levels), and leaves
+  // nothing behind.
+  TempDir dir;
+  const float one = 1;
+  std::vector<Tensor> ts = {Tensor::copy_of("t", DType::kFloat32, {1},
+                                            std::as_bytes(std::span<const float>(&one, 1)))};
+  for (int depth : {1500, 12000}) {
+    ValuePtr v = Value::tensor(0);
+    for (int i = 0; i < depth; ++i) v = Value::list({v});
+    ValuePtr root = Value::dict();
+    root->set("deep", v);
+    EXPECT_CKPT_ERROR(save_torch(dir.file("deep.pt"), root, ts), ErrorCode::kLimitExceeded);
+    EXPECT_CKPT_ERROR(save_dcp(dir.file("deep_dcp"), root, ts), ErrorCode::kLimitExceeded);
+    EXPECT_FALSE(std::filesystem::exists(dir.file("deep.pt")));
+    EXPECT_FALSE(std::filesystem::exists(dir.file("deep_dcp")));
+  }
+}
+
 TEST(Hostile, SharedSubtreesDoNotExplodeTheWalk) {
   // "Billion laughs": level i is a list holding level i-1 twice, 64 levels, one tensor at the
   // bottom: 2^64 paths through a tree of a few hundred nodes. Naming tensors (first path wins)
@@ -445,6 +466,56 @@ TEST(Limits, DefaultsOpenAMillionTensors) {
   ASSERT_EQ(c.tensors().size(), n);
   EXPECT_EQ(c.tensors().back().name,
             "model.layers." + std::to_string((n - 1) / 8) + ".w" + std::to_string((n - 1) % 8));
+}
+
+TEST(Limits, DefaultsOpenADcpFolderOf400kKeys) {
+  // 100,000 parameters and Adam's state for each (step, exp_avg, exp_avg_sq): 400,000 keys,
+  // written by save_dcp. Opening looks each key up in planner_data and places it in its dict:
+  // linear lookups made that quadratic (80,000 keys took 37 s).
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  size_t n = 10000;
+#else
+  size_t n = 100000;
+#endif
+  if (const char* env = std::getenv("CKPT_TEST_PARAMS")) n = std::strtoull(env, nullptr, 10);
+  std::vector<float> v(4 * n, 1.0f);
+  Tensor base = Tensor::copy_of("base", DType::kFloat32, {int64_t(4 * n)},
+                                std::as_bytes(std::span<const float>(v)));
+  std::vector<Tensor> ts;
+  auto add = [&](size_t offset, std::vector<int64_t> shape) {
+    TensorInfo info = base.info();
+    info.shape = shape;
+    info.strides = shape.empty() ? std::vector<int64_t>{} : std::vector<int64_t>{1};
+    info.storage_offset = static_cast<int64_t>(offset);
+    ts.emplace_back(info, base.storage());
+    return Value::tensor(ts.size() - 1);
+  };
+  ValuePtr model = Value::dict(), state = Value::dict();
+  for (size_t i = 0; i < n; ++i) {
+    model->entries().emplace_back(Value::string("layers." + std::to_string(i) + ".weight"),
+                                  add(4 * i, {4}));
+    ValuePtr s = Value::dict();
+    s->entries().emplace_back(Value::string("step"), add(4 * i, {}));
+    s->entries().emplace_back(Value::string("exp_avg"), add(4 * i, {2}));
+    s->entries().emplace_back(Value::string("exp_avg_sq"), add(4 * i + 2, {2}));
+    state->entries().emplace_back(Value::integer(static_cast<int64_t>(i)), s);
+  }
+  ValuePtr optim = Value::dict(), root = Value::dict();
+  optim->entries().emplace_back(Value::string("state"), state);
+  root->entries().emplace_back(Value::string("model"), model);
+  root->entries().emplace_back(Value::string("optim"), optim);
+  TempDir dir;
+  save_dcp(dir.file("dcp"), root, ts, {.fsync = false});
+  ts.clear();
+  auto start = std::chrono::steady_clock::now();
+  Checkpoint c = Checkpoint::open(dir.file("dcp"));
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_EQ(c.tensors().size(), 4 * n);
+  EXPECT_EQ(c.tensors().back().name, "optim.state." + std::to_string(n - 1) + ".exp_avg_sq");
+  // docs/benchmarks.md has measured times; this bound only catches the quadratic lookups (about
+  // 15 minutes at this size), not a slow machine.
+  EXPECT_LT(s, 300.0) << "opening took " << s << " s";
+  std::printf("opened %zu keys in %.2f s\n", 4 * n, s);
 }
 
 TEST(Limits, DefaultsOpenATerabyteTensor) {

@@ -397,11 +397,42 @@ TEST(UnpicklerHostile, MillionNestedListsHitTheStackLimit) {
 }
 
 TEST(UnpicklerHostile, HundredThousandNestedListsDoNotRecurse) {
-  ValuePtr v = load(nested_lists(100000));
+  UnpickleOptions opt;
+  opt.limits.max_pickle_depth = 100000;
+  ValuePtr v = load(nested_lists(100000), {}, opt);
   size_t depth = 1;
   for (const Value* cur = v.get(); !cur->items().empty(); cur = cur->items()[0].get()) ++depth;
   EXPECT_EQ(depth, 100000u);
   internal::release_value(std::move(v));  // ~Value itself would recurse 100000 deep
+}
+
+TEST(UnpicklerHostile, TreesDeeperThanTheDepthLimitAreRefused) {
+  // 1001 nested lists: 1000 levels below the root, the limit; one more is refused, naming it.
+  EXPECT_NO_THROW(load(nested_lists(1001)));
+  Error e = test::capture_error([] { load(nested_lists(1002)); });
+  EXPECT_EQ(e.code(), ErrorCode::kLimitExceeded);
+  EXPECT_NE(std::string(e.what()).find("Limits::max_pickle_depth (1000)"), std::string::npos)
+      << e.what();
+  // 300,000 TUPLE1 around None: refused without recursing.
+  EXPECT_CKPT_ERROR(load("\x80\x02N" + std::string(300000, '\x85') + "."),
+                    ErrorCode::kLimitExceeded);
+  UnpickleOptions opt;
+  opt.limits.max_pickle_depth = 10;
+  EXPECT_CKPT_ERROR(load(nested_lists(12), {}, opt), ErrorCode::kLimitExceeded);
+  EXPECT_NO_THROW(load(nested_lists(11), {}, opt));
+}
+
+TEST(UnpicklerHostile, DepthCountsEveryPathThroughASharedSubtree) {
+  // A: 8 nested lists (memo 0), first reached right under the root; B: 5 lists around A. The
+  // root tuple (A, B) is 1 + 5 + 7 = 13 levels deep along B, though A was first met at level 1.
+  std::string p = "\x80\x02" + std::string(8, ']') + std::string(7, 'a') + "q\x00"s +
+                  std::string(5, ']') + "h\x00"s + std::string(5, 'a') + "\x86.";
+  UnpickleOptions opt;
+  opt.limits.max_pickle_depth = 13;
+  ValuePtr v = load(p, {}, opt);
+  ASSERT_EQ(v->items().size(), 2u);
+  opt.limits.max_pickle_depth = 12;
+  EXPECT_CKPT_ERROR(load(p, {}, opt), ErrorCode::kLimitExceeded);
 }
 
 TEST(UnpicklerHostile, DeepGarbageIsReleasedWithoutRecursion) {

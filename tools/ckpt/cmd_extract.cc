@@ -86,10 +86,20 @@ nlohmann::ordered_json json_values(const Tensor& t) {
   return out;
 }
 
+// A file name for a tensor name (index.json holds the real one). A file name has at most 255
+// bytes: a longer name keeps its first 180 and a hash of the whole (FNV-1a), leaving room for
+// the "~N" that tells equal ones apart and ".npy".
 std::string safe_name(const std::string& name) {
   std::string s;
   for (char ch : name) s += (std::isalnum(static_cast<unsigned char>(ch)) || ch == '.' || ch == '_' || ch == '-') ? ch : '_';
   if (s.empty() || s[0] == '.') s = "_" + s;
+  if (s.size() > 200) {
+    uint64_t h = 14695981039346656037ull;
+    for (unsigned char ch : name) h = (h ^ ch) * 1099511628211ull;
+    char hex[24];
+    std::snprintf(hex, sizeof hex, "~%016llx", static_cast<unsigned long long>(h));
+    s = s.substr(0, 180) + hex;
+  }
   return s;
 }
 

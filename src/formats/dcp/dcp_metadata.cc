@@ -6,10 +6,14 @@
 
 #include "formats/dcp/dcp_metadata.h"
 
+#include <algorithm>
+#include <set>
 #include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "ckpt/error.h"
+#include "pickle/heap.h"
 #include "pickle/unpickler.h"
 
 namespace ckpt::internal {
@@ -39,9 +43,53 @@ bool known_global(const std::string& m, const std::string& n) {
   return it != names.end() && it->second == m;
 }
 
+// The nested state dict that planner_data's paths describe (torch's set_element makes it: a dict
+// per string step, a list per int step, padded with None up to the index). Each path is added
+// to a trie of its steps; a list's length is its largest index plus one. Every step and every
+// list slot counts as one object against `objects` (limits.object_bytes_for(.metadata size) /
+// PickleHeap::kBytesPerObject): an index is padding a few bytes of pickle can ask for, and
+// torch itself writes gaps (an empty dict in a list leaves no key), so only its cost is bounded.
+class PathTree {
+ public:
+  explicit PathTree(uint64_t objects) : budget_(objects) {}
+
+  // False when the path's objects would exceed the budget.
+  bool add(const std::vector<ValuePtr>& path) {
+    uint32_t node = 0;  // the root dict
+    for (const ValuePtr& step : path) {
+      key_.assign(reinterpret_cast<const char*>(&node), sizeof node);
+      const bool index = step->kind() == Value::Kind::kInt;
+      key_ += index ? 'i' : 's';
+      key_ += index ? std::to_string(step->as_int()) : step->str();
+      auto [it, fresh] = children_.try_emplace(key_, static_cast<uint32_t>(children_.size() + 1));
+      if (fresh && !spend(1)) return false;
+      if (index) {
+        uint64_t& len = list_len_[node];
+        const uint64_t want = static_cast<uint64_t>(step->as_int()) + 1;
+        if (want > len && !spend(want - len)) return false;
+        len = std::max(len, want);
+      }
+      node = it->second;
+    }
+    return true;
+  }
+
+ private:
+  bool spend(uint64_t n) {
+    if (n > budget_) return false;
+    budget_ -= n;
+    return true;
+  }
+  uint64_t budget_;
+  std::string key_;
+  std::unordered_map<std::string, uint32_t> children_;  // (parent, step) -> node
+  std::unordered_map<uint32_t, uint64_t> list_len_;     // node -> its length as a list
+};
+
 class Reader {
  public:
-  Reader(std::string source, const Limits& limits) : source_(std::move(source)), limits_(limits) {}
+  Reader(std::string source, const Limits& limits, uint64_t metadata_bytes)
+      : source_(std::move(source)), limits_(limits), metadata_bytes_(metadata_bytes) {}
 
   [[noreturn]] void fail(ErrorCode code, const std::string& what,
                          const std::string& key = {}) const {
@@ -215,20 +263,27 @@ class Reader {
       fail(ErrorCode::kLimitExceeded, std::to_string(sdm->entries().size()) +
                                           " entries (limit " +
                                           std::to_string(limits_.max_tensors) + ")");
-    ValuePtr planner = field(root, "planner_data");
+    const auto planner = planner_paths(field(root, "planner_data"));
+    PathTree tree(limits_.object_bytes_for(metadata_bytes_) / PickleHeap::kBytesPerObject);
+    std::unordered_set<std::string_view> keys;
+    keys.reserve(sdm->entries().size());
+    md.entries.reserve(sdm->entries().size());
     for (const auto& [k, v] : sdm->entries()) {
       DcpEntry e = entry(k, v);
-      if (planner && planner->is_dict())
-        if (ValuePtr p = planner->get(e.fqn); p && p->is_sequence() && !p->items().empty()) {
-          for (const ValuePtr& part : p->items())
-            if (!part || (part->kind() != Value::Kind::kString &&
-                          (part->kind() != Value::Kind::kInt || part->is_big_int() ||
-                           part->as_int() < 0 || part->as_int() > (1 << 24))))
-              fail(ErrorCode::kCorrupt, "planner_data path holds " +
-                                            (part ? part->repr(40) : std::string("null")),
-                   e.fqn);
-          e.path = p->items();
-        }
+      // Python's dict has each key once; a pickle can list one twice (SETITEMS appends).
+      if (!keys.insert(k->str()).second)
+        fail(ErrorCode::kCorrupt, "state_dict_metadata lists the key twice", e.fqn);
+      if (auto it = planner.find(e.fqn); it != planner.end()) {
+        path(*it->second, e);
+        if (!tree.add(e.path))
+          fail(ErrorCode::kLimitExceeded,
+               "planner_data's paths make more objects (nested dicts, lists and the None that "
+               "pads a list up to an index) than a .metadata of " +
+                   std::to_string(metadata_bytes_) +
+                   " bytes may make (limits.max_object_bytes + limits.object_bytes_per_byte per "
+                   "byte)",
+               e.fqn);
+      }
       md.entries.push_back(std::move(e));
     }
     ValuePtr sd = field(root, "storage_data");
@@ -240,15 +295,67 @@ class Reader {
       fail(ErrorCode::kLimitExceeded, std::to_string(sd->entries().size()) +
                                           " storage items (limit " +
                                           std::to_string(limits_.max_tensors) + ")");
-    for (const auto& [k, v] : sd->entries()) md.storage.push_back(storage(k, v));
+    std::set<std::pair<std::string_view, const std::vector<int64_t>*>, ItemLess> items;
+    md.storage.reserve(sd->entries().size());
+    for (const auto& [k, v] : sd->entries()) {
+      md.storage.push_back(storage(k, v));
+      const DcpStorage& s = md.storage.back();
+      if (!items.emplace(s.fqn, &s.chunk_offsets).second)
+        fail(ErrorCode::kCorrupt, "storage_data lists the item at chunk offsets " +
+                                      offsets_text(s.chunk_offsets) + " twice",
+             s.fqn);
+    }
     if (ValuePtr ver = field(root, "version"); ver && ver->kind() == Value::Kind::kString)
       md.version = ver->str();
     return md;
   }
 
+  // planner_data: fqn -> its path, looked up once per key (a dict of 400,000 keys).
+  std::unordered_map<std::string_view, const Value*> planner_paths(const ValuePtr& planner) const {
+    std::unordered_map<std::string_view, const Value*> out;
+    if (!planner || !planner->is_dict()) return out;
+    out.reserve(planner->entries().size());
+    for (const auto& [k, v] : planner->entries())
+      if (k && k->kind() == Value::Kind::kString && v && v->is_sequence() && !v->items().empty())
+        if (!out.emplace(k->str(), v.get()).second)
+          fail(ErrorCode::kCorrupt, "planner_data lists the key twice", k->str());
+    return out;
+  }
+
+  // A planner_data path: strings (dict keys) and non-negative ints (list positions), no longer
+  // than the tree may nest.
+  void path(const Value& p, DcpEntry& e) const {
+    if (p.items().size() > limits_.max_pickle_depth)
+      fail(ErrorCode::kLimitExceeded,
+           "planner_data path has " + std::to_string(p.items().size()) +
+               " steps, deeper than Limits::max_pickle_depth (" +
+               std::to_string(limits_.max_pickle_depth) + ")",
+           e.fqn);
+    for (const ValuePtr& part : p.items())
+      if (!part || (part->kind() != Value::Kind::kString &&
+                    (part->kind() != Value::Kind::kInt || part->is_big_int() || part->as_int() < 0)))
+        fail(ErrorCode::kCorrupt,
+             "planner_data path holds " + (part ? part->repr(40) : std::string("null")), e.fqn);
+    e.path = p.items();
+  }
+
+  static std::string offsets_text(const std::vector<int64_t>& o) {
+    std::string s = "[";
+    for (size_t i = 0; i < o.size(); ++i) s += (i ? ", " : "") + std::to_string(o[i]);
+    return s + "]";
+  }
+  struct ItemLess {
+    using Key = std::pair<std::string_view, const std::vector<int64_t>*>;
+    bool operator()(const Key& a, const Key& b) const {
+      if (a.first != b.first) return a.first < b.first;
+      return *a.second < *b.second;
+    }
+  };
+
  private:
   std::string source_;
   const Limits& limits_;
+  uint64_t metadata_bytes_;
 };
 
 }  // namespace
@@ -270,7 +377,7 @@ DcpMetadata read_dcp_metadata(std::span<const std::byte> data, const std::string
   o.record = ".metadata";
   o.limits = limits;
   ValuePtr root = unpickle(data, hooks, o);
-  return Reader(source, limits).read(root);
+  return Reader(source, limits, data.size()).read(root);
 }
 
 }  // namespace ckpt::internal

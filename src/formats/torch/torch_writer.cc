@@ -49,8 +49,12 @@ class TorchPickleBuilder {
 
   ValuePtr convert(const ConstValuePtr& v, uint32_t depth = 0) {
     if (!v) return Value::none();
-    if (depth > 10000)
-      throw Error(ErrorCode::kInvalidArgument, "object tree too deep to pickle");
+    // The pickler's own bound (a tree read with a larger limit is refused here, as it would be
+    // there: kLimitExceeded either way).
+    if (depth > Limits{}.max_pickle_depth)
+      throw Error(ErrorCode::kLimitExceeded, "object tree deeper than Limits::max_pickle_depth (" +
+                                                 std::to_string(Limits{}.max_pickle_depth) +
+                                                 ") cannot be pickled");
     auto it = copied_.find(v.get());
     if (it != copied_.end()) return it->second;
     ValuePtr out;
