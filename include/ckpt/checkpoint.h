@@ -100,7 +100,7 @@ class Checkpoint {
 
   // The storage's bytes: a view into the mapping when the source is mapped and the bytes are
   // stored raw in native order (Storage::writable only where the source's memory_writable():
-  // open_mmap_source(path, true)), else read into owned,
+  // OpenOptions::writable_views, or open_mmap_source(path, true)), else read into owned,
   // writable memory (also with options.copy). Storages stay shared: asking twice while the first
   // result lives returns the same object. Throws Error.
   StoragePtr storage(size_t index, const LoadOptions& options = {}) const;

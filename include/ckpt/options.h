@@ -88,6 +88,11 @@ struct RemoteOptions {
 
 struct OpenOptions {
   bool mmap = true;  // map the file (zero-copy views); false: pread into owned memory
+  // With mmap, a local file (a single file, or a shard index itself) is mapped privately
+  // copy-on-write and its views are writable (open_mmap_source(path, true); Storage::writable):
+  // a write copies the page for this process only. Shards, a folder's data files and URLs are
+  // read as without it.
+  bool writable_views = false;
   // For a path that is a URL (http://, https://, s3://): how to reach it. `mmap` is ignored there.
   RemoteOptions remote;
   Limits limits;

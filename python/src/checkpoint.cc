@@ -1,7 +1,6 @@
 // _ckpt.Checkpoint: an opened checkpoint's tables, tree and byte operations for ckpt.open,
 // ckpt.safe_open and Checkpoint.stream (python/ckpt/__init__.py). Loads are in load.cc.
 
-#include <filesystem>
 #include <pybind11/functional.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -140,8 +139,7 @@ void bind_open(PyClass& c) {
         pyb::gil_scoped_release nogil;
         OpenOptions o = open_options(strict, key, password);
         o.mmap = mmap;
-        if (mmap && !is_url(path) && !std::filesystem::is_directory(path))  // a DCP folder
-          return PyCheckpoint{Checkpoint::open(open_mmap_source(path, true), o)};
+        o.writable_views = mmap;
         return PyCheckpoint{Checkpoint::open(path, o)};
       },
       pyb::arg("path"), pyb::arg("mmap"), pyb::arg("strict"), pyb::arg("key"),
@@ -333,7 +331,7 @@ void bind_bytes(PyClass& c) {
           return storage_spans(p.c, which, load_options(verify, 0, device));
         },
         pyb::arg("which"), pyb::arg("verify"), pyb::arg("device") = "cpu")
-      // The box [begin, end) of tensor i, row-major (safe_open's get_slice of a DCP folder:
+      // The box [begin, end) of tensor i, row-major (safe_open's get_slice: of a folder of chunks,
       // only the chunks that meet the box are read).
       .def("read_slice",
            [](const PyCheckpoint& p, size_t i, const std::vector<int64_t>& begin,

@@ -5,7 +5,6 @@
 // tensor for numpy), and the result is built here: the object tree (tree.cc), the flat state
 // dict (load_file), or a TorchScript archive's state dict (ckpt._script, the one Python step).
 
-#include <filesystem>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -187,15 +186,21 @@ void bind_load(pyb::module_& m) {
           return load_all(pyb::cast(PyCheckpoint{std::move(*c)}), verify, w, device, &progress);
         }
         const std::string path = source.cast<std::string>();
-        // A device load copies: nothing to map; a folder (DCP) is opened by its path.
-        if (mmap && host && !is_url(path) && !std::filesystem::is_directory(path)) {
+        // A device load copies: nothing to map. A URL is read, never mapped: the eager load
+        // overlaps its reads with opening.
+        if (mmap && host && !is_url(path)) {
+          oo.writable_views = true;
           std::optional<Checkpoint> c;
           {
             pyb::gil_scoped_release nogil;
-            c.emplace(Checkpoint::open(open_mmap_source(path, true), oo));
+            c.emplace(Checkpoint::open(path, oo));
           }
-          const uint64_t size = c->source().size();
-          pyb::object out = load_mapped(pyb::cast(PyCheckpoint{std::move(*c)}), verify, w);
+          pyb::object ck = pyb::cast(PyCheckpoint{std::move(*c)});
+          const Checkpoint& opened = ck.cast<const PyCheckpoint&>().c;
+          // What has no writable mapping (a folder, whose storages are assembled) loads eagerly.
+          if (!opened.source().memory_writable()) return load_all(ck, verify, w, device, &progress);
+          const uint64_t size = opened.source().size();
+          pyb::object out = load_mapped(ck, verify, w);
           try {  // views read nothing up front: one report, the file's size, once they exist
             progress.report(size, size, true);
           } catch (const Error&) {

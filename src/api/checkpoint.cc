@@ -1,16 +1,13 @@
 // Checkpoint: the public handle over the body of one kind of checkpoint (api/checkpoint_kind.h).
-// The openers choose the kind; every other method checks its arguments, keeps the storage cache
-// every kind shares, and hands its work to the body.
+// The opener (api/opener.h) chooses the kind; every other method checks its arguments, keeps the
+// storage cache every kind shares, and hands its work to the body.
 
 #include "ckpt/checkpoint.h"
 
-#include <filesystem>
 #include <new>
 
 #include "api/checkpoint_impl.h"
-#include "api/dcp_kind.h"
-#include "ckpt/remote.h"
-#include "formats/open.h"
+#include "api/opener.h"
 
 namespace ckpt {
 
@@ -19,27 +16,15 @@ using internal::CheckpointModel;
 Checkpoint::Checkpoint(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
 
 Checkpoint Checkpoint::open(const std::string& path, const OpenOptions& options) {
-  if (internal::is_dcp_folder(path))
-    return internal::open_dcp(path, options);
-  return open(open_source(path, options.mmap, options.remote), options);
+  return internal::open_path(path, options);
 }
 
 Checkpoint Checkpoint::open(SourcePtr source, const OpenOptions& options) {
-  try {
-    return internal::CheckpointAccess::make(internal::open_model(source, options));
-  } catch (const Error& e) {
-    // Not a checkpoint: a sharded checkpoint's index (JSON) opens as its set of shards.
-    // A read that failed (a remote source after its retries) is no format's refusal.
-    if (e.code() == ErrorCode::kIo || e.code() == ErrorCode::kAuth) throw;
-    if (!internal::looks_like_json(*source)) throw;
-  }
-  return internal::open_index(source, std::filesystem::path(source->name()).parent_path().string(),
-                              options);
+  return internal::open_file(source, options);
 }
 
 Checkpoint Checkpoint::open_set(const std::vector<std::string>& paths, const OpenOptions& options) {
-  if (paths.size() == 1) return open(paths[0], options);
-  return internal::open_files(paths, options);
+  return internal::open_paths(paths, options);
 }
 
 namespace {
@@ -76,6 +61,7 @@ std::span<const uint32_t> Checkpoint::files_of(size_t tensor) const {
   return impl_->kind->files_of(tensor);
 }
 
+// The files API's views for a set: its parts, and a tensor's first file.
 const std::vector<Checkpoint>& Checkpoint::shards() const { return impl_->kind->parts(); }
 
 size_t Checkpoint::shard_of(size_t tensor) const { return files_of(tensor)[0]; }

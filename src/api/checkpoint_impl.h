@@ -21,9 +21,6 @@ Checkpoint open_index(const SourcePtr& source, const std::string& dir, const Ope
 Checkpoint open_files(const std::vector<std::string>& paths, const OpenOptions& options);
 // Whether the source's first non-blank byte is '{': a JSON file, maybe a shard index.
 bool looks_like_json(const ByteSource& source);
-// Moves the tensor indices of a (cloned) subtree by `base` (api/checkpoint_set.cc), for a tree
-// placed into a model whose tensor table has others before its own.
-void shift_tensors(const ValuePtr& top, size_t base);
 
 }  // namespace internal
 

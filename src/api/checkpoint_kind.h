@@ -1,15 +1,17 @@
 #pragma once
 // CheckpointKind: what one kind of checkpoint does behind the public Checkpoint handle. A kind
-// is how the tensors' bytes are laid out over files: a single file (api/kind_file.cc) or a set
-// of files that are each a checkpoint of their own (api/kind_set.cc, Hugging Face shards). Only
-// the openers (Checkpoint::open, open_set, open_and_load) choose a kind; Checkpoint::Impl holds
-// one body and every public method hands its work to it, so no method asks which kind it has.
+// is how the tensors' bytes are laid out over files: one model over its own files
+// (api/kind_file.cc: a single file, or a folder whose storages the format's decoder assembles
+// from several data files) or a set of files that are each a checkpoint of their own
+// (api/kind_set.cc, Hugging Face shards). Only the opener (api/opener.h) chooses a kind;
+// Checkpoint::Impl holds one body and every public method hands its work to it, so no method
+// asks which kind it has.
 //
 // Every kind describes its tensors with one CheckpointModel (for a set: the files' models
 // merged), which serves the metadata (tensors(), storages(), root(), records(), find()). The
-// model's StorageInfo::offset is in one of the kind's files (files_of says which); a kind whose
-// storage is assembled from pieces of several files (a torch.distributed.checkpoint folder)
-// gives such a storage no offset and names every file it reads in files_of.
+// model's StorageInfo::offset is in one of the kind's files (files_of says which); a storage
+// assembled from pieces of several files (a torch.distributed.checkpoint folder) has no offset,
+// and files_of names every file it reads.
 //
 // Thread-safety: a body is immutable after the opener made it; every method is const and may
 // be called from any number of threads at once.
@@ -41,7 +43,7 @@ class CheckpointKind {
   // The files whose bytes the checkpoint reads, in order (Checkpoint::files()).
   virtual const std::vector<std::string>& files() const = 0;
   // Indices into files() of the files that hold tensor `t`'s bytes (t < tensors().size()), in
-  // the order its bytes are in them. Never empty; one file for every kind opened today.
+  // the order its bytes are in them. Never empty.
   virtual std::span<const uint32_t> files_of(size_t t) const = 0;
   // The files as checkpoints of their own, in files() order, when each file is one (a set);
   // empty otherwise.
@@ -86,7 +88,8 @@ class CheckpointKind {
 
 using KindPtr = std::shared_ptr<const CheckpointKind>;
 
-// A single file: the model a format reader produced, loaded through the load plan.
+// One model over its own files (CheckpointModel::files, or its source alone), loaded through the
+// load plan.
 KindPtr file_kind(std::shared_ptr<const CheckpointModel> model);
 
 // A set of files that are checkpoints of their own (Hugging Face shards), and where each tensor
@@ -138,13 +141,6 @@ class FileProgress {
   bool reported_ = false;
   uint64_t last_done_ = 0, last_total_ = 0;
 };
-
-// Copies the box [begin, end) of a row-major tensor of `shape` whose bytes are `src` (a part of
-// it: the box [src_begin, src_begin + src_sizes)) into `dst`, the row-major box [dst_begin,
-// dst_end) of the same tensor: the elements the two boxes share. elsize: bytes per element.
-void copy_box(std::span<const int64_t> src_begin, std::span<const int64_t> src_sizes,
-              const std::byte* src, std::span<const int64_t> dst_begin,
-              std::span<const int64_t> dst_end, std::byte* dst, size_t elsize);
 
 // The tensors `filter` accepts (all when empty), by index.
 std::vector<uint8_t> select_tensors(const CheckpointModel& m, const TensorFilter& filter);

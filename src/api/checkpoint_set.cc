@@ -174,26 +174,6 @@ void check_shard_name(const std::string& name, const std::string& index, bool re
 
 }  // namespace
 
-// Moves the tensor indices of a (cloned) subtree by `base`. The clone keeps the tree's sharing,
-// so a node reached twice is moved once.
-void shift_tensors(const ValuePtr& top, size_t base) {
-  if (base == 0 || !top) return;
-  std::unordered_set<const Value*> seen;
-  std::vector<Value*> stack{top.get()};
-  while (!stack.empty()) {
-    Value* v = stack.back();
-    stack.pop_back();
-    if (!v || !seen.insert(v).second) continue;
-    if (v->kind() == Value::Kind::kTensor) v->set_tensor_index(v->tensor_index() + base);
-    for (auto& i : v->items()) stack.push_back(i.get());
-    for (auto& [key, val] : v->entries()) {
-      stack.push_back(key.get());
-      stack.push_back(val.get());
-    }
-    if (v->state()) stack.push_back(v->state().get());
-  }
-}
-
 bool looks_like_json(const ByteSource& source) {
   try {
     std::byte head[64];

@@ -1,5 +1,6 @@
-// A single file: the model one format reader produced, loaded through the load plan
-// (load/plan.h). Every load builds a plan over the model and runs one of its executors.
+// One model over its own files: the model one format reader produced (a single file, or a folder
+// whose storages the format's decoder assembles from its data files), loaded through the load
+// plan (load/plan.h). Every load builds a plan over the model and runs one of its executors.
 
 #include <sys/mman.h>
 #include <unistd.h>
@@ -19,13 +20,18 @@ namespace {
 class FileKind final : public CheckpointKind {
  public:
   explicit FileKind(std::shared_ptr<const CheckpointModel> m)
-      : CheckpointKind(std::move(m)), files_{model().source->name()} {
+      : CheckpointKind(std::move(m)) {
+    files_ = model().files.empty() ? std::vector<std::string>{model().source->name()}
+                                   : model().files;
     copy_ = model().source->pread_twin();
     if (!copy_) copy_ = model().source;
   }
 
   const std::vector<std::string>& files() const override { return files_; }
-  std::span<const uint32_t> files_of(size_t) const override { return {&kFirst, 1}; }
+  std::span<const uint32_t> files_of(size_t t) const override {
+    if (model().tensor_files.empty()) return {&kFirst, 1};
+    return model().tensor_files[t];
+  }
 
   StoragePtr load_storage(size_t s, const LoadOptions& options) const override {
     if (!options.device.is_cpu()) {
@@ -47,6 +53,16 @@ class FileKind final : public CheckpointKind {
   }
 
   void read_into(size_t index, std::span<std::byte> dst, const LoadOptions& options) const override;
+  // A decoder that reads a box by itself (the chunks of a folder that meet it) does; else the
+  // tensor is loaded and the box copied out.
+  void read_slice(size_t t, std::span<const int64_t> begin, std::span<const int64_t> end,
+                  std::span<std::byte> dst, const LoadOptions& options) const override {
+    const CheckpointModel& m = model();
+    const size_t s = m.tensors[t].storage;
+    if (m.kind(s) == StorageKind::kDecoded && m.decoder->read_box(s, m.tensors[t], begin, end, dst))
+      return;
+    CheckpointKind::read_slice(t, begin, end, dst, options);
+  }
   void prefetch(std::span<const size_t> tensors, bool populate) const override;
 
   std::vector<Tensor> load(const LoadOptions& options, const TensorFilter& filter,

@@ -14,8 +14,7 @@
 
 #include "ckpt/remote.h"
 #include "api/checkpoint_impl.h"
-#include "api/dcp_kind.h"
-#include "formats/open.h"
+#include "api/opener.h"
 #include "load/plan.h"
 #include "load/preload.h"
 #include "util/arena.h"
@@ -24,21 +23,23 @@ namespace ckpt {
 
 LoadedCheckpoint Checkpoint::open_and_load(const std::string& path, const OpenOptions& open_options,
                                            const LoadOptions& load_options) {
-  if (!load_options.device.is_cpu() || internal::is_dcp_folder(path)) {
+  if (!load_options.device.is_cpu()) {
     // The overlap below is a host arena's; a device load reads through its own staging ring.
     Checkpoint c = Checkpoint::open(path, open_options);
     std::vector<Tensor> tensors = c.load_all(load_options);
     return {std::move(c), std::move(tensors)};
   }
-  SourcePtr source = open_source(path, open_options.mmap, open_options.remote);
-  // Copies go through pread, as every eager load's do: reading out of a mapping would make the
-  // file's pages resident beside the copy.
-  SourcePtr copy = source->pread_twin() ? source->pread_twin() : source;
   const int threads = load_options.threads > 0 ? load_options.threads : internal::default_threads();
 
+  SourcePtr copy;  // a single file's source to copy from (the opener hands it over)
   std::unique_ptr<internal::Preload> pre;
   std::vector<internal::ByteRange> started;  // ascending offsets
   internal::OpenHooks hooks;
+  hooks.file_opened = [&](const SourcePtr& source) {
+    // Copies go through pread, as every eager load's do: reading out of a mapping would make
+    // the file's pages resident beside the copy.
+    copy = source->pread_twin() ? source->pread_twin() : source;
+  };
   hooks.storage_ranges = [&](std::span<const internal::ByteRange> ranges) {
     started.assign(ranges.begin(), ranges.end());
     std::sort(started.begin(), started.end(),
@@ -50,21 +51,12 @@ LoadedCheckpoint Checkpoint::open_and_load(const std::string& path, const OpenOp
         std::make_unique<internal::Preload>(copy, std::move(pr), load_options.verify, threads - 1);
   };
 
-  std::shared_ptr<internal::CheckpointModel> model;
-  try {
-    model = internal::open_model(source, open_options, hooks);
-  } catch (const Error& e) {
-    // A read that failed (a remote source after its retries) is no format's refusal.
-    if (e.code() == ErrorCode::kIo || e.code() == ErrorCode::kAuth) throw;
-    if (!internal::looks_like_json(*source)) throw;
+  Checkpoint c = internal::open_path(path, open_options, hooks);
+  if (!pre) {
+    // Nothing started early (another format, a set, a folder): the ordinary load.
+    std::vector<Tensor> tensors = c.load_all(load_options);
+    return {std::move(c), std::move(tensors)};
   }
-  if (!model) {
-    // A sharded checkpoint's index: each shard opens, then loads (api/kind_set.cc).
-    Checkpoint set = Checkpoint::open(source, open_options);
-    std::vector<Tensor> tensors = set.load_all(load_options);
-    return {std::move(set), std::move(tensors)};
-  }
-  Checkpoint c = internal::CheckpointAccess::make(std::move(model));
   internal::LoadPlan plan = internal::make_plan(internal::CheckpointAccess::model(c), copy,
                                                 load_options, {}, false);
   internal::PlacedFn placed;
@@ -75,7 +67,7 @@ LoadedCheckpoint Checkpoint::open_and_load(const std::string& path, const OpenOp
     tensors = internal::execute_eager(plan, std::move(pre), started, placed);
   } catch (const std::bad_alloc&) {
     throw Error(ErrorCode::kLimitExceeded, "out of memory loading the checkpoint's tensors",
-                source->name());
+                c.source().name());
   }
   return {std::move(c), std::move(tensors)};
 }

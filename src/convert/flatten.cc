@@ -134,8 +134,7 @@ void find_sharing(const Checkpoint& c, std::vector<StateDictEntry>& entries) {
   const auto& tensors = c.tensors();
   const auto& storages = c.storages();
   std::unordered_map<size_t, size_t> by_storage;
-  std::vector<std::unordered_map<uint64_t, size_t>> by_offset(
-      std::max<size_t>(1, c.shards().size()));
+  std::vector<std::unordered_map<uint64_t, size_t>> by_offset(c.files().size());
   for (size_t k = 0; k < entries.size(); ++k) {
     const size_t s = tensors[entries[k].tensor].storage;
     auto [it, fresh] = by_storage.emplace(s, k);
@@ -143,7 +142,7 @@ void find_sharing(const Checkpoint& c, std::vector<StateDictEntry>& entries) {
     if (fresh && s < storages.size()) {
       const StorageInfo& si = storages[s];
       if (si.offset != kNoOffset && !si.meta && si.nbytes > 0) {
-        auto [it2, fresh2] = by_offset[c.shard_of(entries[k].tensor)].emplace(si.offset, k);
+        auto [it2, fresh2] = by_offset[c.files_of(entries[k].tensor)[0]].emplace(si.offset, k);
         if (!fresh2) {
           owner = it2->second;
           fresh = false;

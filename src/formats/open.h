@@ -26,4 +26,14 @@ std::shared_ptr<CheckpointModel> open_safetensors(SourcePtr source, const OpenOp
 std::shared_ptr<CheckpointModel> open_tensorizer(SourcePtr source, const OpenOptions& options);
 std::shared_ptr<CheckpointModel> open_onnx(SourcePtr source, const OpenOptions& options);
 
+// A torch.distributed.checkpoint folder (a local folder holding `.metadata`, or a URL prefix
+// "http(s)://host/dir/", "s3://bucket/dir/" whose files are read with ranged requests), after
+// finalize(): one model whose storages the decoder assembles from the folder's data files
+// (CheckpointModel::files). Throws Error naming the data file and tensor: kNotFound for a missing
+// data file, kTruncated for an item past a file's end, kCorrupt for chunks that overlap, leave
+// holes or fall outside their tensor, or items that share bytes, kUnsupported for a storage
+// layout it does not read (transforms, non-strided tensors, an item that is not a torch.save of
+// one tensor), kLimitExceeded for a `.metadata` past Limits::max_metadata_bytes.
+std::shared_ptr<CheckpointModel> open_dcp(const std::string& dir, const OpenOptions& options);
+
 }  // namespace ckpt::internal

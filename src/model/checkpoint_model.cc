@@ -3,6 +3,8 @@
 
 #include "model/checkpoint_model.h"
 
+#include <unordered_set>
+
 #include "util/bytes.h"
 #include "util/crc32.h"
 
@@ -86,6 +88,26 @@ Error crc_mismatch(const CheckpointModel& m, size_t s, uint32_t computed) {
     if (t.storage == s) names += (names.empty() ? "" : ", ") + t.name;
   return crc_mismatch(m.source->name(), si.record.empty() ? si.key : si.record, si.offset,
                       si.crc32.value_or(0), computed, " (tensors: " + names + ")");
+}
+
+// Moves the tensor indices of a (cloned) subtree by `base`. The clone keeps the tree's sharing,
+// so a node reached twice is moved once.
+void shift_tensors(const ValuePtr& top, size_t base) {
+  if (base == 0 || !top) return;
+  std::unordered_set<const Value*> seen;
+  std::vector<Value*> stack{top.get()};
+  while (!stack.empty()) {
+    Value* v = stack.back();
+    stack.pop_back();
+    if (!v || !seen.insert(v).second) continue;
+    if (v->kind() == Value::Kind::kTensor) v->set_tensor_index(v->tensor_index() + base);
+    for (auto& i : v->items()) stack.push_back(i.get());
+    for (auto& [key, val] : v->entries()) {
+      stack.push_back(key.get());
+      stack.push_back(val.get());
+    }
+    if (v->state()) stack.push_back(v->state().get());
+  }
 }
 
 }  // namespace ckpt::internal

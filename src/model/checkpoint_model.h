@@ -51,6 +51,15 @@ class StorageDecoder {
     (void)index;
     (void)nbytes;
   }
+  // Reads the box [begin, end) of tensor `t` (a row-major tensor that is the whole of storage
+  // `index`) into dst, row-major, reading only the stored pieces that meet the box (a folder of
+  // chunks: a tensor-parallel rank's slice). False when the decoder has no such way: the caller
+  // decodes the whole storage and copies the box out of it.
+  virtual bool read_box(size_t index, const TensorInfo& t, std::span<const int64_t> begin,
+                        std::span<const int64_t> end, std::span<std::byte> dst) const {
+    (void)index, (void)t, (void)begin, (void)end, (void)dst;
+    return false;
+  }
 };
 
 // State a format keeps beyond the neutral description (a TorchScript archive's code, constants
@@ -70,6 +79,12 @@ enum class StorageKind : uint8_t {
 struct CheckpointModel {
   Format format = Format::kTorchZip;
   SourcePtr source;
+  // The files the bytes are read from, when they are not `source` alone (a folder's data files,
+  // whose storages the decoder assembles): Checkpoint::files(). Empty: source->name().
+  std::vector<std::string> files;
+  // With `files`: per tensor, the indices into `files` of the files that hold its bytes, in the
+  // order its bytes are in them (never empty). Empty: file 0 for every tensor.
+  std::vector<std::vector<uint32_t>> tensor_files;
   OpenOptions options;
   std::map<std::string, std::string> properties;
   std::vector<TensorInfo> tensors;
@@ -122,8 +137,15 @@ struct CheckpointModel {
 // tensors that view it.
 Error crc_mismatch(const CheckpointModel& m, size_t s, uint32_t computed);
 
+// Moves the tensor indices of a (cloned) subtree by `base`, for a tree placed into a model whose
+// tensor table has others before its own (a set's shards, a folder's items).
+void shift_tensors(const ValuePtr& top, size_t base);
+
 // Callbacks a format opener calls while opening, so that a loader can start early.
 struct OpenHooks {
+  // Called by the opener (api/opener.h) with a single file's source, before its format is read:
+  // the source storage_ranges' byte ranges are in.
+  std::function<void(const SourcePtr&)> file_opened;
   // Called once the container's directory is parsed and before the metadata (data.pkl) is read,
   // with the byte ranges of every non-empty storage record whose bytes are stored raw and whose
   // offset is known without a read. Not called when some storage record needs decoding (a

@@ -188,3 +188,88 @@ def test_not_a_pickle(ckpt, base, tmp_path):
     (d / ".metadata").write_bytes(b"\x80\x04garbage")
     r = ckpt.run("ls", d)
     assert r.returncode != 0 and ".metadata" in r.stderr
+
+
+def _moved_outside(d, name, tmp_path):
+    """Moves d/name out of the folder and leaves a symbolic link to it in its place."""
+    outside = tmp_path / "outside"
+    outside.mkdir(exist_ok=True)
+    os.replace(d / name, outside / name)
+    os.symlink(outside / name, d / name)
+
+
+def test_data_file_linked_outside_the_folder(ckpt, base, tmp_path):
+    """A data file that is a symbolic link out of the folder is refused, as a shard index's
+    shards and ONNX external data are."""
+    d = variant(base, tmp_path, lambda md, d: None)
+    _moved_outside(d, "__0_0.distcp", tmp_path)
+    refused(ckpt, d, CORRUPT, "__0_0.distcp", "resolves outside")
+
+
+def test_metadata_linked_outside_the_folder(ckpt, base, tmp_path):
+    d = variant(base, tmp_path, lambda md, d: None)
+    _moved_outside(d, ".metadata", tmp_path)
+    refused(ckpt, d, CORRUPT, ".metadata", "resolves outside")
+
+
+def test_items_sharing_bytes(ckpt, base, tmp_path):
+    """Many entries whose items are the same bytes of one data file would each load a copy of
+    them (a folder of a few megabytes loading gigabytes): refused at open."""
+    from torch.distributed.checkpoint.metadata import MetadataIndex
+
+    def change(md, d):
+        (key, info), = [(k, v) for k, v in md.storage_data.items() if k.fqn == "w"]
+        for i in range(200):
+            md.state_dict_metadata[f"w{i}"] = md.state_dict_metadata["w"]
+            md.storage_data[MetadataIndex(f"w{i}", key.offset)] = info
+    refused(ckpt, variant(base, tmp_path, change), CORRUPT, "__0_0.distcp", "share bytes")
+
+
+def test_huge_metadata_is_refused_before_it_is_read(ckpt, base, tmp_path):
+    """A sparse 3 GiB `.metadata` is refused by its size (Limits::max_metadata_bytes), naming it,
+    without a byte of it in memory: the command runs with 512 MiB of address space to spare."""
+    import resource
+    import subprocess
+
+    d = variant(base, tmp_path, lambda md, d: None)
+    os.truncate(d / ".metadata", 3 << 30)
+
+    def small():
+        resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+    r = subprocess.run([ckpt.path, "ls", str(d)], capture_output=True, text=True,
+                       preexec_fn=small, timeout=60)
+    assert r.returncode == 7, r.stderr
+    assert ".metadata" in r.stderr and "max_metadata_bytes" in r.stderr, r.stderr
+
+
+def test_thousands_of_data_files_under_a_low_open_file_limit(ckpt, tmp_path):
+    """4096 data files written and read back with the process limited to 1024 open files (soft
+    and hard, as `ulimit -n 1024` sets them): the writer writes them a group at a time, the
+    reader keeps a bounded cache of open files."""
+    import resource
+    import subprocess
+
+    from safetensors.torch import load_file
+
+    g = torch.Generator().manual_seed(3)
+    sd = {"w": torch.randn(4096, 3, generator=g), "b": torch.randn(5000, generator=g)}
+    src = tmp_path / "src.pt"
+    torch.save(sd, src)
+
+    def low():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
+
+    def run(*args):
+        r = subprocess.run([ckpt.path, *map(str, args)], capture_output=True, text=True,
+                           preexec_fn=low, timeout=600)
+        assert r.returncode == 0, r.stderr
+        return r
+    out = tmp_path / "many"
+    run("convert", src, out, "--to", "dcp", "--dcp-files", "4096")
+    assert len(list(out.glob("*.distcp"))) == 4096
+    back = tmp_path / "back.safetensors"
+    run("convert", out, back, "--to", "safetensors")
+    got = load_file(back)
+    assert set(got) == set(sd)
+    for k, v in sd.items():
+        assert torch.equal(got[k], v), k

@@ -90,9 +90,7 @@ void add_ls(CLI::App& app) {
         r["offset"] = off ? nlohmann::ordered_json(*off) : nlohmann::ordered_json(nullptr);
         r["storage"] = c.storages()[t.storage].key;
         if (!c.shards().empty())  // a sharded set: the file the tensor (and offset) is in
-          r["shard"] = c.shards()[c.shard_of(static_cast<size_t>(&t - c.tensors().data()))]
-                           .source()
-                           .name();
+          r["shard"] = c.files()[c.files_of(static_cast<size_t>(&t - c.tensors().data()))[0]];
         if (t.requires_grad) r["requires_grad"] = true;
         if (!t.type.empty()) r["type"] = t.type;
         if (c.storages()[t.storage].meta) r["meta"] = true;
@@ -135,8 +133,7 @@ void add_ls(CLI::App& app) {
       auto off = file_offset(c, t);
       std::string shard;
       if (sharded)
-        shard = base_name(
-            c.shards()[c.shard_of(static_cast<size_t>(&t - c.tensors().data()))].source().name());
+        shard = base_name(c.files()[c.files_of(static_cast<size_t>(&t - c.tensors().data()))[0]]);
       // A numpy array's bytes are in the pickle (no offset of their own): marked "numpy".
       std::string where = off ? std::to_string(*off)
                               : (c.storages()[t.storage].meta ? "meta"

@@ -6,7 +6,7 @@
 // docs/formats.md, "torch.distributed.checkpoint folders".
 //
 // Layer: formats. It reads one buffer; the folder's data files are the API layer's
-// (api/open_dcp.cc), which checks every chunk against them.
+// (dcp_reader.cc), which checks every chunk against them.
 //
 // Thread-safety: a plain function over its arguments; the result is a value.
 

@@ -9,9 +9,12 @@
 //     _write_files_from_queue writes in that order), each a torch.save zip of its own (a chunk:
 //     the chunk alone, contiguous), then `.metadata` last. The tensors are taken in the tree's
 //     order, each once (from a TensorFeed in a streamed conversion), and each file's chunk of
-//     it is appended to that file.
+//     it is appended to that file. More files than the process may keep open are written a
+//     group at a time, the tensors read once per group.
 
 #include "formats/dcp/dcp_writer.h"
+
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <unordered_set>
@@ -242,8 +245,7 @@ class DcpWriter final : public Writer {
     std::vector<Leaf> leaves;
     Flattener(content.tensors, state, leaves, feed != nullptr).run(content.root);
     const std::vector<std::vector<Planned>> plan = make_plan(content.tensors, state, leaves);
-    std::vector<ByteSink*> files(files_);
-    for (uint32_t r = 0; r < files_; ++r) files[r] = &out.file(data_file(r));
+    std::vector<ByteSink*> files(files_, nullptr);
     // One item at the end of file r: a torch.save of `root` over `tensors`.
     auto write_item = [&](uint32_t r, DcpWrittenItem item, const ConstValuePtr& root,
                           const std::vector<Tensor>& tensors) {
@@ -257,36 +259,52 @@ class DcpWriter final : public Writer {
       item.length = file.position() - item.offset;
       state.items.push_back(std::move(item));
     };
-    // Each file's bytes items first (filesystem.py writes them first)...
     const std::vector<Tensor> tensors = bytes_item_tensors(content, leaves);
-    for (uint32_t r = 0; r < files_; ++r)
-      for (const Planned& p : plan[r])
-        if (leaves[p.leaf].value) {
-          DcpWrittenItem item;
-          item.entry = leaves[p.leaf].entry;
-          write_item(r, std::move(item), leaves[p.leaf].value, tensors);
-        }
-    // ...then the tensors in the tree's order, each read once, its chunk for file r appended to
-    // file r: every file gets its chunks in that order, as if written one file at a time.
     std::vector<std::vector<std::pair<uint32_t, const Planned*>>> chunks(leaves.size());
     for (uint32_t r = 0; r < files_; ++r)
       for (const Planned& p : plan[r])
         if (!leaves[p.leaf].value) chunks[p.leaf].emplace_back(r, &p);
-    std::vector<const Tensor*> order;
-    std::vector<size_t> leaf_of;
-    for (size_t i = 0; i < leaves.size(); ++i)
-      if (!leaves[i].value) {
+    // The files are written a group at a time, each group's files open together and closed
+    // (committed) before the next group's open, so that thousands of files stay within the
+    // process's limit on open files; with more than one group, each pass reads the tensors that
+    // have a chunk in its files again.
+    const uint32_t group = files_per_pass();
+    for (uint32_t g0 = 0; g0 < files_; g0 += group) {
+      const uint32_t g1 = std::min(files_, g0 + group);
+      for (uint32_t r = g0; r < g1; ++r) files[r] = &out.file(data_file(r));
+      // Each file's bytes items first (filesystem.py writes them first)...
+      for (uint32_t r = g0; r < g1; ++r)
+        for (const Planned& p : plan[r])
+          if (leaves[p.leaf].value) {
+            DcpWrittenItem item;
+            item.entry = leaves[p.leaf].entry;
+            write_item(r, std::move(item), leaves[p.leaf].value, tensors);
+          }
+      // ...then the tensors in the tree's order, each read once per pass, its chunk for file r
+      // appended to file r: every file gets its chunks in that order, as if written one file at
+      // a time.
+      std::vector<const Tensor*> order;
+      std::vector<size_t> leaf_of;
+      for (size_t i = 0; i < leaves.size(); ++i) {
+        if (leaves[i].value) continue;
+        const bool here = std::any_of(chunks[i].begin(), chunks[i].end(),
+                                      [&](const auto& c) { return c.first >= g0 && c.first < g1; });
+        if (!here) continue;
         order.push_back(&content.tensors[leaves[i].tensor]);
         leaf_of.push_back(i);
       }
-    feed_each(feed, order, [&](size_t k, const Tensor& t) {
-      for (const auto& [r, p] : chunks[leaf_of[k]]) {
-        DcpWrittenItem item;
-        item.entry = leaves[p->leaf].entry;
-        Tensor chunk = chunk_of(t, *p, item);
-        write_item(r, std::move(item), Value::tensor(0), {chunk});
-      }
-    });
+      feed_each(feed, order, [&](size_t k, const Tensor& t) {
+        for (const auto& [r, p] : chunks[leaf_of[k]]) {
+          if (r < g0 || r >= g1) continue;
+          DcpWrittenItem item;
+          item.entry = leaves[p->leaf].entry;
+          Tensor chunk = chunk_of(t, *p, item);
+          write_item(r, std::move(item), Value::tensor(0), {chunk});
+        }
+      });
+      if (g1 < files_)
+        for (uint32_t r = g0; r < g1; ++r) files[r]->commit();
+    }
     // The items file by file, in the order of their bytes.
     std::stable_sort(state.items.begin(), state.items.end(),
                      [](const DcpWrittenItem& a, const DcpWrittenItem& b) {
@@ -406,6 +424,15 @@ class DcpWriter final : public Writer {
     item.sizes = sizes;
     return Tensor::from_bytes(info.name, info.dtype, std::move(sizes),
                               std::span<const std::byte>(base + begin, length), std::move(keep));
+  }
+
+  // How many data files are open at once: all of them where the process may open that many
+  // (a quarter of the soft RLIMIT_NOFILE, keeping room for the source's files), else a group.
+  uint32_t files_per_pass() const {
+    rlimit rl{};
+    if (::getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return files_;
+    const uint64_t room = std::max<uint64_t>(16, static_cast<uint64_t>(rl.rlim_cur) / 4);
+    return static_cast<uint32_t>(std::min<uint64_t>(files_, room));
   }
 
   const uint32_t files_;

@@ -1,10 +1,10 @@
-// The body of a torch.distributed.checkpoint folder (api/dcp_kind.h). Every storage of its model
-// is decoded: the decoder below reads each chunk once, straight into its place in the global
-// tensor (one read when the chunk is a contiguous run of it; else each row read into place, or
-// short rows a megabyte at a time through a small buffer and copied), the chunks of one storage
-// in parallel when they are large. The load plan then does the rest as for a single file (eager
-// loads decode storages on its reader threads, streams through its ring), so only files(),
-// files_of(), view() and verify() are this body's own.
+// The decoder of a torch.distributed.checkpoint folder (formats/dcp/dcp_layout.h). Every storage
+// of the folder's model is decoded: the decoder reads each chunk once, straight into its place in
+// the global tensor (one read when the chunk is a contiguous run of it; else each row read into
+// place, or short rows a megabyte at a time through a small buffer and copied), the chunks of one
+// storage in parallel when they are large. The load plan does the rest as for a single file
+// (eager loads decode storages on its reader threads, streams through its ring); a box of a
+// tensor reads only the chunks that meet it (read_box).
 
 #include <algorithm>
 #include <atomic>
@@ -13,7 +13,8 @@
 #include <mutex>
 #include <thread>
 
-#include "api/dcp_kind.h"
+#include "formats/dcp/dcp_layout.h"
+#include "util/box.h"
 
 namespace ckpt::internal {
 namespace {
@@ -111,6 +112,25 @@ class DcpDecoder final : public StorageDecoder {
     if (failed) std::rethrow_exception(failed);
   }
 
+ // Only the chunks that meet the box are read (a tensor-parallel rank's slice).
+  bool read_box(size_t index, const TensorInfo& t, std::span<const int64_t> begin,
+                std::span<const int64_t> end, std::span<std::byte> dst) const override {
+    const std::vector<DcpPiece>& pieces = l_->pieces.at(index);
+    if (pieces.empty() || pieces[0].whole) return false;
+    const size_t elsize = dtype_size(t.dtype);
+    std::vector<std::byte> buf;
+    for (const DcpPiece& p : pieces) {
+      bool meets = true;
+      for (size_t d = 0; d < p.offsets.size() && meets; ++d)
+        meets = p.offsets[d] < end[d] && begin[d] < p.offsets[d] + p.sizes[d];
+      if (!meets) continue;
+      buf.resize(p.nbytes);
+      l_->sources[p.file]->read_into(p.file_offset, buf);
+      copy_box(p.offsets, p.sizes, buf.data(), begin, end, dst.data(), elsize);
+    }
+    return true;
+  }
+
  private:
   // Bytes per element of the storage's tensor: storage bytes over its element count.
   static size_t element_size(size_t, const std::vector<DcpPiece>& pieces, size_t nbytes) {
@@ -126,72 +146,7 @@ class DcpDecoder final : public StorageDecoder {
   std::shared_ptr<const DcpLayout> l_;
 };
 
-class DcpKind final : public CheckpointKind {
- public:
-  DcpKind(std::shared_ptr<const CheckpointModel> m, std::shared_ptr<const DcpLayout> l)
-      : CheckpointKind(m), inner_(file_kind(m)), l_(std::move(l)) {}
-
-  const std::vector<std::string>& files() const override { return l_->paths; }
-  std::span<const uint32_t> files_of(size_t t) const override { return l_->tensor_files[t]; }
-
-  StoragePtr load_storage(size_t s, const LoadOptions& options) const override {
-    return inner_->load_storage(s, options);
-  }
-  // Every storage is assembled: nothing is one run of a mapped file.
-  const std::byte* view(size_t) const override { return nullptr; }
-  std::shared_ptr<const void> view_owner(size_t) const override { return nullptr; }
-  void read_into(size_t t, std::span<std::byte> dst, const LoadOptions& options) const override {
-    inner_->read_into(t, dst, options);
-  }
-  // Only the chunks that meet the box are read (a tensor-parallel rank's slice).
-  void read_slice(size_t t, std::span<const int64_t> begin, std::span<const int64_t> end,
-                  std::span<std::byte> dst, const LoadOptions& options) const override {
-    const TensorInfo& info = model().tensors[t];
-    const std::vector<DcpPiece>& pieces = l_->pieces[info.storage];
-    if (pieces.empty() || pieces[0].whole)
-      return CheckpointKind::read_slice(t, begin, end, dst, options);
-    const size_t elsize = dtype_size(info.dtype);
-    std::vector<std::byte> buf;
-    for (const DcpPiece& p : pieces) {
-      bool meets = true;
-      for (size_t d = 0; d < p.offsets.size() && meets; ++d)
-        meets = p.offsets[d] < end[d] && begin[d] < p.offsets[d] + p.sizes[d];
-      if (!meets) continue;
-      buf.resize(p.nbytes);
-      l_->sources[p.file]->read_into(p.file_offset, buf);
-      copy_box(p.offsets, p.sizes, buf.data(), begin, end, dst.data(), elsize);
-    }
-  }
-  void prefetch(std::span<const size_t>, bool) const override {}
-  std::vector<Tensor> load(const LoadOptions& options, const TensorFilter& filter,
-                           const PlacedFn& placed) const override {
-    return inner_->load(options, filter, placed);
-  }
-  void stream(uint64_t budget, const std::function<void(const Tensor&)>& fn,
-              const LoadOptions& options, const TensorFilter& filter) const override {
-    inner_->stream(budget, fn, options, filter);
-  }
-  void stream_storages(uint64_t budget, std::span<const uint32_t> order, const StorageFn& fn,
-                       const LoadOptions& options) const override {
-    inner_->stream_storages(budget, order, fn, options);
-  }
-  // DCP stores no checksums: nothing is checked.
-  size_t verify(const ProgressFn& progress) const override {
-    if (progress) progress(0, 0);
-    return 0;
-  }
-
- private:
-  KindPtr inner_;
-  std::shared_ptr<const DcpLayout> l_;
-};
-
 }  // namespace
-
-KindPtr dcp_kind(std::shared_ptr<const CheckpointModel> model,
-                 std::shared_ptr<const DcpLayout> layout) {
-  return std::make_shared<const DcpKind>(std::move(model), std::move(layout));
-}
 
 std::shared_ptr<const StorageDecoder> dcp_decoder(std::shared_ptr<const DcpLayout> layout) {
   return std::make_shared<const DcpDecoder>(std::move(layout));

@@ -1,11 +1,9 @@
-// The opener of torch.distributed.checkpoint (DCP) folders (api/dcp_kind.h): `.metadata` read as
+// The reader of torch.distributed.checkpoint (DCP) folders (formats/dcp/dcp_layout.h): `.metadata` read as
 // data (formats/dcp), every storage item checked against its data file, every chunk's torch.save
 // blob opened as the small torch zip it is (its tensor's bytes are one raw run of the data file),
 // the chunks of each tensor checked to tile it exactly, and the tree torch's dcp_to_torch_save
 // rebuilds (planner_data paths, as torch's set_element nests them) made over one tensor per
 // global tensor. The folder's layout: docs/formats.md, "torch.distributed.checkpoint folders".
-
-#include <sys/stat.h>
 
 #include <algorithm>
 #include <atomic>
@@ -15,11 +13,13 @@
 #include <mutex>
 #include <thread>
 
-#include "api/checkpoint_impl.h"
-#include "api/dcp_kind.h"
 #include "ckpt/remote.h"
+#include "formats/dcp/dcp_checks.h"
+#include "formats/dcp/dcp_files.h"
+#include "formats/dcp/dcp_layout.h"
 #include "formats/dcp/dcp_metadata.h"
 #include "formats/open.h"
+#include "io/inside.h"
 #include "io/window_source.h"
 
 namespace ckpt::internal {
@@ -52,13 +52,25 @@ class Opener {
     layout_->dir = std::move(dir);
   }
 
-  Checkpoint open() {
-    SourcePtr meta = open_source(join(layout_->dir, ".metadata"), false, options_.remote);
+  std::shared_ptr<CheckpointModel> open() {
+    const std::string meta_path = join(layout_->dir, ".metadata");
+    remote_ = is_url(layout_->dir);
+    // A link that leads out of the folder is refused, as a shard index's shards are.
+    if (!remote_) check_inside(meta_path, layout_->dir, "file", "the folder", meta_path, {});
+    SourcePtr meta = open_source(meta_path, false, options_.remote);
     meta_name_ = meta->name();
+    // Its size is checked before a byte is read (a remote one is not downloaded).
+    if (meta->size() > options_.limits.max_metadata_bytes)
+      fail(ErrorCode::kLimitExceeded,
+           ".metadata of " + std::to_string(meta->size()) +
+               " bytes; Limits::max_metadata_bytes is " +
+               std::to_string(options_.limits.max_metadata_bytes),
+           {}, {});
     Bytes bytes = meta->read(0, meta->size());
     md_ = read_dcp_metadata(bytes.data, meta_name_, options_.limits);
     index_storage();
     open_items();
+    refuse_shared_bytes();
     auto model = std::make_shared<CheckpointModel>();
     model->format = Format::kTorchDcp;
     model->source = meta;
@@ -66,10 +78,15 @@ class Opener {
     build(*model);
     model->decoder = dcp_decoder(layout_);
     model->decode_all = true;
+    model->files = layout_->paths;
+    model->verify = [](const ProgressFn& progress) -> size_t {  // DCP stores no checksums
+      if (progress) progress(0, 0);
+      return 0;
+    };
     model->properties["data_files"] = std::to_string(layout_->paths.size());
     if (!md_.version.empty()) model->properties["dcp_version"] = md_.version;
     model->finalize();
-    return CheckpointAccess::make(dcp_kind(std::move(model), layout_));
+    return model;
   }
 
  private:
@@ -88,8 +105,9 @@ class Opener {
       auto [it, fresh] = file_of.emplace(s.relative_path, static_cast<uint32_t>(layout_->paths.size()));
       if (fresh) {  // a URL's data file is one more object under the same prefix
         const std::string path = join(layout_->dir, s.relative_path);
+        if (!remote_) check_inside(path, layout_->dir, "data file", "the folder", meta_name_, s.fqn);
         try {
-          layout_->sources.push_back(open_source(path, false, options_.remote));
+          layout_->sources.push_back(open_data_file(files_, path, options_.remote));
         } catch (Error& e) {
           e.add_context("opening the data file of '" + s.fqn + "' (named in .metadata)");
           throw;
@@ -124,66 +142,37 @@ class Opener {
   }
   const std::string& file_name(size_t item) const { return layout_->paths[item_file_[item]]; }
 
-  // Checks that a tensor's chunks tile it: each inside, none overlapping, all elements covered.
-  // Exact duplicates (one storage item, as torch keys items by offset) are read once.
+  // Checks that a tensor's chunks tile it (formats/dcp/dcp_checks.h), naming the data file and
+  // offset of the chunk at fault.
   void check_chunks(DcpEntry& e) const {
-    std::vector<DcpChunk> kept;
-    for (DcpChunk& c : e.chunks) {
-      bool dup = std::any_of(kept.begin(), kept.end(), [&](const DcpChunk& k) {
-        return k.offsets == c.offsets && k.sizes == c.sizes;
-      });
-      if (!dup) kept.push_back(std::move(c));
-    }
-    e.chunks = std::move(kept);
-    auto where = [&](const DcpChunk& c, std::string& file, std::optional<uint64_t>& off) {
+    check_tiling(e, [&](ErrorCode code, const std::string& what, const DcpChunk* c) {
+      std::string file;
+      std::optional<uint64_t> off;
       size_t i = 0;
-      if (item(e.fqn, c.offsets, &i)) {
+      if (c && item(e.fqn, c->offsets, &i)) {
         file = file_name(i);
         off = md_.storage[i].offset;
       }
-    };
-    uint64_t numel = 1;
-    for (int64_t s : e.size) numel = mul(numel, static_cast<uint64_t>(s), e.fqn);
-    uint64_t covered = 0;
-    for (size_t a = 0; a < e.chunks.size(); ++a) {
-      const DcpChunk& c = e.chunks[a];
-      std::string file;
-      std::optional<uint64_t> off;
-      where(c, file, off);
-      if (c.offsets.size() != e.size.size() || c.sizes.size() != e.size.size())
-        fail(ErrorCode::kCorrupt,
-             "a chunk at " + dims(c.offsets) + " of size " + dims(c.sizes) + " has not the " +
-                 std::to_string(e.size.size()) + " dimensions of the tensor " + dims(e.size),
-             file, e.fqn, off);
-      uint64_t vol = 1;
-      for (size_t d = 0; d < e.size.size(); ++d) {
-        if (c.offsets[d] > e.size[d] || c.sizes[d] > e.size[d] - c.offsets[d])
-          fail(ErrorCode::kCorrupt,
-               "the chunk at " + dims(c.offsets) + " of size " + dims(c.sizes) +
-                   " falls outside the tensor " + dims(e.size),
-               file, e.fqn, off);
-        vol *= static_cast<uint64_t>(c.sizes[d]);
-      }
-      if (vol == 0) continue;
-      covered += vol;
-      for (size_t b = 0; b < a; ++b) {
-        const DcpChunk& o = e.chunks[b];
-        bool meet = true;
-        for (size_t d = 0; d < e.size.size() && meet; ++d)
-          meet = c.offsets[d] < o.offsets[d] + o.sizes[d] && o.offsets[d] < c.offsets[d] + c.sizes[d] &&
-                 o.sizes[d] > 0;
-        if (meet)
-          fail(ErrorCode::kCorrupt,
-               "the chunk at " + dims(c.offsets) + " of size " + dims(c.sizes) +
-                   " overlaps the chunk at " + dims(o.offsets) + " of size " + dims(o.sizes),
-               file, e.fqn, off);
-      }
-    }
-    if (covered != numel)
+      fail(code, what, file, e.fqn, off);
+    });
+  }
+
+  // Two items that share bytes of a data file would each load their own copy of them (a folder
+  // of a few megabytes could make gigabytes): torch writes every item once, so it is corrupt.
+  void refuse_shared_bytes() const {
+    std::vector<DcpItemRange> ranges(md_.storage.size());
+    for (size_t i = 0; i < ranges.size(); ++i)
+      ranges[i] = {item_file_[i], md_.storage[i].offset, md_.storage[i].length, i};
+    if (auto two = shared_bytes(std::move(ranges))) {
+      const DcpStorage& a = md_.storage[two->first];
+      const DcpStorage& b = md_.storage[two->second];
       fail(ErrorCode::kCorrupt,
-           "the chunks cover " + std::to_string(covered) + " of the " + std::to_string(numel) +
-               " elements of the tensor " + dims(e.size) + ": a hole",
-           {}, e.fqn);
+           "the item of " + std::to_string(b.length) + " bytes at offset " +
+               std::to_string(b.offset) + " overlaps the item of '" + a.fqn + "' (" +
+               std::to_string(a.length) + " bytes at offset " + std::to_string(a.offset) +
+               "): two items share bytes",
+           file_name(two->second), b.fqn, b.offset);
+    }
   }
 
   uint64_t mul(uint64_t a, uint64_t b, const std::string& fqn) const {
@@ -272,6 +261,8 @@ class Opener {
   void place(const ValuePtr& root, const DcpEntry& e, ValuePtr v) const;
 
   OpenOptions options_;
+  bool remote_ = false;
+  std::shared_ptr<DataFiles> files_ = data_files();
   std::shared_ptr<DcpLayout> layout_;
   std::string meta_name_;
   DcpMetadata md_;
@@ -349,7 +340,7 @@ void Opener::build(CheckpointModel& m) {
         std::vector<uint32_t> files;
         for (const DcpPiece& p : layout_->pieces[n.storage]) files.push_back(p.file);
         if (files.empty()) files.push_back(0);
-        layout_->tensor_files.push_back(std::move(files));
+        m.tensor_files.push_back(std::move(files));
         m.tensors.push_back(std::move(n));
       }
       ValuePtr v = b.root ? b.root->clone(options_.limits.max_pickle_depth) : Value::none();
@@ -417,7 +408,7 @@ void Opener::build(CheckpointModel& m) {
     t.strides = contiguous_strides(e.size);
     t.storage = s;
     if (files.empty()) files.push_back(0);
-    layout_->tensor_files.push_back(std::move(files));
+    m.tensor_files.push_back(std::move(files));
     m.tensors.push_back(std::move(t));
     place(root, e, Value::tensor(m.tensors.size() - 1));
   }
@@ -426,14 +417,7 @@ void Opener::build(CheckpointModel& m) {
 
 }  // namespace
 
-bool is_dcp_folder(const std::string& path) {
-  if (is_url(path)) return path.back() == '/';
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return false;
-  return ::stat(join(path, ".metadata").c_str(), &st) == 0;
-}
-
-Checkpoint open_dcp(const std::string& dir, const OpenOptions& options) {
+std::shared_ptr<CheckpointModel> open_dcp(const std::string& dir, const OpenOptions& options) {
   return Opener(dir, options).open();
 }
 
