@@ -62,7 +62,9 @@ class PyExchange final : public RankExchange {
       auto out = pyb::memoryview::from_memory(all.data(), static_cast<ssize_t>(all.size()), false);
       fn_(in, out);
     } catch (pyb::error_already_set& e) {
-      throw std::runtime_error(e.what());
+      // The exception's type and text, not its traceback.
+      throw std::runtime_error(std::string(pyb::str(e.type().attr("__name__"))) + ": " +
+                               std::string(pyb::str(e.value())));
     }
   }
 
