@@ -27,6 +27,19 @@ class UnsupportedError(Error): ...
 class LimitExceededError(Error): ...
 class InvalidArgumentError(Error, ValueError): ...
 class AuthError(Error): ...
+class RankError(IoError):
+    rank: Optional[int]
+    tensor: str
+
+class Shard:
+    dim: int
+    def __init__(self, dim: int) -> None: ...
+class Replicate:
+    def __init__(self) -> None: ...
+class Box:
+    begin: List[int]
+    end: List[int]
+    def __init__(self, begin: Sequence[int], end: Sequence[int]) -> None: ...
 
 class Global:
     module: str
@@ -70,7 +83,8 @@ _Progress = Union[None, bool, Callable[[int, int], Any]]
 def load(f: Union[_Path, IO[bytes]], *, map_location: Any = ..., mmap: bool = ...,
          verify: bool = ..., strict: bool = ..., key: _Key = ...,
          password: Optional[str] = ..., weights_only: Optional[bool] = ...,
-         progress: _Progress = ...) -> Any: ...
+         progress: _Progress = ..., plan: Any = ..., group: Any = ...,
+         timeout: Optional[float] = ..., exchange_budget: int = ...) -> Any: ...
 def save(obj: Any, f: Union[_Path, IO[bytes]], *, format: Optional[str] = ...,
          metadata: Optional[Mapping[str, str]] = ..., fsync: bool = ...,
          progress: _Progress = ..., align: Optional[int] = ..., copy_shared: bool = ...,
