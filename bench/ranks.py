@@ -7,7 +7,7 @@ one run, for 1, 2 and 4 ranks (torchrun, gloo on the CPU) on one safetensors fil
                    read once across the group and all-gathered (gloo)
   ckpt-shard0      ckpt.load(path, plan={"*": ckpt.Shard(0)}): each rank its rows only
   torch-slice      torch.load(path-as-.pt, mmap=False) + torch.chunk(..)[rank] on every rank
-  st-get_slice     safetensors safe_open + get_slice(name)[rows] on every rank
+  st-get_slice     safetensors safe_open + get_slice(name)[rows].clone() on every rank
 Bytes: ckpt's counter (ckpt._ranks.bytes_read); for torch and safetensors, /proc/self/io rchar
 (read() calls; safetensors maps the file, so its pages read are not counted there: shown as -).
 The page cache is warm for every method (the file is read once before timing).
@@ -56,7 +56,8 @@ else:
             s = f.get_slice(k)
             n = s.get_shape()[0]
             c = (n + world - 1) // world
-            sd[k] = s[min(n, rank * c):min(n, (rank + 1) * c)]
+            # clone(): a slice may stay a view of the mapping; its pages are read here.
+            sd[k] = s[min(n, rank * c):min(n, (rank + 1) * c)].clone()
 t = time.perf_counter() - t0
 got = {"seconds": t, "ckpt_bytes": _ranks.bytes_read() - b0, "rchar": rchar() - r0}
 dist.barrier()
