@@ -44,6 +44,7 @@ LAYERS = {
     "src/formats/dcp": 4,          # torch.distributed.checkpoint .metadata
     "src/load": 5,
     "src/api": 6,
+    "src/ranks": 7,                # rank plans and the group load (public API only)
     "src/convert": 7,
     "tools": 8,
     "python": 8,

@@ -31,6 +31,7 @@
 #include "ckpt/onnx_types.h"
 #include "ckpt/options.h"
 #include "ckpt/prepack.h"
+#include "ckpt/rank_plan.h"
 #include "ckpt/remote.h"
 #include "ckpt/safetensors.h"
 #include "ckpt/sink.h"

@@ -38,6 +38,14 @@ struct SourceStats {
   std::atomic<uint64_t> requests{0};
 };
 
+// Bytes read through every ByteSource of this process so far: the sum of their
+// SourceStats::bytes (views of a mapping counted when handed out), never reset. Tests and
+// benchmarks compare it before and after a load (how many bytes a rank read).
+uint64_t process_bytes_read() noexcept;
+namespace internal {
+void count_process_bytes(uint64_t bytes) noexcept;
+}
+
 class ByteSource;
 
 // The optional capability of a source whose bytes all sit in this process's memory (a file
@@ -124,6 +132,7 @@ class ByteSource {
   void count(uint64_t bytes) const {
     stats_.reads.fetch_add(1, std::memory_order_relaxed);
     stats_.bytes.fetch_add(bytes, std::memory_order_relaxed);
+    internal::count_process_bytes(bytes);
   }
   // Throws Error{kTruncated} naming this source if [offset, offset+len) is not inside it.
   void check_range(uint64_t offset, uint64_t len) const;

@@ -29,6 +29,8 @@ from ._errors import (AuthError, CorruptError, Error, ForbiddenGlobalError, Inva
                       TruncatedError, UnsupportedError, error)
 from ._save import _key, _Progress, load_model, save, save_file, save_model
 from ._tree import Global, Opaque, OpaqueDict
+from . import _ranks
+from ._ranks import Box, RankError, Replicate, Shard
 
 # Large checkpoints are freed on a background thread (python/src/reaper.cc); wait for them at exit.
 atexit.register(_ckpt.drain_reaped)
@@ -40,7 +42,7 @@ __all__ = [
     "Opaque", "Global", "OpaqueDict", "Error", "IoError", "NotFoundError", "TruncatedError",
     "CorruptError", "UnsupportedError", "LimitExceededError", "InvalidArgumentError",
     "AuthError", "ForbiddenGlobalError", "NotACheckpointDirError", "set_kept_memory_limit",
-    "release_kept_memory", "kept_memory",
+    "release_kept_memory", "kept_memory", "Shard", "Replicate", "Box", "RankError",
 ]
 
 TensorInfo = collections.namedtuple(
@@ -234,7 +236,8 @@ def _loader(fw):
 
 
 def load(f, map_location="cpu", pickle_module=None, *, weights_only=None, mmap=None,
-         verify=False, strict=False, key=None, password=None, progress=None, encoding=None):
+         verify=False, strict=False, key=None, password=None, progress=None, encoding=None,
+         plan=None, group=None, timeout=None, exchange_budget=64 << 20):
     """Load a checkpoint: returns what ``torch.load(f)`` returns, without running any code.
 
     f: a path (str or os.PathLike), a URL (http://, https://, s3://bucket/key: ranged requests,
@@ -274,6 +277,15 @@ def load(f, map_location="cpu", pickle_module=None, *, weights_only=None, mmap=N
       held; an exception it raises stops the load and is raised by it), or True for a tqdm bar
       on stderr (a plain percentage line when tqdm is not installed).
 
+    plan / group: load across ranks (python/ckpt/_ranks.py): this rank's part of each tensor as
+      `plan` places it (a dict of glob or "re:" patterns -> ckpt.Shard(dim) / ckpt.Replicate() /
+      ckpt.Box or torch.distributed.tensor placements, a callable (name, shape, dtype) ->
+      placement, or one placement for all; unmatched tensors are replicated), over `group` (a
+      torch.distributed process group or a 1-D DeviceMesh; default: the world when
+      initialized). Returns a flat dict of plain tensors; Replicate bytes are read once across
+      the group and all-gathered in rounds of `exchange_budget` bytes; a collective that fails or
+      waits past `timeout` seconds raises ckpt.RankError naming the rank and the tensor.
+
     Tensors are torch tensors when torch can be imported, else numpy arrays. Storages shared in
     the file stay shared; Parameters, requires_grad, torch.Size, OrderedDict (with _metadata)
     and quantized tensors come back as torch makes them. Bytes move with the GIL released.
@@ -283,6 +295,10 @@ def load(f, map_location="cpu", pickle_module=None, *, weights_only=None, mmap=N
     _torch_load_args(pickle_module, encoding)
     strict = bool(strict or weights_only)
     source = _source(f)
+    if plan is not None or group is not None:
+        ck = _open_source(source, strict, key, password, mmap=False)
+        return _ranks.load(ck, plan, group, _device(map_location, "torch"), verify, timeout,
+                           exchange_budget)
     fw = _framework(None)
     map_location = _resolve_location(map_location, source, strict, key, password, fw)
     device = _device(map_location, fw)

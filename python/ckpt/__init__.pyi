@@ -30,6 +30,19 @@ class InvalidArgumentError(Error, ValueError): ...
 class AuthError(Error): ...
 class ForbiddenGlobalError(UnsupportedError, pickle.UnpicklingError): ...
 class NotACheckpointDirError(InvalidArgumentError, IsADirectoryError): ...
+class RankError(IoError):
+    rank: Optional[int]
+    tensor: str
+
+class Shard:
+    dim: int
+    def __init__(self, dim: int) -> None: ...
+class Replicate:
+    def __init__(self) -> None: ...
+class Box:
+    begin: List[int]
+    end: List[int]
+    def __init__(self, begin: Sequence[int], end: Sequence[int]) -> None: ...
 
 class Global:
     module: str
@@ -74,7 +87,8 @@ def load(f: Union[_Path, IO[bytes]], map_location: Any = ..., pickle_module: Any
          weights_only: Optional[bool] = ..., mmap: Optional[bool] = ...,
          verify: bool = ..., strict: bool = ..., key: _Key = ...,
          password: Optional[str] = ..., progress: _Progress = ...,
-         encoding: Optional[str] = ...) -> Any: ...
+         encoding: Optional[str] = ..., plan: Any = ..., group: Any = ...,
+         timeout: Optional[float] = ..., exchange_budget: int = ...) -> Any: ...
 def save(obj: Any, f: Union[_Path, IO[bytes]], *, format: Optional[str] = ...,
          metadata: Optional[Mapping[str, str]] = ..., fsync: bool = ...,
          progress: _Progress = ..., align: Optional[int] = ..., copy_shared: bool = ...,

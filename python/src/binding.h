@@ -120,6 +120,7 @@ void bind_checkpoint(pyb::module_& m);  // _ckpt.Checkpoint
 void bind_load(pyb::module_& m);        // _ckpt.load, _ckpt.load_checkpoint
 void bind_save(pyb::module_& m);        // _ckpt.save_torch, save_safetensors, save_tensorizer
 void bind_process(pyb::module_& m);     // kept memory, reaping, error exit statuses
+void bind_ranks(pyb::module_& m);       // _ckpt.load_ranks, _ckpt.resolve_ranks (ranks.cc)
 // Spans of every storage in `which` (None for the rest), a writable view or owned memory each:
 // a read-only view (a sharded set's shards, which the library maps itself) is copied.
 pyb::list storage_spans(const Checkpoint& c, const std::vector<size_t>& which,

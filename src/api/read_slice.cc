@@ -1,17 +1,56 @@
-// Checkpoint::read_slice: a box of a tensor, and the default of CheckpointKind::read_slice (load
-// the tensor, copy the box out with copy_box, util/box.h).
+// Checkpoint::read_slice: a box of a tensor, with the copy every kind uses (copy_box) and the
+// default of CheckpointKind::read_slice: a set hands the box to the file that holds the tensor;
+// a raw storage reads only the box's byte runs (rows along dim 0 are one read); anything else
+// (decoded, byte-swapped, verified, strided) loads the tensor and copies the box out.
+
+#include <algorithm>
+#include <cstring>
 
 #include "api/checkpoint_impl.h"
 #include "api/checkpoint_kind.h"
+#include "load/plan.h"
 #include "util/box.h"
 
 namespace ckpt {
 namespace internal {
 
+namespace {
+
+// Reads the box's runs straight into dst where tensor t's bytes lie raw in the model's source:
+// false (nothing read) where they do not.
+bool read_raw_box(const CheckpointModel& m, size_t t, std::span<const int64_t> begin,
+                  std::span<const int64_t> end, std::span<std::byte> dst,
+                  const LoadOptions& options) {
+  const TensorInfo& info = m.tensors[t];
+  const StorageInfo& si = m.storages[info.storage];
+  if (si.offset == kNoOffset || si.byteswap || si.meta || !info.is_contiguous()) return false;
+  if (options.verify && si.crc32) return false;  // a CRC covers the whole storage
+  if (route_of(m, info.storage, options, false) != Route::kRead) return false;
+  std::vector<ByteRun> runs = box_runs(info.shape, begin, end, dtype_size(info.dtype));
+  std::vector<ReadRequest> reqs;
+  reqs.reserve(runs.size());
+  uint64_t at = 0;
+  for (const ByteRun& r : runs) {
+    reqs.push_back({si.offset + info.byte_offset() + r.offset, dst.subspan(at, r.length)});
+    at += r.length;
+  }
+  m.source->read_batch(reqs);
+  return true;
+}
+
+}  // namespace
+
 void CheckpointKind::read_slice(size_t t, std::span<const int64_t> begin,
                                 std::span<const int64_t> end, std::span<std::byte> dst,
                                 const LoadOptions& options) const {
   const TensorInfo& info = model().tensors[t];
+  if (const auto& p = parts(); !p.empty()) {
+    // A set: the part that holds the tensor, under its own name there.
+    const Checkpoint& part = p[files_of(t)[0]];
+    if (auto local = part.find(info.name)) return part.read_slice(*local, begin, end, dst, options);
+  } else if (read_raw_box(model(), t, begin, end, dst, options)) {
+    return;
+  }
   std::vector<std::byte> all(info.nbytes());
   read_into(t, all, options);
   const std::vector<int64_t> zero(info.shape.size(), 0);

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <mutex>
@@ -13,6 +14,16 @@
 #include "ckpt/error.h"
 
 namespace ckpt {
+
+namespace {
+std::atomic<uint64_t> g_process_bytes{0};
+}
+
+uint64_t process_bytes_read() noexcept { return g_process_bytes.load(std::memory_order_relaxed); }
+
+void internal::count_process_bytes(uint64_t bytes) noexcept {
+  g_process_bytes.fetch_add(bytes, std::memory_order_relaxed);
+}
 
 void ByteSource::check_range(uint64_t offset, uint64_t len) const {
   if (offset > size() || len > size() - offset)

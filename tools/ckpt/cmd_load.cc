@@ -1,6 +1,7 @@
 // ckpt load FILE [--mode eager|mmap|stream] [--device cuda:N [--gds]] [--budget-mb N] [--verify] [--json]: loads every
 // tensor once and reports time, throughput and this process's peak RSS (used by `ckpt bench` to
-// measure memory in a fresh process).
+// measure memory in a fresh process). With --rank/--world/--plan: the dry run of one rank's
+// load (rank_plan_print.cc).
 
 #include <sys/resource.h>
 #include <zlib.h>
@@ -11,6 +12,7 @@
 
 #include "common.h"
 #include "progress.h"
+#include "rank_plan_print.h"
 
 namespace ckpt::cli {
 
@@ -25,6 +27,7 @@ void add_load(CLI::App& app) {
     double staging_mb = 256;
     Common common;
     ProgressMode progress = ProgressMode::kAuto;
+    RankDryRun ranks;
   };
   auto o = std::make_shared<Opts>();
   auto* cmd = app.add_subcommand("load", "load every tensor once; report time and peak memory");
@@ -50,9 +53,21 @@ void add_load(CLI::App& app) {
                 "with --json: CRC32 of each tensor's elements (row-major), by name, to compare "
                 "load paths with each other and with torch")
       ->needs(json);
+  auto* rank = cmd->add_option("--rank", o->ranks.rank, "dry run: this rank (default 0)")
+                   ->check(at_least(0));
+  auto* world = cmd->add_option("--world", o->ranks.world, "dry run: ranks in the group")
+                    ->check(more_than(0));
+  auto* plan = cmd->add_option("--plan", o->ranks.plan_file,
+                               "dry run: a JSON plan of pattern -> \"shard:DIM\" or "
+                               "\"replicate\"; prints each tensor's box and byte ranges for "
+                               "--rank and the bytes it would read, and reads none");
   add_common(*cmd, o->common);
   add_progress_flags(*cmd, o->progress);
-  cmd->callback([o] {
+  cmd->callback([o, rank, world, plan] {
+    if (*rank || *world || *plan) {
+      o->ranks.json = o->json;
+      return print_rank_plan(o->files, o->common, o->ranks);
+    }
     o->common.download_whole = true;  // every byte is read: a server without ranges is no obstacle
     o->file = files_name(o->files);
     double t0 = now_seconds();

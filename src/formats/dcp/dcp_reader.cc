@@ -11,7 +11,9 @@
 #include <exception>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
+#include <unordered_map>
 
 #include "ckpt/remote.h"
 #include "formats/dcp/dcp_checks.h"
@@ -270,7 +272,20 @@ class Opener {
   std::vector<uint32_t> item_file_;  // per storage item: its data file
   std::vector<Job> jobs_;
   std::vector<std::shared_ptr<CheckpointModel>> opened_;
+  // The entries of each dict place() walks: key text -> entry number. A dict's entries only grow
+  // while the tree is built, and a dict is indexed from its own entries the first time it is met
+  // (a bytes item's value may bring some), so a lookup costs O(1), not a scan per key.
+  mutable std::unordered_map<const Value*, std::unordered_map<std::string, size_t>> dict_index_;
 };
+
+namespace {
+// A dict key as text for dict_index_ ("s" + a string, "i" + an int); nullopt for other kinds.
+std::optional<std::string> key_text(const Value& k) {
+  if (k.kind() == Value::Kind::kString) return "s" + k.str();
+  if (k.kind() == Value::Kind::kInt) return "i" + std::to_string(k.as_int());
+  return std::nullopt;
+}
+}  // namespace
 
 // Puts v where torch's set_element would: along planner_data's path (dicts for string keys,
 // lists padded with None for int keys), else under the flat key.
@@ -281,9 +296,15 @@ void Opener::place(const ValuePtr& root, const DcpEntry& e, ValuePtr v) const {
   }
   auto slot = [&](const ValuePtr& cur, const ValuePtr& key, bool create_list) -> ValuePtr* {
     if (cur->is_dict()) {
-      for (auto& [k, val] : cur->entries())
-        if (k->kind() == key->kind() && (key->kind() == Value::Kind::kString ? k->str() == key->str() : k->as_int() == key->as_int()))
-          return &val;
+      std::optional<std::string> text = key_text(*key);
+      if (!text) fail(ErrorCode::kCorrupt, "planner_data's path holds a key that is neither a string nor an int", {}, e.fqn);
+      auto [pos, first_visit] = dict_index_.try_emplace(cur.get());
+      auto& index = pos->second;
+      if (first_visit)
+        for (size_t i = 0; i < cur->entries().size(); ++i)
+          if (std::optional<std::string> t = key_text(*cur->entries()[i].first)) index.try_emplace(*t, i);
+      auto [it, fresh] = index.try_emplace(*text, cur->entries().size());
+      if (!fresh) return &cur->entries()[it->second].second;
       cur->entries().emplace_back(key, nullptr);
       return &cur->entries().back().second;
     }
