@@ -23,7 +23,7 @@ np = pytest.importorskip("numpy")
 st = pytest.importorskip("safetensors.numpy")
 
 TENSORS, NUMEL = 48, 32768  # 48 float32 tensors of 128 KiB: 48 shards of one tensor each
-KILLS = int(os.environ.get("CKPT_SHARD_KILLS", "20"))
+KILLS = int(os.environ.get("CKPT_SHARD_KILLS", "12"))
 SHARD = str(NUMEL * 4)
 
 
