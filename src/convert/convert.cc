@@ -45,8 +45,7 @@ std::unique_ptr<ConvertOutput> open_output(const Destination& d, const internal:
   if (d.sink) return internal::one_file_output(*d.sink, nullptr, total, o);
   if (caps.several_files) return internal::folder_output(d.path, o);
   if (shards)
-    return std::make_unique<internal::ShardFiles>(shards->names.dir, shards->names.index, total,
-                                                  o);
+    return std::make_unique<internal::ShardFiles>(shards->names.dir, shards->names.index, total, o);
   if (is_url(d.path)) {
     if (caps.patches) return internal::upload_via_file(d.path, total, o);
     std::unique_ptr<ByteSink> upload = create_s3_sink(d.path, o.remote);
@@ -55,8 +54,8 @@ std::unique_ptr<ConvertOutput> open_output(const Destination& d, const internal:
   }
   // A set of one is the one file, in folders made for it as for a set.
   const bool one_of_set = o.max_shard_size != 0;
-  return internal::file_output(
-      one_of_set ? internal::shard_names(d.path, caps).one_file : d.path, total, o, one_of_set);
+  return internal::file_output(one_of_set ? internal::shard_names(d.path, caps).one_file : d.path,
+                               total, o, one_of_set);
 }
 
 // The local files the output will replace, each refused when it is one of the input's.
@@ -135,9 +134,8 @@ ConvertReport convert(const Checkpoint& c, const std::string& out_path,
                       const ConvertOptions& options) try {
   ConvertOptions o = options;
   if (std::holds_alternative<std::monostate>(o.target))
-    o.target = default_target(
-        convert_format_for_path(o.max_shard_size ? internal::shard_names(out_path, {}).one_file
-                                                 : out_path));
+    o.target = default_target(convert_format_for_path(
+        o.max_shard_size ? internal::shard_names(out_path, {}).one_file : out_path));
   const bool folder = target_format_info(target_format(o.target)).folder;
   if (is_url(out_path) && (folder || o.max_shard_size))
     throw Error(ErrorCode::kInvalidArgument,

@@ -75,9 +75,8 @@ class UploadViaFile final : public ConvertOutput {
   UploadViaFile(const std::string& url, uint64_t total, const ConvertOptions& o)
       : upload_(create_s3_sink(url, o.remote)) {
     const char* dir = std::getenv("TMPDIR");
-    tmp_ = std::string(dir && *dir ? dir : "/tmp") + "/.ckpt-upload-" +
-           std::to_string(::getpid()) + "-" +
-           std::to_string(reinterpret_cast<uintptr_t>(upload_.get())) + ".tensors";
+    tmp_ = std::string(dir && *dir ? dir : "/tmp") + "/.ckpt-upload-" + std::to_string(::getpid()) +
+           "-" + std::to_string(reinterpret_cast<uintptr_t>(upload_.get())) + ".tensors";
     std::unique_ptr<ByteSink> sink = create_file_sink(tmp_, FileSinkOptions{false, false});
     ByteSink& s = *sink;
     local_.emplace(s, std::move(sink), total, o);

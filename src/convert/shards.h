@@ -20,7 +20,7 @@ namespace ckpt::internal {
 struct ShardNames {
   std::string one_file;  // the output's name without ".index.json": the one file of a set of one
   std::filesystem::path dir;
-  std::string stem, ext, index;  // index: the index's file name
+  std::string stem, ext, index;                 // index: the index's file name
   std::string shard(size_t k, size_t n) const;  // shard k (0-based) of n: its file name
 };
 ShardNames shard_names(const std::string& out_path, const WriterCaps& caps);

@@ -28,17 +28,21 @@ struct Setting {
   bool (*given)(const TargetSettings&);
 };
 constexpr Setting kSettings[] = {
-    {kAlignment, "TargetSettings::alignment", [](const TargetSettings& s) { return s.alignment != 0; }},
-    {kCopyShared, "TargetSettings::copy_shared", [](const TargetSettings& s) { return s.copy_shared; }},
+    {kAlignment, "TargetSettings::alignment",
+     [](const TargetSettings& s) { return s.alignment != 0; }},
+    {kCopyShared, "TargetSettings::copy_shared",
+     [](const TargetSettings& s) { return s.copy_shared; }},
     {kMeta, "TargetSettings::meta", [](const TargetSettings& s) { return s.meta.has_value(); }},
     {kDigests, "TargetSettings::store_digests",
      [](const TargetSettings& s) { return s.store_digests; }},
     {kEncryption, "TargetSettings::encryption",
      [](const TargetSettings& s) { return s.encryption.enabled(); }},
-    {kDcpFiles, "TargetSettings::dcp_files", [](const TargetSettings& s) { return s.dcp_files != 0; }},
+    {kDcpFiles, "TargetSettings::dcp_files",
+     [](const TargetSettings& s) { return s.dcp_files != 0; }},
 };
 
-constexpr std::string_view kPtNames[] = {"pt", "torch"}, kPtExt[] = {".pt", ".pth", ".bin", ".ckpt"};
+constexpr std::string_view kPtNames[] = {"pt", "torch"},
+                           kPtExt[] = {".pt", ".pth", ".bin", ".ckpt"};
 constexpr std::string_view kStNames[] = {"safetensors"}, kStExt[] = {".safetensors"};
 constexpr std::string_view kTzNames[] = {"tensorizer"}, kTzExt[] = {".tensors"};
 constexpr std::string_view kDcpNames[] = {"dcp"};
@@ -50,7 +54,8 @@ struct Row {
 };
 
 const Row kRows[] = {
-    {{ConvertFormat::kTorch, "pt", kPtNames, kPtExt, false, true}, kAlignment,
+    {{ConvertFormat::kTorch, "pt", kPtNames, kPtExt, false, true},
+     kAlignment,
      [](const TargetSettings& s) -> ConvertTarget {
        PtTarget t;
        t.alignment = s.alignment;
@@ -66,9 +71,11 @@ const Row kRows[] = {
        t.store_digests = s.store_digests;
        return t;
      }},
-    {{ConvertFormat::kTensorizer, "tensorizer", kTzNames, kTzExt, false, false}, kEncryption,
+    {{ConvertFormat::kTensorizer, "tensorizer", kTzNames, kTzExt, false, false},
+     kEncryption,
      [](const TargetSettings& s) -> ConvertTarget { return TensorizerTarget{s.encryption}; }},
-    {{ConvertFormat::kDcp, "dcp", kDcpNames, {}, true, false}, kDcpFiles,
+    {{ConvertFormat::kDcp, "dcp", kDcpNames, {}, true, false},
+     kDcpFiles,
      [](const TargetSettings& s) -> ConvertTarget {
        DcpTarget t;
        if (s.dcp_files) t.files = s.dcp_files;
@@ -176,10 +183,10 @@ ConvertFormat convert_format_for_path(const std::string& path) {
     }
   std::string all = format_list();
   all.replace(all.rfind(" and "), 5, " or ");
-  throw Error(ErrorCode::kInvalidArgument,
-              "cannot tell the output format from '" + ext + "' (" + known + "); name it (" + all +
-                  ")",
-              path);
+  throw Error(
+      ErrorCode::kInvalidArgument,
+      "cannot tell the output format from '" + ext + "' (" + known + "); name it (" + all + ")",
+      path);
 }
 
 ConvertTarget parse_target(std::string_view format_or_path, const TargetSettings& settings) {
@@ -194,9 +201,9 @@ ConvertTarget parse_target(std::string_view format_or_path, const TargetSettings
   // format does not do.
   for (const Setting& s : kSettings)
     if (s.given(settings) && !(r->owns & s.bit))
-      throw Error(ErrorCode::kInvalidArgument,
-                  std::string(s.name) + " is only available for " + format_list(s.bit) +
-                      " output, not " + std::string(r->info.name));
+      throw Error(ErrorCode::kInvalidArgument, std::string(s.name) + " is only available for " +
+                                                   format_list(s.bit) + " output, not " +
+                                                   std::string(r->info.name));
   return r->make(settings);
 }
 
