@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -37,6 +38,22 @@ enum class ConvertFormat {
   kTensorizer,
   kDcp,          // a torch.distributed.checkpoint folder (never from a path: name it)
 };
+
+// The table of target formats (src/convert/target_format.cc): one row per format. Every answer
+// about a format below (its name, the format a name or an extension gives, which settings apply)
+// comes from it.
+struct TargetFormatInfo {
+  ConvertFormat format;
+  std::string_view name;                         // "pt" (convert_format_name)
+  std::span<const std::string_view> names;       // what parse_convert_format takes: "pt", "torch"
+  std::span<const std::string_view> extensions;  // ".pt" ...; none for a folder (named only)
+  bool folder;                                   // a folder of files (ConvertReport::files)
+  bool shards;                                   // ConvertOptions::max_shard_size applies
+};
+// The rows, in the order pt, safetensors, tensorizer, dcp.
+std::span<const TargetFormatInfo> target_formats() noexcept;
+// The row of `format`; Error{kInvalidArgument} for kAuto.
+const TargetFormatInfo& target_format_info(ConvertFormat format);
 
 // "pt", "safetensors", "tensorizer", "dcp" ("auto" for kAuto).
 const char* convert_format_name(ConvertFormat format) noexcept;
@@ -133,6 +150,7 @@ MetaTensors parse_meta_tensors(std::string_view name);
 
 // A torch.save zip (.pt .pth .bin .ckpt).
 struct PtTarget {
+  static constexpr ConvertFormat kFormat = ConvertFormat::kTorch;
   uint32_t alignment = 0;    // payload alignment (0 = 64; a power of two below 64 KiB)
   // The zip's folder name. Empty: the output file name up to its first dot (as torch.save);
   // "archive" for the sink overload.
@@ -141,6 +159,7 @@ struct PtTarget {
 
 // safetensors (.safetensors).
 struct SafetensorsTarget {
+  static constexpr ConvertFormat kFormat = ConvertFormat::kSafetensors;
   // The data buffer starts at a multiple of it (0 = 8; a power of two up to 1 GiB; 4096 gives
   // page-aligned data).
   uint32_t alignment = 0;
@@ -157,6 +176,7 @@ struct SafetensorsTarget {
 
 // tensorizer (.tensors).
 struct TensorizerTarget {
+  static constexpr ConvertFormat kFormat = ConvertFormat::kTensorizer;
   ConvertEncryption encryption;  // none by default
 };
 
@@ -166,6 +186,7 @@ struct TensorizerTarget {
 // all; an existing non-empty folder is refused). The whole object tree is written (non-tensor
 // values as bytes items); tied and shared tensors are written once per key.
 struct DcpTarget {
+  static constexpr ConvertFormat kFormat = ConvertFormat::kDcp;
   // Data files, as that many ranks would write them: each tensor cut along its first dimension
   // as DTensor's Shard(0) cuts it (DcpSaveOptions::files). 1 to 4096.
   uint32_t files = 1;
@@ -180,6 +201,24 @@ using ConvertTarget =
 ConvertFormat target_format(const ConvertTarget& target) noexcept;
 // A target of `format` with its default options (std::monostate for kAuto).
 ConvertTarget default_target(ConvertFormat format) noexcept;
+
+// The settings of a target as a caller's flags or keywords give them (the CLI's --align,
+// Python's alignment=). Each belongs to the formats that have it; an unset one (0, false,
+// nullopt, no encryption) is the format's default.
+struct TargetSettings {
+  uint32_t alignment = 0;           // pt, safetensors (PtTarget / SafetensorsTarget::alignment)
+  bool copy_shared = false;         // safetensors
+  std::optional<MetaTensors> meta;  // safetensors
+  bool store_digests = false;       // safetensors
+  ConvertEncryption encryption;     // tensorizer
+  uint32_t dcp_files = 0;           // dcp
+};
+// The target of a format and settings. `format_or_path`: a format name (parse_convert_format)
+// or an output path whose extension names the format (convert_format_for_path; a trailing
+// ".index.json" is ignored). A setting given for a format that does not have it is refused,
+// never ignored: Error{kInvalidArgument} "TargetSettings::meta is only available for safetensors
+// output, not pt" (the CLI and the Python module put their flag or keyword in its place).
+ConvertTarget parse_target(std::string_view format_or_path, const TargetSettings& settings = {});
 
 struct ConvertOptions {
   ConvertTarget target;

@@ -4,12 +4,14 @@
 // not implement them: reserve() (a size hint) and write_sliced() (a large block written in slices,
 // possibly from two threads, with a callback per slice for the caller's checksum).
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace ckpt {
@@ -62,7 +64,8 @@ class ByteSink {
 struct FileSinkOptions {
   bool atomic = true;  // write "<dir>/.<name>.tmp-XXXXXX", rename on commit
   bool fsync = true;   // fsync file and folder on commit
-  // Mode 0600 (key files): only the owner may read it, from its creation on. Else 0666 & ~umask.
+  // Mode 0600 (key files): only the owner may read it, from its creation on. Else 0666 & ~umask,
+  // or (atomic) the permission bits of the file it replaces.
   bool owner_only = false;
   // false: never replace an existing file (key files): commit() (or, when not atomic, the
   // creation) throws Error{kInvalidArgument} naming the file when one exists by then, and leaves
@@ -116,6 +119,48 @@ void remove_temporaries_now() noexcept;
 // same rules, with the three signals blocked while it runs (the ckpt CLI's exits 128 + signal).
 void install_signal_cleanup();
 void install_signal_cleanup(void (*handler)(int));
+
+// A sink that counts the bytes written through it for a progress callback and passes everything
+// on to `inner` (reserve() and write_sliced() included, so that the inner sink's fast paths stay
+// in use): what convert() reports through ConvertOptions::progress, what the CLI's progress line
+// and the Python module's progress= callbacks draw. `fn(done, total)` runs on the thread that
+// made the sink only (never on a sink's helper thread), at most once per `every`, with `done`
+// never going back and `total` raised to `done` when the bytes pass it; a large write is passed
+// on in 8 MiB pieces so that progress moves through it. finish() makes the last call, with
+// done == total == base + position(). `base`: bytes written before this sink (earlier files of
+// one output), added to what it reports. An exception from `fn` propagates from the write.
+class ProgressSink final : public ByteSink {
+ public:
+  using Callback = std::function<void(uint64_t done, uint64_t total)>;
+  ProgressSink(ByteSink& inner, uint64_t total, Callback fn,
+               std::chrono::steady_clock::duration every = std::chrono::milliseconds(100),
+               uint64_t base = 0);
+
+  const std::string& name() const override { return inner_.name(); }
+  void write(std::span<const std::byte> bytes) override;
+  using ByteSink::write;
+  void patch(uint64_t offset, std::span<const std::byte> bytes) override {
+    inner_.patch(offset, bytes);
+  }
+  uint64_t position() const override { return inner_.position(); }
+  void reserve(uint64_t size) override { inner_.reserve(size); }
+  void write_sliced(std::span<const std::byte> bytes, size_t slice,
+                    const SliceVisitor& visit) override;
+  void commit() override { inner_.commit(); }
+  void finish();
+
+ private:
+  void tick(uint64_t done);
+
+  ByteSink& inner_;
+  const uint64_t total_;
+  const uint64_t base_;
+  const Callback fn_;
+  const std::chrono::steady_clock::duration every_;
+  const std::thread::id caller_;
+  std::chrono::steady_clock::time_point last_;
+  uint64_t reported_ = 0;
+};
 
 // A sink in memory; commit() is a no-op. bytes() is valid until the sink dies.
 class MemorySink final : public ByteSink {

@@ -162,29 +162,6 @@ class PyProgress {
   std::string committed_;
 };
 
-// A sink that reports the bytes written through `inner` (total: the expected size, raised if
-// the file grows past it) after each write and at commit.
-class ProgressSink final : public ByteSink {
- public:
-  ProgressSink(std::unique_ptr<ByteSink> inner, PyProgress& progress, uint64_t total);
-  const std::string& name() const override { return inner_->name(); }
-  void write(std::span<const std::byte> bytes) override;
-  void patch(uint64_t offset, std::span<const std::byte> bytes) override {
-    inner_->patch(offset, bytes);
-  }
-  uint64_t position() const override { return inner_->position(); }
-  void reserve(uint64_t size) override { inner_->reserve(size); }
-  void write_sliced(std::span<const std::byte> bytes, size_t slice,
-                    const SliceVisitor& visit) override;
-  void commit() override;
-
- private:
-  void tick();
-  std::unique_ptr<ByteSink> inner_;
-  PyProgress& progress_;
-  uint64_t total_;
-};
-
 // --- tensors (tensors.cc) ---------------------------------------------------------------------
 
 // Small Python values made without pybind11's casts (a tuple of ints; a dtype's name, interned).

@@ -262,49 +262,18 @@ void bind_checks(PyClass& c) {
           o.progress = [&progress](uint64_t done, uint64_t total) {
             progress.report(done, total, done >= total);
           };
-        ConvertFormat to =
-            format.empty() ? convert_format_for_path(dst.ends_with(".index.json")
-                                                         ? dst.substr(0, dst.size() - 11)
-                                                         : dst)
-                           : parse_convert_format(format);
-        // Each keyword belongs to one format; a keyword of another format is refused by name.
-        auto only = [&](bool set, const char* keyword, ConvertFormat owner) {
-          if (set && to != owner)
-            throw Error(ErrorCode::kInvalidArgument,
-                        std::string(keyword) + "= applies to " + convert_format_name(owner) +
-                            " output only, not " + convert_format_name(to),
-                        dst);
-        };
-        only(store_digests, "store_digests", ConvertFormat::kSafetensors);
-        only(copy_shared, "copy_shared", ConvertFormat::kSafetensors);
-        only(meta != "refuse", "meta", ConvertFormat::kSafetensors);
-        only(!key.empty() || !key_file.empty() || !password.empty(), "key/key_file/password",
-             ConvertFormat::kTensorizer);
-        only(dcp_files != 0, "dcp_files", ConvertFormat::kDcp);
-        if (to == ConvertFormat::kTorch) {
-          PtTarget pt;
-          pt.alignment = alignment;
-          o.target = pt;
-        } else if (to == ConvertFormat::kSafetensors) {
-          SafetensorsTarget st;
-          st.alignment = alignment;
-          st.copy_shared = copy_shared;
-          st.meta = parse_meta_tensors(meta);
-          st.store_digests = store_digests;
-          o.target = st;
-        } else if (to == ConvertFormat::kDcp) {
-          only(alignment != 0, "alignment", ConvertFormat::kTorch);
-          DcpTarget dcp;
-          if (dcp_files) dcp.files = dcp_files;
-          o.target = dcp;
-        } else {
-          only(alignment != 0, "alignment", ConvertFormat::kTorch);
-          TensorizerTarget tz;
-          tz.encryption.key = key;
-          tz.encryption.key_file = key_file;
-          tz.encryption.password = password;
-          o.target = tz;
-        }
+        // Keywords become settings; which format owns which, and the refusal of a keyword for
+        // a format without it, are the library's (parse_target).
+        TargetSettings ts;
+        ts.alignment = alignment;
+        ts.copy_shared = copy_shared;
+        if (meta != "refuse") ts.meta = parse_meta_tensors(meta);
+        ts.store_digests = store_digests;
+        ts.encryption.key = key;
+        ts.encryption.key_file = key_file;
+        ts.encryption.password = password;
+        ts.dcp_files = dcp_files;
+        o.target = parse_target(format.empty() ? dst : format, ts);
         o.max_shard_size = max_shard_size;
         ConvertReport r;
         try {

@@ -1,5 +1,6 @@
 // Progress from Python: a callable called with (done, total) bytes while a load or save runs
-// with the GIL released, and a sink that counts the bytes a writer puts in a file.
+// with the GIL released. The bytes a writer puts in a file are counted by ckpt::ProgressSink
+// (include/ckpt/sink.h), as for convert() and the CLI.
 
 #include <chrono>
 #include <string>
@@ -81,32 +82,6 @@ void PyProgress::rethrow() {
     if (!committed_.empty()) mark_committed(e.value(), committed_);
     throw std::move(e);
   }
-}
-
-ProgressSink::ProgressSink(std::unique_ptr<ByteSink> inner, PyProgress& progress, uint64_t total)
-    : inner_(std::move(inner)), progress_(progress), total_(total) {}
-
-void ProgressSink::tick() {
-  const uint64_t pos = inner_->position();
-  progress_.report(std::min(pos, total_), std::max(total_, pos), false);
-}
-
-void ProgressSink::write(std::span<const std::byte> bytes) {
-  inner_->write(bytes);
-  tick();
-}
-
-void ProgressSink::write_sliced(std::span<const std::byte> bytes, size_t slice,
-                                const SliceVisitor& visit) {
-  inner_->write_sliced(bytes, slice, visit);
-  tick();
-}
-
-void ProgressSink::commit() {
-  inner_->commit();
-  progress_.set_committed(inner_->name());
-  const uint64_t pos = inner_->position();
-  progress_.report(pos, pos, true);
 }
 
 }  // namespace ckpt::py

@@ -57,8 +57,15 @@ void write_file(const std::string& path, bool fsync, PyProgress& progress, uint6
     } else {
       FileSinkOptions so;
       so.fsync = fsync;
-      ProgressSink sink(create_file_sink(path, so), progress, total);
-      to_sink(sink);
+      std::unique_ptr<ByteSink> file = create_file_sink(path, so);
+      // PyProgress throttles (and takes the GIL): every write is offered to it.
+      ProgressSink sink(
+          *file, total,
+          [&progress](uint64_t done, uint64_t all) { progress.report(done, all, false); },
+          std::chrono::steady_clock::duration::zero());
+      to_sink(sink);  // commits
+      progress.set_committed(path);
+      progress.report(sink.position(), sink.position(), true);
     }
   } catch (const Error&) {
     progress.rethrow();

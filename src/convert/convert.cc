@@ -1,197 +1,157 @@
-// convert(): a checkpoint of any format to a torch zip, safetensors or tensorizer file: the
-// target's writer (writing.h) into a file, a sink or an upload, committed here.
+// convert(): one write pipeline for every output — read -> content -> writer (with its
+// decorators: digests, shards) -> output -> commit. Only the output differs: one file (a path, a
+// caller's sink, an upload), a folder (dcp), or a shard set (outputs.h, shard_files.h).
 
 #include "ckpt/convert.h"
 
-#include <unistd.h>
-
-#include <algorithm>
-#include <cstdio>
-#include <cstdlib>
 #include <memory>
+#include <new>
 #include <optional>
 #include <string>
+#include <utility>
 #include <variant>
-#include <vector>
 
 #include "ckpt/checkpoint.h"
+#include "ckpt/digest.h"
 #include "ckpt/error.h"
 #include "ckpt/remote.h"
 #include "convert/encryption.h"
-#include "convert/progress_sink.h"
+#include "convert/outputs.h"
+#include "convert/shard_files.h"
 #include "convert/shards.h"
 #include "convert/writing.h"
 
 namespace ckpt {
 namespace {
 
-using internal::ProgressSink;
+using internal::ConvertOutput;
 
-// Where the output goes: created on first use, so that everything that can be refused before
-// writing is refused before a file (or its temporary) exists.
-using OpenSink = std::function<ByteSink&()>;
-
-// The one file of a conversion, through a ProgressSink when there is a callback.
-class Output final : public internal::WriteOutput {
- public:
-  Output(const OpenSink& open, uint64_t total, const ConvertOptions& o) : sink_(open()) {
-    if (o.progress)
-      progress_.emplace(
-          sink_, total, o.progress,
-          std::chrono::duration_cast<std::chrono::steady_clock::duration>(o.progress_interval));
-  }
-  ByteSink& file() override { return progress_ ? static_cast<ByteSink&>(*progress_) : sink_; }
-  ByteSink& file(const std::string& name) override {
-    return internal::SinkOutput(sink_).file(name);  // throws: one file
-  }
-  // After the commit: the size, and the last progress call.
-  uint64_t finish() {
-    if (progress_) progress_->finish();
-    return sink_.position();
-  }
-
- private:
-  ByteSink& sink_;
-  std::optional<ProgressSink> progress_;
+// Where the output goes: a path (a file, a folder, a set's name, a URL) or a caller's sink.
+struct Destination {
+  std::string path;
+  ByteSink* sink = nullptr;
 };
 
-// read -> flatten -> writer -> commit.
-ConvertReport run(const Checkpoint& c, const ConvertOptions& o, const OpenSink& open) {
+// The shard set of a sharded conversion, when it is more than one file.
+struct Sharding {
+  internal::ShardNames names;
+  internal::ShardPlan plan;
+};
+
+// The output for `d`, made once everything that can be refused was refused.
+std::unique_ptr<ConvertOutput> open_output(const Destination& d, const internal::WriterCaps& caps,
+                                           const std::optional<Sharding>& shards, uint64_t total,
+                                           const ConvertOptions& o) {
+  if (d.sink) return internal::one_file_output(*d.sink, nullptr, total, o);
+  if (caps.several_files) return internal::folder_output(d.path, o);
+  if (shards)
+    return std::make_unique<internal::ShardFiles>(shards->names.dir, shards->names.index, total, o);
+  if (is_url(d.path)) {
+    if (caps.patches) return internal::upload_via_file(d.path, total, o);
+    std::unique_ptr<ByteSink> upload = create_s3_sink(d.path, o.remote);
+    ByteSink& sink = *upload;
+    return internal::one_file_output(sink, std::move(upload), total, o);
+  }
+  // A set of one is the one file, in folders made for it as for a set.
+  const bool one_of_set = o.max_shard_size != 0;
+  return internal::file_output(one_of_set ? internal::shard_names(d.path, caps).one_file : d.path,
+                               total, o, one_of_set);
+}
+
+// The local files the output will replace, each refused when it is one of the input's.
+void refuse_own_input(const Checkpoint& c, const Destination& d, const internal::WriterCaps& caps,
+                      const std::optional<Sharding>& shards, const ConvertOptions& o) {
+  if (d.sink || is_url(d.path) || caps.several_files) return;  // a used folder is refused anyway
+  if (!shards) {
+    internal::refuse_own_input(
+        c, o.max_shard_size ? internal::shard_names(d.path, caps).one_file : d.path);
+    return;
+  }
+  internal::refuse_own_input(c, (shards->names.dir / shards->names.index).string());
+  for (size_t k = 0; k < shards->plan.shards; ++k)
+    internal::refuse_own_input(
+        c, (shards->names.dir / shards->names.shard(k, shards->plan.shards)).string());
+}
+
+// The one write: read -> content -> writer -> output -> commit.
+ConvertReport write(const Checkpoint& c, const ConvertOptions& o, const Destination& d) {
   ConvertReport r;
   r.format = target_format(o.target);
   internal::TargetWriter target = internal::make_target(o);
   std::unique_ptr<internal::Writer> writer = std::move(target.writer);
+  const internal::WriterCaps caps = writer->caps();
   r.metadata_not_written = internal::metadata_not_written(c, *writer);
-  internal::WriteContent content;
-  if (writer->caps().object_tree) {
-    internal::TensorSource source(c, o.load, o.memory_budget);
-    content = internal::tree_content(c, source, r);
-  } else {
-    FlatStateDict flat = internal::flat_state(c, *writer, o, r);
-    const auto* st = std::get_if<SafetensorsTarget>(&o.target);
-    if (st && st->store_digests)
-      writer = internal::with_digests(std::move(writer), o.load.threads, r.digests_stored);
-    internal::TensorSource source(c, o.load, o.memory_budget);
-    content = internal::flat_content(c, flat, source, *writer);
+  // Flat entries (checked against the writer), and the shard plan made from them. A plan of one
+  // shard is the one file, as without max_shard_size (the whole tree for pt).
+  std::optional<FlatStateDict> flat;
+  std::optional<Sharding> shards;
+  if (!caps.object_tree || o.max_shard_size) flat = internal::flat_state(c, *writer, o, r);
+  if (o.max_shard_size) {
+    internal::ShardPlan plan = internal::plan_shards(c, *flat, caps, o.max_shard_size);
+    if (plan.shards > 1) {
+      r.tensor_bytes = plan.total;
+      shards = Sharding{internal::shard_names(d.path, caps), std::move(plan)};
+    } else if (caps.object_tree) {
+      flat.reset();
+      r.not_written.clear();
+    }
   }
-  Output out(open, r.tensor_bytes, o);
-  internal::WriteResult written = writer->write(out, content);
+  refuse_own_input(c, d, caps, shards, o);
+  internal::TensorSource source(c, o.load, o.memory_budget);
+  internal::WriteContent content = flat ? internal::flat_content(c, *flat, source, *writer)
+                                        : internal::tree_content(c, source, r);
+  // The decorators, in one place: digests around the format's writer, shards around both.
+  const auto* st = std::get_if<SafetensorsTarget>(&o.target);
+  if (st && st->store_digests)
+    writer = internal::with_digests(std::move(writer), o.load.threads, r.digests_stored);
+  if (shards) {
+    content.metadata.erase(kSafetensorsDigestKey);  // an input's list would not match a shard
+    writer = internal::shard_writer(std::move(writer), shards->plan, shards->names);
+  }
+  std::unique_ptr<ConvertOutput> out = open_output(d, caps, shards, r.tensor_bytes, o);
+  // The one point where the content (and its feed) goes to the writer.
+  internal::WriteResult written = writer->write(*out, content);
   r.key = std::move(written.key);
   if (!target.new_key_file.empty()) {
-    // The key is committed before the file: a file whose key was lost is unreadable.
+    // The key is committed before the output: an output whose key was lost is unreadable.
     internal::write_key_file(target.new_key_file, r.key, o.atomic, o.fsync);
     r.key_file_written = true;
   }
-  out.file().commit();
-  r.bytes_written = out.finish();
+  out->commit(r);
   return r;
 }
 
-// The files of a folder output, recorded as they are created.
-class FolderFiles final : public internal::WriteOutput {
- public:
-  explicit FolderFiles(FolderSink& folder) : out_(folder) {}
-  ByteSink& file() override { return out_.file(); }
-  ByteSink& file(const std::string& name) override {
-    ByteSink& f = out_.file(name);
-    files_.emplace_back(name, &f);
-    return f;
-  }
-  // Commits the files, then the folder; returns their total size.
-  uint64_t commit(std::vector<std::string>& names) {
-    uint64_t bytes = 0;
-    for (const auto& [name, f] : files_) {
-      names.push_back(name);
-      bytes += f->position();
-    }
-    out_.commit();
-    return bytes;
-  }
-
- private:
-  internal::FolderOutput out_;
-  std::vector<std::pair<std::string, ByteSink*>> files_;
-};
-
-// A writer of several files (dcp): read -> writer -> a folder that appears whole, or not at all.
-ConvertReport convert_to_folder(const Checkpoint& c, const std::string& dir,
-                                const ConvertOptions& o) {
-  ConvertReport r;
-  r.format = target_format(o.target);
-  internal::TargetWriter target = internal::make_target(o);
-  r.metadata_not_written = internal::metadata_not_written(c, *target.writer);
-  internal::TensorSource source(c, o.load, o.memory_budget);
-  internal::WriteContent content = internal::tree_content(c, source, r);
-  std::unique_ptr<FolderSink> folder = create_folder_sink(dir, FolderSinkOptions{false, o.fsync});
-  FolderFiles out(*folder);
-  target.writer->write(out, content);
-  r.bytes_written = out.commit(r.files);
-  if (o.progress) o.progress(r.bytes_written, r.bytes_written);
-  return r;
-}
-
-// An upload (ConvertOptions::remote): streamed where the writer only appends, else through a
-// local temporary file.
-ConvertReport convert_to_url(const Checkpoint& c, const std::string& url, ConvertOptions o) {
-  if (o.max_shard_size)
-    throw Error(ErrorCode::kInvalidArgument, "shards are written to local files only",
-                redact_url(url));
-  std::unique_ptr<ByteSink> sink = create_s3_sink(url, o.remote);
-  if (!internal::make_target(o).writer->caps().patches)
-    return run(c, o, [&]() -> ByteSink& { return *sink; });
-  const char* dir = std::getenv("TMPDIR");
-  const std::string tmp = std::string(dir && *dir ? dir : "/tmp") + "/.ckpt-upload-" +
-                          std::to_string(::getpid()) + "-" +
-                          std::to_string(reinterpret_cast<uintptr_t>(sink.get())) + ".tensors";
-  struct Remove {
-    std::string path;
-    ~Remove() { std::remove(path.c_str()); }
-  } remove{tmp};
-  ConvertReport r = convert(c, tmp, o);
-  SourcePtr local = open_file_source(tmp);
-  std::vector<std::byte> buf(std::min<uint64_t>(local->size(), 8 << 20));
-  for (uint64_t done = 0; done < local->size(); done += buf.size()) {
-    const uint64_t n = std::min<uint64_t>(buf.size(), local->size() - done);
-    local->read_into(done, std::span<std::byte>(buf.data(), n));
-    sink->write(std::span<const std::byte>(buf.data(), n));
-  }
-  sink->commit();
-  return r;
+// Out of memory (a ring, a copy, a header) names the input and the output.
+[[noreturn]] void out_of_memory(const Checkpoint& c, const std::string& out) {
+  throw Error(ErrorCode::kLimitExceeded,
+              "out of memory converting it to " + (is_url(out) ? redact_url(out) : out),
+              c.source().name());
 }
 
 }  // namespace
 
 ConvertReport convert(const Checkpoint& c, const std::string& out_path,
-                      const ConvertOptions& options) {
+                      const ConvertOptions& options) try {
   ConvertOptions o = options;
-  if (std::holds_alternative<std::monostate>(o.target)) {
-    // A sharded output may be named by its index: "model.safetensors.index.json".
-    std::string named = out_path;
-    if (o.max_shard_size && named.size() > 11 &&
-        named.compare(named.size() - 11, 11, ".index.json") == 0)
-      named.resize(named.size() - 11);
-    o.target = default_target(convert_format_for_path(named));
-  }
-  if (std::holds_alternative<DcpTarget>(o.target)) {
-    if (is_url(out_path))
-      throw Error(ErrorCode::kInvalidArgument, "a DCP folder is written to a local path only",
-                  redact_url(out_path));
-    return convert_to_folder(c, out_path, o);
-  }
-  if (is_url(out_path)) return convert_to_url(c, out_path, o);
-  if (o.max_shard_size) return internal::convert_sharded(c, out_path, o);
-  std::unique_ptr<ByteSink> file;
-  return run(c, o, [&]() -> ByteSink& {
-    file = create_file_sink(out_path, FileSinkOptions{o.atomic, o.fsync});
-    return *file;
-  });
+  if (std::holds_alternative<std::monostate>(o.target))
+    o.target = default_target(convert_format_for_path(
+        o.max_shard_size ? internal::shard_names(out_path, {}).one_file : out_path));
+  const bool folder = target_format_info(target_format(o.target)).folder;
+  if (is_url(out_path) && (folder || o.max_shard_size))
+    throw Error(ErrorCode::kInvalidArgument,
+                folder ? "a DCP folder is written to a local path only"
+                       : "shards are written to local files only",
+                redact_url(out_path));
+  return write(c, o, Destination{out_path});
+} catch (const std::bad_alloc&) {
+  out_of_memory(c, out_path);
 }
 
-ConvertReport convert(const Checkpoint& c, ByteSink& sink, const ConvertOptions& options) {
+ConvertReport convert(const Checkpoint& c, ByteSink& sink, const ConvertOptions& options) try {
   ConvertOptions o = options;
   if (std::holds_alternative<std::monostate>(o.target))
     o.target = default_target(convert_format_for_path(sink.name()));
-  if (std::holds_alternative<DcpTarget>(o.target))
+  if (target_format_info(target_format(o.target)).folder)
     throw Error(ErrorCode::kInvalidArgument,
                 "a DCP output is a folder of files: use the path overload", sink.name());
   if (auto* pt = std::get_if<PtTarget>(&o.target); pt && pt->archive_name.empty())
@@ -199,7 +159,9 @@ ConvertReport convert(const Checkpoint& c, ByteSink& sink, const ConvertOptions&
   if (o.max_shard_size)
     throw Error(ErrorCode::kInvalidArgument,
                 "shards (max_shard_size) are written to files: use the path overload");
-  return run(c, o, [&]() -> ByteSink& { return sink; });
+  return write(c, o, Destination{"", &sink});
+} catch (const std::bad_alloc&) {
+  out_of_memory(c, sink.name());
 }
 
 }  // namespace ckpt

@@ -1,19 +1,17 @@
-// convert() with max_shard_size: a checkpoint written as shards plus an index, in the Hugging
-// Face layout ("model-00001-of-00003.safetensors" ... and "model.safetensors.index.json").
+// Sharding, a decorator of the write pipeline (shards.h): a checkpoint written as shards plus an
+// index, in the Hugging Face layout ("model-00001-of-00003.safetensors" ... and
+// "model.safetensors.index.json"); and parse_byte_size, the sizes --max-shard-size takes.
 
 #include "convert/shards.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
 #include <map>
-#include <memory>
 #include <nlohmann/json.hpp>
 
-#include "ckpt/digest.h"
-#include "convert/progress_sink.h"
-#include "convert/writing.h"
+#include "ckpt/error.h"
 
 namespace ckpt {
 
@@ -68,72 +66,6 @@ std::string shard_number(size_t k) {
   return b;
 }
 
-// Files beside each other in a folder that exists, each an atomic file sink (per ConvertOptions),
-// committed together in the order they were created; when a commit fails, the files committed
-// before are removed. Destroyed uncommitted, it leaves nothing. Progress counts across the files.
-class FilesOutput final : public WriteOutput {
- public:
-  FilesOutput(std::filesystem::path dir, uint64_t total, const ConvertOptions& o)
-      : dir_(std::move(dir)), total_(total), o_(o) {}
-  ~FilesOutput() override {
-    // A file sink that is not atomic writes under the file's own name: remove what was begun.
-    if (committed_ || o_.atomic) return;
-    files_.clear();
-    std::error_code ec;
-    for (const auto& p : begun_) std::filesystem::remove(p, ec);
-  }
-  ByteSink& file() override {
-    throw Error(ErrorCode::kInvalidArgument, "the output is several files: name one",
-                dir_.string());
-  }
-  ByteSink& file(const std::string& name) override {
-    File f;
-    f.path = (dir_ / name).string();
-    f.sink = create_file_sink(f.path, FileSinkOptions{o_.atomic, o_.fsync});
-    if (o_.progress)
-      f.progress = std::make_unique<ProgressSink>(
-          *f.sink, total_, o_.progress,
-          std::chrono::duration_cast<std::chrono::steady_clock::duration>(o_.progress_interval),
-          size());
-    begun_.push_back(f.path);
-    files_.push_back(std::move(f));
-    return files_.back().progress ? *files_.back().progress : *files_.back().sink;
-  }
-  // Bytes written to every file.
-  uint64_t size() const {
-    uint64_t n = 0;
-    for (const auto& f : files_) n += f.sink->position();
-    return n;
-  }
-  void commit() {
-    std::vector<std::string> done;
-    try {
-      for (auto& f : files_) {
-        f.sink->commit();
-        done.push_back(f.path);
-      }
-      committed_ = true;
-    } catch (...) {
-      std::error_code ec;
-      for (const auto& p : done) std::filesystem::remove(p, ec);
-      throw;
-    }
-  }
-
- private:
-  struct File {
-    std::string path;
-    std::unique_ptr<ByteSink> sink;
-    std::unique_ptr<ProgressSink> progress;
-  };
-  const std::filesystem::path dir_;
-  const uint64_t total_;
-  const ConvertOptions& o_;
-  std::vector<File> files_;
-  std::vector<std::string> begun_;
-  bool committed_ = false;
-};
-
 // One named file of an output, as a one-file output (what a shard's writer writes into).
 class OneFileOf final : public WriteOutput {
  public:
@@ -145,21 +77,12 @@ class OneFileOf final : public WriteOutput {
   ByteSink& sink_;
 };
 
-// Sharding around any writer: the content's tensors go into shards by a plan (shard_of[i] for
-// tensor i), each shard is written by the inner writer into a file of its own
-// ("STEM-0000k-of-0000n.EXT"), and then the index ({"metadata": {"total_size"}, "weight_map":
-// {name: file}}, names sorted).
+// Sharding around any writer: the content's tensors go into shards by the plan, each shard is
+// written by the inner writer into a file of its own, and then the index.
 class ShardWriter final : public Writer {
  public:
-  ShardWriter(std::unique_ptr<Writer> inner, std::vector<size_t> shard_of, size_t shards,
-              std::string stem, std::string ext, std::string index, uint64_t total_size)
-      : inner_(std::move(inner)),
-        shard_of_(std::move(shard_of)),
-        n_(shards),
-        stem_(std::move(stem)),
-        ext_(std::move(ext)),
-        index_(std::move(index)),
-        total_size_(total_size) {
+  ShardWriter(std::unique_ptr<Writer> inner, ShardPlan plan, ShardNames names)
+      : inner_(std::move(inner)), plan_(std::move(plan)), names_(std::move(names)) {
     caps_ = inner_->caps();
     caps_.object_tree = false;  // each shard is a state dict
     caps_.several_files = true;
@@ -171,70 +94,63 @@ class ShardWriter final : public Writer {
 
   WriteResult write(WriteOutput& out, WriteContent& content) override {
     std::map<std::string, std::string> weight_map;
-    for (size_t k = 0; k < n_; ++k) {
-      const std::string name = stem_ + "-" + shard_number(k + 1) + "-of-" + shard_number(n_);
-      const std::string file = name + ext_;
+    for (size_t k = 0; k < plan_.shards; ++k) {
+      const std::string file = names_.shard(k, plan_.shards);
       WriteContent shard;
       shard.metadata = content.metadata;
       shard.feed = content.feed;
       for (size_t i = 0; i < content.tensors.size(); ++i) {
-        if (shard_of_[i] != k) continue;
+        if (plan_.shard_of[i] != k) continue;
         shard.tensors.push_back(content.tensors[i]);
         weight_map[content.tensors[i].name()] = file;
       }
       OneFileOf one(out, file);
       inner_->write(one, shard);
-      files_.push_back(file);
     }
-    // The index last: a reader that finds it finds every shard.
     nlohmann::ordered_json j;
-    j["metadata"]["total_size"] = total_size_;
+    j["metadata"]["total_size"] = plan_.total;
     j["weight_map"] = nlohmann::ordered_json::object();
     for (const auto& [name, file] : weight_map) j["weight_map"][name] = file;
-    out.file(index_).write(j.dump(2) + "\n");
+    out.file(names_.index).write(j.dump(2) + "\n");
     return {};
   }
-  // The shard files written, in order.
-  const std::vector<std::string>& files() const { return files_; }
 
  private:
   std::unique_ptr<Writer> inner_;
   WriterCaps caps_;
-  std::vector<size_t> shard_of_;
-  size_t n_;
-  std::string stem_, ext_, index_;
-  uint64_t total_size_;
-  std::vector<std::string> files_;
+  ShardPlan plan_;
+  ShardNames names_;
 };
 
 }  // namespace
 
-ConvertReport convert_sharded(const Checkpoint& c, const std::string& out_path,
-                              const ConvertOptions& o) {
-  TargetWriter target = make_target(o);  // refuses targets without the shard layout
-  const WriterCaps& caps = target.writer->caps();
+std::string ShardNames::shard(size_t k, size_t n) const {
+  return stem + "-" + shard_number(k + 1) + "-of-" + shard_number(n) + ext;
+}
 
-  // Names: DIR/STEM.EXT -> DIR/STEM-0000k-of-0000n.EXT and DIR/STEM.EXT.index.json.
-  std::string base = out_path;
-  if (ends_with(base, ".index.json")) base.resize(base.size() - 11);
-  const std::filesystem::path bp(base);
-  std::string ext = bp.extension().string();
-  if (ext.empty()) ext = caps.object_tree ? ".bin" : ".safetensors";
-  const std::string stem = bp.stem().string();
-  const std::filesystem::path dir = bp.parent_path();
+ShardNames shard_names(const std::string& out_path, const WriterCaps& caps) {
+  ShardNames n;
+  n.one_file = out_path;
+  if (ends_with(n.one_file, ".index.json")) n.one_file.resize(n.one_file.size() - 11);
+  const std::filesystem::path bp(n.one_file);
+  n.ext = bp.extension().string();
+  if (n.ext.empty()) n.ext = caps.object_tree ? ".bin" : ".safetensors";
+  n.stem = bp.stem().string();
+  n.dir = bp.parent_path();
+  n.index = bp.filename().string() + ".index.json";
+  return n;
+}
 
-  ConvertReport r;
-  r.format = target_format(o.target);
-  r.metadata_not_written = metadata_not_written(c, *target.writer);
-  const FlatStateDict flat = flat_state(c, *target.writer, o, r);
-
-  // Shards: entries in order; the next shard starts when one more would pass the size. Bytes
-  // shared with an earlier entry go where that entry went (a writer that stores shared bytes
-  // once: one storage record, counted once).
+ShardPlan plan_shards(const Checkpoint& c, const FlatStateDict& flat, const WriterCaps& caps,
+                      uint64_t max) {
+  // The next shard starts when one more entry would pass the size. Bytes shared with an earlier
+  // entry go where that entry went (a writer that stores shared bytes once: one storage record,
+  // counted once).
   const auto& infos = c.tensors();
   std::vector<uint64_t> sizes;
   std::vector<size_t> counts;
-  std::vector<size_t> shard_of(flat.entries.size());
+  ShardPlan plan;
+  plan.shard_of.resize(flat.entries.size());
   for (size_t i = 0; i < flat.entries.size(); ++i) {
     const auto& e = flat.entries[i];
     const TensorInfo& t = infos[e.tensor];
@@ -243,9 +159,9 @@ ConvertReport convert_sharded(const Checkpoint& c, const std::string& out_path,
         caps.shared_bytes ? (e.shares_with ? 0 : s.nbytes) : (s.meta ? 0 : t.nbytes());
     size_t k;
     if (e.shares_with) {
-      k = shard_of[*e.shares_with];
+      k = plan.shard_of[*e.shares_with];
     } else {
-      if (sizes.empty() || (counts.back() > 0 && sizes.back() + cost > o.max_shard_size)) {
+      if (sizes.empty() || (counts.back() > 0 && sizes.back() + cost > max)) {
         sizes.push_back(0);
         counts.push_back(0);
       }
@@ -253,37 +169,16 @@ ConvertReport convert_sharded(const Checkpoint& c, const std::string& out_path,
     }
     sizes[k] += cost;
     ++counts[k];
-    shard_of[i] = k;
+    plan.shard_of[i] = k;
   }
-  if (sizes.size() <= 1) {
-    // One shard: the one file, as without max_shard_size (the whole tree kept for pt).
-    ConvertOptions one = o;
-    one.max_shard_size = 0;
-    ConvertReport whole = convert(c, base, one);
-    whole.files = {base};
-    return whole;
-  }
-  uint64_t total = 0;
-  for (uint64_t s : sizes) total += s;
-  r.tensor_bytes = total;
+  plan.shards = sizes.size();
+  for (uint64_t s : sizes) plan.total += s;
+  return plan;
+}
 
-  TensorSource source(c, o.load, o.memory_budget);
-  WriteContent content = flat_content(c, flat, source, *target.writer);
-  // A digest list names every tensor of its file: an input's would not match a shard.
-  content.metadata.erase(kSafetensorsDigestKey);
-  std::unique_ptr<Writer> inner = std::move(target.writer);
-  const auto* st = std::get_if<SafetensorsTarget>(&o.target);
-  if (st && st->store_digests) inner = with_digests(std::move(inner), o.load.threads, r.digests_stored);
-  r.index = (dir / (bp.filename().string() + ".index.json")).string();
-  ShardWriter writer(std::move(inner), std::move(shard_of), sizes.size(), stem, ext,
-                     bp.filename().string() + ".index.json", total);
-  FilesOutput out(dir, total, o);
-  writer.write(out, content);
-  out.commit();
-  for (const auto& f : writer.files()) r.files.push_back((dir / f).string());
-  r.bytes_written = out.size();
-  if (o.progress) o.progress(r.bytes_written, r.bytes_written);
-  return r;
+std::unique_ptr<Writer> shard_writer(std::unique_ptr<Writer> inner, ShardPlan plan,
+                                     ShardNames names) {
+  return std::make_unique<ShardWriter>(std::move(inner), std::move(plan), std::move(names));
 }
 
 }  // namespace internal

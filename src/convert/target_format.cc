@@ -1,38 +1,139 @@
-// The target formats of a conversion: their names, the format an output path's extension names,
-// and the format a target's options belong to.
+// The table of target formats: one row per format with its names, its file extensions, the
+// settings it owns and how it makes its target from them. Every question about a target format
+// (its name, the format a name or extension gives, whether a setting applies) is answered here.
 
 #include <filesystem>
 #include <string>
+#include <type_traits>
 
 #include "ckpt/convert.h"
 #include "ckpt/error.h"
 
 namespace ckpt {
+namespace {
+
+// The settings of TargetSettings, as bits of a row's `owns`.
+enum : unsigned {
+  kAlignment = 1u << 0,
+  kCopyShared = 1u << 1,
+  kMeta = 1u << 2,
+  kDigests = 1u << 3,
+  kEncryption = 1u << 4,
+  kDcpFiles = 1u << 5,
+};
+
+struct Setting {
+  unsigned bit;
+  const char* name;  // as messages name it (the CLI and Python put their flag or keyword there)
+  bool (*given)(const TargetSettings&);
+};
+constexpr Setting kSettings[] = {
+    {kAlignment, "TargetSettings::alignment",
+     [](const TargetSettings& s) { return s.alignment != 0; }},
+    {kCopyShared, "TargetSettings::copy_shared",
+     [](const TargetSettings& s) { return s.copy_shared; }},
+    {kMeta, "TargetSettings::meta", [](const TargetSettings& s) { return s.meta.has_value(); }},
+    {kDigests, "TargetSettings::store_digests",
+     [](const TargetSettings& s) { return s.store_digests; }},
+    {kEncryption, "TargetSettings::encryption",
+     [](const TargetSettings& s) { return s.encryption.enabled(); }},
+    {kDcpFiles, "TargetSettings::dcp_files",
+     [](const TargetSettings& s) { return s.dcp_files != 0; }},
+};
+
+constexpr std::string_view kPtNames[] = {"pt", "torch"},
+                           kPtExt[] = {".pt", ".pth", ".bin", ".ckpt"};
+constexpr std::string_view kStNames[] = {"safetensors"}, kStExt[] = {".safetensors"};
+constexpr std::string_view kTzNames[] = {"tensorizer"}, kTzExt[] = {".tensors"};
+constexpr std::string_view kDcpNames[] = {"dcp"};
+
+struct Row {
+  TargetFormatInfo info;
+  unsigned owns;  // the settings that apply; any other given is refused
+  ConvertTarget (*make)(const TargetSettings&);
+};
+
+const Row kRows[] = {
+    {{ConvertFormat::kTorch, "pt", kPtNames, kPtExt, false, true},
+     kAlignment,
+     [](const TargetSettings& s) -> ConvertTarget {
+       PtTarget t;
+       t.alignment = s.alignment;
+       return t;
+     }},
+    {{ConvertFormat::kSafetensors, "safetensors", kStNames, kStExt, false, true},
+     kAlignment | kCopyShared | kMeta | kDigests,
+     [](const TargetSettings& s) -> ConvertTarget {
+       SafetensorsTarget t;
+       t.alignment = s.alignment;
+       t.copy_shared = s.copy_shared;
+       t.meta = s.meta.value_or(MetaTensors::kRefuse);
+       t.store_digests = s.store_digests;
+       return t;
+     }},
+    {{ConvertFormat::kTensorizer, "tensorizer", kTzNames, kTzExt, false, false},
+     kEncryption,
+     [](const TargetSettings& s) -> ConvertTarget { return TensorizerTarget{s.encryption}; }},
+    {{ConvertFormat::kDcp, "dcp", kDcpNames, {}, true, false},
+     kDcpFiles,
+     [](const TargetSettings& s) -> ConvertTarget {
+       DcpTarget t;
+       if (s.dcp_files) t.files = s.dcp_files;
+       return t;
+     }},
+};
+
+const Row* find_row(ConvertFormat format) noexcept {
+  for (const Row& r : kRows)
+    if (r.info.format == format) return &r;
+  return nullptr;
+}
+
+const Row* find_named(std::string_view name) noexcept {
+  for (const Row& r : kRows)
+    for (std::string_view n : r.info.names)
+      if (n == name) return &r;
+  return nullptr;
+}
+
+// "pt, safetensors, tensorizer or dcp"; with `bit`, only the formats that own it.
+std::string format_list(unsigned bit = ~0u) {
+  std::vector<std::string_view> names;
+  for (const Row& r : kRows)
+    if (r.owns & bit) names.push_back(r.info.name);
+  std::string s;
+  for (size_t i = 0; i < names.size(); ++i)
+    s += std::string(i == 0 ? "" : i + 1 == names.size() ? " and " : ", ") + std::string(names[i]);
+  return s;
+}
+
+}  // namespace
+
+std::span<const TargetFormatInfo> target_formats() noexcept {
+  static const std::vector<TargetFormatInfo> infos = [] {
+    std::vector<TargetFormatInfo> v;
+    for (const Row& r : kRows) v.push_back(r.info);
+    return v;
+  }();
+  return infos;
+}
+
+const TargetFormatInfo& target_format_info(ConvertFormat format) {
+  if (const Row* r = find_row(format)) return r->info;
+  throw Error(ErrorCode::kInvalidArgument, "no output format (auto: from the output's name)");
+}
 
 const char* convert_format_name(ConvertFormat format) noexcept {
-  switch (format) {
-    case ConvertFormat::kAuto:
-      return "auto";
-    case ConvertFormat::kTorch:
-      return "pt";
-    case ConvertFormat::kSafetensors:
-      return "safetensors";
-    case ConvertFormat::kTensorizer:
-      return "tensorizer";
-    case ConvertFormat::kDcp:
-      return "dcp";
-  }
-  return "?";
+  const Row* r = find_row(format);
+  return r ? r->info.name.data() : "auto";
 }
 
 ConvertFormat parse_convert_format(std::string_view name) {
-  if (name == "pt" || name == "torch") return ConvertFormat::kTorch;
-  if (name == "safetensors") return ConvertFormat::kSafetensors;
-  if (name == "tensorizer") return ConvertFormat::kTensorizer;
-  if (name == "dcp") return ConvertFormat::kDcp;
+  if (const Row* r = find_named(name)) return r->info.format;
+  std::string all = format_list();
+  all.replace(all.rfind(" and "), 5, " or ");
   throw Error(ErrorCode::kInvalidArgument,
-              "unknown output format '" + std::string(name) +
-                  "': the format must be pt, safetensors, tensorizer or dcp");
+              "unknown output format '" + std::string(name) + "': the format must be " + all);
 }
 
 const char* meta_tensors_name(MetaTensors m) noexcept {
@@ -56,45 +157,54 @@ MetaTensors parse_meta_tensors(std::string_view name) {
 }
 
 ConvertFormat target_format(const ConvertTarget& target) noexcept {
-  switch (target.index()) {
-    case 1:
-      return ConvertFormat::kTorch;
-    case 2:
-      return ConvertFormat::kSafetensors;
-    case 3:
-      return ConvertFormat::kTensorizer;
-    case 4:
-      return ConvertFormat::kDcp;
-  }
-  return ConvertFormat::kAuto;
+  return std::visit(
+      [](const auto& t) {
+        using T = std::decay_t<decltype(t)>;
+        if constexpr (std::is_same_v<T, std::monostate>)
+          return ConvertFormat::kAuto;
+        else
+          return T::kFormat;
+      },
+      target);
 }
 
 ConvertTarget default_target(ConvertFormat format) noexcept {
-  switch (format) {
-    case ConvertFormat::kTorch:
-      return PtTarget{};
-    case ConvertFormat::kSafetensors:
-      return SafetensorsTarget{};
-    case ConvertFormat::kTensorizer:
-      return TensorizerTarget{};
-    case ConvertFormat::kDcp:
-      return DcpTarget{};
-    case ConvertFormat::kAuto:
-      break;
-  }
-  return std::monostate{};
+  const Row* r = find_row(format);
+  return r ? r->make({}) : ConvertTarget{};
 }
 
 ConvertFormat convert_format_for_path(const std::string& path) {
   const std::string ext = std::filesystem::path(path).extension().string();
-  if (ext == ".safetensors") return ConvertFormat::kSafetensors;
-  if (ext == ".tensors") return ConvertFormat::kTensorizer;
-  if (ext == ".pt" || ext == ".pth" || ext == ".bin" || ext == ".ckpt") return ConvertFormat::kTorch;
-  throw Error(ErrorCode::kInvalidArgument,
-              "cannot tell the output format from '" + ext +
-                  "' (.pt .pth .bin .ckpt, .safetensors, .tensors); name it "
-                  "(pt, safetensors, tensorizer or dcp)",
-              path);
+  std::string known;
+  for (const Row& r : kRows)
+    for (std::string_view e : r.info.extensions) {
+      if (e == ext) return r.info.format;
+      known += (known.empty() ? "" : " ") + std::string(e);
+    }
+  std::string all = format_list();
+  all.replace(all.rfind(" and "), 5, " or ");
+  throw Error(
+      ErrorCode::kInvalidArgument,
+      "cannot tell the output format from '" + ext + "' (" + known + "); name it (" + all + ")",
+      path);
+}
+
+ConvertTarget parse_target(std::string_view format_or_path, const TargetSettings& settings) {
+  const Row* r = find_named(format_or_path);
+  if (!r) {
+    // A path; a sharded output may be named by its index ("model.safetensors.index.json").
+    std::string named(format_or_path);
+    if (named.ends_with(".index.json")) named.resize(named.size() - 11);
+    r = find_row(convert_format_for_path(named));
+  }
+  // A setting of another format is refused, never ignored: the caller asked for something this
+  // format does not do.
+  for (const Setting& s : kSettings)
+    if (s.given(settings) && !(r->owns & s.bit))
+      throw Error(ErrorCode::kInvalidArgument, std::string(s.name) + " is only available for " +
+                                                   format_list(s.bit) + " output, not " +
+                                                   std::string(r->info.name));
+  return r->make(settings);
 }
 
 }  // namespace ckpt

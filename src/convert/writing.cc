@@ -3,6 +3,8 @@
 
 #include "convert/writing.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <unordered_map>
@@ -97,25 +99,33 @@ namespace {
 
 // The one place a target becomes a writer with its own options.
 std::unique_ptr<Writer> writer_for(const ConvertTarget& target, const TensorizerSaveOptions& crypt) {
-  if (const auto* pt = std::get_if<PtTarget>(&target)) {
-    SaveOptions so;
-    if (pt->alignment) so.alignment = pt->alignment;
-    so.archive_name = pt->archive_name;
-    return make_torch_writer(so);
-  }
-  if (const auto* st = std::get_if<SafetensorsTarget>(&target)) {
-    SafetensorsSaveOptions so;
-    if (st->alignment) so.alignment = st->alignment;
-    so.copy_shared = st->copy_shared;
-    return make_safetensors_writer(so);
-  }
-  if (std::holds_alternative<TensorizerTarget>(target)) return make_tensorizer_writer(crypt);
-  if (const auto* dcp = std::get_if<DcpTarget>(&target)) {
-    DcpSaveOptions so;
-    so.files = dcp->files;
-    return make_dcp_writer(so);
-  }
-  throw Error(ErrorCode::kInvalidArgument, "no output format");
+  struct Make {
+    const TensorizerSaveOptions& crypt;
+    std::unique_ptr<Writer> operator()(const std::monostate&) const {
+      throw Error(ErrorCode::kInvalidArgument, "no output format");
+    }
+    std::unique_ptr<Writer> operator()(const PtTarget& pt) const {
+      SaveOptions so;
+      if (pt.alignment) so.alignment = pt.alignment;
+      so.archive_name = pt.archive_name;
+      return make_torch_writer(so);
+    }
+    std::unique_ptr<Writer> operator()(const SafetensorsTarget& st) const {
+      SafetensorsSaveOptions so;
+      if (st.alignment) so.alignment = st.alignment;
+      so.copy_shared = st.copy_shared;
+      return make_safetensors_writer(so);
+    }
+    std::unique_ptr<Writer> operator()(const TensorizerTarget&) const {
+      return make_tensorizer_writer(crypt);
+    }
+    std::unique_ptr<Writer> operator()(const DcpTarget& dcp) const {
+      DcpSaveOptions so;
+      so.files = dcp.files;
+      return make_dcp_writer(so);
+    }
+  };
+  return std::visit(Make{crypt}, target);
 }
 
 }  // namespace
@@ -134,9 +144,25 @@ TargetWriter make_target(const ConvertOptions& o) {
   const WriterCaps& caps = t.writer->caps();
   if (o.max_shard_size && !caps.sharded)
     throw Error(ErrorCode::kInvalidArgument,
-                std::string("shards (max_shard_size) are written for pt and safetensors, not ") +
+                std::string("ConvertOptions::max_shard_size is only available for pt and "
+                            "safetensors output, not ") +
                     caps.format);
   return t;
+}
+
+void refuse_own_input(const Checkpoint& c, const std::string& out) {
+  struct stat o;
+  if (::stat(out.c_str(), &o) != 0) return;  // a new file is nobody's input
+  std::vector<std::string> inputs = c.files();
+  inputs.push_back(c.source().name());
+  for (const std::string& in : inputs) {
+    struct stat i;
+    if (::stat(in.c_str(), &i) == 0 && i.st_dev == o.st_dev && i.st_ino == o.st_ino)
+      throw Error(ErrorCode::kInvalidArgument,
+                  "is a file of the input (" + in +
+                      "): writing it would replace what is being read; write elsewhere",
+                  out);
+  }
 }
 
 std::vector<std::string> metadata_not_written(const Checkpoint& c, const Writer& w) {

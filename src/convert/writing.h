@@ -68,6 +68,11 @@ WriteContent tree_content(const Checkpoint& c, const TensorSource& source, Conve
 // write: each file of a shard set gets its own); `stored` counts the digests stored.
 std::unique_ptr<Writer> with_digests(std::unique_ptr<Writer> inner, int threads, size_t& stored);
 
+// Refuses (Error{kInvalidArgument}, naming `out`) an output path that is one of the input's own
+// files (a file of a set, a DCP folder's data file, its index or the file itself): writing it
+// would replace what the input is read from and leave the input unreadable.
+void refuse_own_input(const Checkpoint& c, const std::string& out);
+
 // Keys of a safetensors input's __metadata__ a writer without metadata drops.
 std::vector<std::string> metadata_not_written(const Checkpoint& c, const Writer& w);
 

@@ -246,6 +246,13 @@ class FileSink final : public ByteSink {
     if (committed_) return;
     flush();
     helper_.reset();
+    if (opt_.atomic && opt_.replace && !opt_.owner_only) {
+      // A file replaced keeps its permission bits, as writing into it would (torch.save opens
+      // the existing file): a 0600 checkpoint does not become 0644 by being rewritten.
+      struct stat old;
+      if (::stat(path_.c_str(), &old) == 0 && S_ISREG(old.st_mode))
+        ::fchmod(fd_, old.st_mode & 0777);
+    }
     if (opt_.fsync && ::fsync(fd_) != 0) fail("fsync");
     if (::close(fd_) != 0) {
       fd_ = -1;

@@ -222,6 +222,27 @@ Temporary create_temporary(const std::string& dir, const std::string& base, bool
   throw Error(ErrorCode::kIo, "cannot find a free temporary name in " + dir, dir);
 }
 
+int adopt_temporary(const std::string& path, bool folder) noexcept {
+  if (g_exiting.load()) return -1;
+  std::string abs = path;
+  if (path.empty() || path[0] != '/') {
+    char cwd[PATH_MAX];
+    if (!::getcwd(cwd, sizeof cwd)) return -1;
+    abs = std::string(cwd) + "/" + path;
+  }
+  if (abs.size() + 1 > kPathMax) return -1;
+  for (int i = 0; i < kSlots; ++i) {
+    int expect = kFree;
+    if (!g_slots[i].state.compare_exchange_strong(expect, kClaimed)) continue;
+    std::memcpy(g_slots[i].path, abs.c_str(), abs.size() + 1);
+    g_slots[i].folder = folder;
+    g_slots[i].tid = this_tid();
+    g_slots[i].state.store(kLive);
+    return i;
+  }
+  return -1;
+}
+
 void release_temporary(int slot) noexcept {
   if (slot < 0 || slot >= kSlots) return;
   int expect = kLive;

@@ -23,6 +23,11 @@ struct Temporary {
 // remove_temporaries_now() has run (the process is going down).
 Temporary create_temporary(const std::string& dir, const std::string& base, bool folder,
                            mode_t mode);
+// Registers `path` (a file or folder that exists or is about to) as if it were a temporary, so
+// that remove_temporaries_now() removes it until release_temporary(): files renamed into place
+// that are not yet part of a committed whole (the shards of a set before its index), a folder
+// made for an output that has not appeared. -1 when it could not be registered.
+int adopt_temporary(const std::string& path, bool folder) noexcept;
 // Forgets a registered temporary: call it once the temporary was renamed away or removed.
 void release_temporary(int slot) noexcept;
 

@@ -116,6 +116,12 @@ def test_convert_to_tensorizer_keeps_meta(ckpt, meta_file, tmp_path):
     assert listing["m"].get("meta") is True
 
 
-def test_meta_option_for_a_target_with_meta_is_warned_about(ckpt, meta_file, tmp_path):
-    r = ckpt.ok("convert", meta_file, tmp_path / "o.pt", "--meta=zeros")
-    assert "--meta ignored" in r.stderr
+@pytest.mark.parametrize("out", ["o.pt", "o.tensors"])
+def test_meta_option_for_a_target_without_it_is_refused(ckpt, meta_file, tmp_path, out):
+    """pt and tensorizer keep meta tensors: --meta is not theirs, and a command never ignores what
+    it was asked (exit 8 naming the flag and the format, nothing written)."""
+    r = ckpt.run("convert", meta_file, tmp_path / out, "--meta=zeros")
+    assert r.returncode == 8, r.stderr
+    fmt = "pt" if out.endswith(".pt") else "tensorizer"
+    assert f"--meta is only available for safetensors output, not {fmt}" in r.stderr, r.stderr
+    assert not (tmp_path / out).exists()

@@ -127,3 +127,19 @@ def test_save_meta_and_defaultdict(tmp_path):
     assert back["cnt"] == sd["cnt"] and type(back["cnt"]) is collections.Counter
     again = ckpt.load(p)
     assert again["d"].default_factory is list and again["m"].device.type == "meta"
+
+
+@pytest.mark.parametrize("dst, kw, says", [
+    ("o.pt", {"meta": "zeros"}, "meta= is only available for safetensors output, not pt"),
+    ("o.tensors", {"alignment": 64},
+     "alignment= is only available for pt and safetensors output, not tensorizer"),
+    ("o.safetensors", {"password": "pw"}, "only available for tensorizer output, not safetensors"),
+])
+def test_convert_refuses_a_keyword_of_another_format(tmp_path, dst, kw, says):
+    """The library's table decides which format owns a keyword; the CLI refuses the same flags
+    with the same words (exit 8)."""
+    src = tmp_path / "s.pt"
+    torch.save({"w": torch.ones(3)}, src)
+    with pytest.raises(ckpt.InvalidArgumentError, match=says):
+        ckpt.open(src).convert(tmp_path / dst, **kw)
+    assert not (tmp_path / dst).exists()

@@ -197,6 +197,44 @@ TEST(Convert, FormatNames) {
     EXPECT_EQ(parse_convert_format(convert_format_name(f)), f);
 }
 
+TEST(Convert, ParseTargetTakesEachSettingForTheFormatsThatOwnItOnly) {
+  // Every format is one row of the table: its names and extensions lead back to it.
+  for (const TargetFormatInfo& f : target_formats()) {
+    EXPECT_EQ(target_format(default_target(f.format)), f.format);
+    EXPECT_EQ(target_format(parse_target(f.name)), f.format);
+    for (std::string_view e : f.extensions)
+      EXPECT_EQ(target_format(parse_target("dir/x" + std::string(e))), f.format);
+  }
+  EXPECT_EQ(target_format(parse_target("m.safetensors.index.json")), ConvertFormat::kSafetensors);
+  TargetSettings s;
+  s.alignment = 4096;
+  s.meta = MetaTensors::kZeros;
+  auto st = std::get<SafetensorsTarget>(parse_target("out.safetensors", s));
+  EXPECT_EQ(st.alignment, 4096u);
+  EXPECT_EQ(st.meta, MetaTensors::kZeros);
+  // A setting of another format is refused by name, never ignored.
+  Error e = test::capture_error([&] { parse_target("pt", s); });
+  EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(e.message().find("TargetSettings::meta is only available for safetensors output, not pt"),
+            std::string::npos)
+      << e.message();
+  TargetSettings a;
+  a.alignment = 64;
+  e = test::capture_error([&] { parse_target("x.tensors", a); });
+  EXPECT_NE(e.message().find("TargetSettings::alignment is only available for pt and "
+                             "safetensors output, not tensorizer"),
+            std::string::npos)
+      << e.message();
+  TargetSettings d;
+  d.dcp_files = 3;
+  EXPECT_EQ(std::get<DcpTarget>(parse_target("dcp", d)).files, 3u);
+  EXPECT_CKPT_ERROR(parse_target("x.pt", d), ErrorCode::kInvalidArgument);
+  TargetSettings k;
+  k.encryption.password = "pw";
+  EXPECT_CKPT_ERROR(parse_target("safetensors", k), ErrorCode::kInvalidArgument);
+  EXPECT_CKPT_ERROR(parse_target("model"), ErrorCode::kInvalidArgument);
+}
+
 // A state dict whose "encoder.weight" and "decoder.weight" are one tensor (torch.save writes it
 // once), plus a transposed view of another tensor's storage.
 std::string tied_checkpoint(const TempDir& dir) {

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <set>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -437,6 +438,69 @@ TEST(Shards, ConvertWritesShardsAndIndex) {
   o.max_shard_size = 100;
   EXPECT_EQ(test::capture_error([&] { convert(in, d.file("x.tensors"), o); }).code(),
             ErrorCode::kInvalidArgument);
+}
+
+// Replacing a set: the new index names the new shards under their own names, the old set's
+// shards it does not name are gone, and nothing else is left in the folder.
+TEST(Shards, ConvertOverAnOldSetLeavesOnlyTheNewSet) {
+  TempDir d;
+  auto write_set = [&](uint64_t seed, const char* name) {
+    std::vector<Tensor> ts;
+    for (int i = 0; i < 4; ++i)
+      ts.push_back(make("t" + std::to_string(i), DType::kFloat32, {25}, seed + i));  // 100 B
+    SaveOptions so;
+    so.fsync = false;
+    save_torch(d.file(name), state_dict_value(ts), ts, so);
+    return ts;
+  };
+  std::vector<Tensor> a = write_set(1, "a.pt"), b = write_set(10, "b.pt");
+  const std::string out = d.file("set/model.safetensors");
+  auto convert_to = [&](const char* in, uint64_t size) {
+    ConvertOptions o;
+    o.fsync = false;
+    o.max_shard_size = size;
+    return convert(Checkpoint::open(d.file(in)), out, o);
+  };
+  ConvertReport ra = convert_to("a.pt", 200);  // 2 shards; the folder "set" is made
+  ASSERT_EQ(ra.files.size(), 2u);
+  ConvertReport rb = convert_to("b.pt", 200);  // the same names
+  ASSERT_EQ(rb.files, ra.files);
+  auto listing = [&] {
+    std::set<std::string> names;
+    for (const auto& e : std::filesystem::directory_iterator(d.file("set")))
+      names.insert(e.path().filename().string());
+    return names;
+  };
+  EXPECT_EQ(listing(), (std::set<std::string>{"model-00001-of-00002.safetensors",
+                                              "model-00002-of-00002.safetensors",
+                                              "model.safetensors.index.json"}));
+  Checkpoint back = Checkpoint::open(rb.index);
+  for (const auto& t : b) expect_same(back.tensor(t.name()), t);
+  // Another count: the old names go.
+  ConvertReport ra4 = convert_to("a.pt", 100);
+  ASSERT_EQ(ra4.files.size(), 4u);
+  EXPECT_EQ(listing().size(), 5u);
+  EXPECT_FALSE(std::filesystem::exists(ra.files[0]));
+  Checkpoint back4 = Checkpoint::open(ra4.index);
+  for (const auto& t : a) expect_same(back4.tensor(t.name()), t);
+  // A shard that cannot be put in place: the conversion fails, the old set stays whole, and no
+  // new shard is left.
+  std::filesystem::create_directories(d.file("set/model-00002-of-00002.safetensors/x"));
+  EXPECT_ANY_THROW(convert_to("b.pt", 200));
+  EXPECT_FALSE(std::filesystem::exists(d.file("set/model-00001-of-00002.safetensors")));
+  Checkpoint still = Checkpoint::open(ra4.index);
+  for (const auto& t : a) expect_same(still.tensor(t.name()), t);
+  // A conversion that fails before the commit leaves no folder it made.
+  ConvertOptions o;
+  o.fsync = false;
+  o.max_shard_size = 100;
+  o.progress = [](uint64_t, uint64_t) { throw std::runtime_error("stop"); };
+  o.progress_interval = std::chrono::milliseconds(0);
+  EXPECT_ANY_THROW(convert(Checkpoint::open(d.file("a.pt")), d.file("new/deeper/m.safetensors"), o));
+  EXPECT_FALSE(std::filesystem::exists(d.file("new")));
+  // Refused before anything: an output that is one of the input's own files.
+  EXPECT_CKPT_ERROR(convert(Checkpoint::open(ra4.index), ra4.files[1], ConvertOptions{}),
+                    ErrorCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -81,6 +81,34 @@ std::vector<Spec> transformer(uint64_t budget, int64_t hidden, uint64_t es) {
   return specs;
 }
 
+// The tensors with the save function of the target's format.
+void save_sample(ByteSink& sink, const std::vector<Tensor>& tensors, const ConvertTarget& target) {
+  struct Save {
+    ByteSink& sink;
+    const std::vector<Tensor>& tensors;
+    void operator()(const std::monostate&) const {}
+    void operator()(const PtTarget& t) const {
+      SaveOptions so;
+      if (t.alignment) so.alignment = t.alignment;
+      save_torch(sink, state_dict_value(tensors), tensors, so);
+    }
+    void operator()(const SafetensorsTarget& t) const {
+      SafetensorsSaveOptions so;
+      if (t.alignment) so.alignment = t.alignment;
+      save_safetensors(sink, tensors, {}, so);
+    }
+    void operator()(const TensorizerTarget&) const {
+      std::vector<TensorizerEntry> entries;
+      for (const Tensor& t : tensors) entries.push_back({.tensor = t});
+      save_tensorizer(sink, entries);
+    }
+    void operator()(const DcpTarget&) const {
+      throw Error(ErrorCode::kInvalidArgument, "sample writes one file: pt, safetensors or tensorizer");
+    }
+  };
+  std::visit(Save{sink, tensors}, target);
+}
+
 }  // namespace
 
 void add_sample(CLI::App& app) {
@@ -116,10 +144,10 @@ void add_sample(CLI::App& app) {
     auto dt = dtype_from_name(o->dtype);
     if (!dt || (*dt != DType::kFloat32 && *dt != DType::kBFloat16 && *dt != DType::kFloat16))
       throw Error(ErrorCode::kInvalidArgument, "--dtype must be float32, bfloat16 or float16");
-    const ConvertFormat format =
-        o->to.empty() ? convert_format_for_path(o->out) : parse_convert_format(o->to);
-    if (o->align && format == ConvertFormat::kTensorizer)
-      throw Error(ErrorCode::kInvalidArgument, "--align: tensorizer files have no alignment option");
+    // The library's table says which format OUT names and refuses --align for tensorizer.
+    TargetSettings settings;
+    settings.alignment = o->align;
+    const ConvertTarget target = parse_target(o->to.empty() ? o->out : o->to, settings);
     const uint64_t es = dtype_size(*dt);
     const uint64_t budget = std::max<uint64_t>(static_cast<uint64_t>(o->size_mb * 1048576.0), es);
     std::vector<Spec> specs;
@@ -155,28 +183,15 @@ void add_sample(CLI::App& app) {
     double t1 = now_seconds();
     line.set_label("writing");
     auto file = create_file_sink(o->out);
-    CountingSink sink(*file, line, total);
-    if (format == ConvertFormat::kSafetensors) {
-      SafetensorsSaveOptions so;
-      if (o->align) so.alignment = o->align;
-      save_safetensors(sink, tensors, {}, so);
-      sink.commit();
-    } else if (format == ConvertFormat::kTensorizer) {
-      std::vector<TensorizerEntry> entries;
-      for (const Tensor& t : tensors) entries.push_back({.tensor = t});
-      save_tensorizer(sink, entries);
-      sink.commit();
-    } else {
-      SaveOptions so;
-      if (o->align) so.alignment = o->align;
-      save_torch(sink, state_dict_value(tensors), tensors, so);
-      sink.commit();
-    }
+    ProgressSink sink(*file, total, [&line](uint64_t done, uint64_t all) { line.update(done, all); },
+                      std::chrono::steady_clock::duration::zero());
+    save_sample(sink, tensors, target);
+    sink.commit();
     line.finish(file->position());
     double t2 = now_seconds();
     std::printf("wrote %s (%s): %zu tensors, %s of data, %s file (generated in %.2f s, saved in "
                 "%.2f s: %.2f GB/s)\n",
-                o->out.c_str(), convert_format_name(format), tensors.size(),
+                o->out.c_str(), convert_format_name(target_format(target)), tensors.size(),
                 human_bytes(total).c_str(), human_bytes(file->position()).c_str(), t1 - t0, t2 - t1,
                 static_cast<double>(total) / (t2 - t1) / 1e9);
   });

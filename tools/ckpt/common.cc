@@ -180,6 +180,13 @@ std::string error_line(const Error& e) {
   static const std::pair<const char*, const char*> kOptions[] = {
       {"SafetensorsSaveOptions::copy_shared", "--copy-shared"},
       {"SafetensorsTarget::copy_shared", "--copy-shared"},
+      {"TargetSettings::alignment", "--align"},
+      {"TargetSettings::copy_shared", "--copy-shared"},
+      {"TargetSettings::meta", "--meta"},
+      {"TargetSettings::store_digests", "--digests"},
+      {"TargetSettings::encryption", "--encrypt-key / --encrypt-password-file"},
+      {"TargetSettings::dcp_files", "--dcp-files"},
+      {"ConvertOptions::max_shard_size", "--max-shard-size"},
       {"SafetensorsTarget::meta = MetaTensors::kZeros", "--meta=zeros"},
       {"MetaTensors::kSkip", "--meta=skip"},
       {"OpenOptions::decrypt_key", "--decrypt-key FILE"},

@@ -112,16 +112,4 @@ void ProgressLine::draw(uint64_t done, uint64_t total, bool last) {
   drawn_at_ = now;
 }
 
-void CountingSink::write_sliced(std::span<const std::byte> bytes, size_t slice,
-                                const SliceVisitor& visit) {
-  const uint64_t start = inner_.position();
-  std::atomic<uint64_t> done{0};
-  // Slices may be visited from two threads: count them atomically (a visited slice is about to
-  // be written).
-  inner_.write_sliced(bytes, slice, [&](size_t i, uint64_t off, std::span<const std::byte> s) {
-    if (visit) visit(i, off, s);
-    line_.update(start + done.fetch_add(s.size()) + s.size(), total_);
-  });
-}
-
 }  // namespace ckpt::cli

@@ -53,31 +53,4 @@ class ProgressLine {
   std::mutex mu_;
 };
 
-// A sink that shows the bytes written through it on a ProgressLine, passing everything on to the
-// real sink (reserve and write_sliced included, so its fast paths stay in use).
-class CountingSink final : public ByteSink {
- public:
-  CountingSink(ByteSink& inner, ProgressLine& line, uint64_t total)
-      : inner_(inner), line_(line), total_(total) {}
-  const std::string& name() const override { return inner_.name(); }
-  void write(std::span<const std::byte> bytes) override {
-    inner_.write(bytes);
-    line_.update(inner_.position(), total_);
-  }
-  using ByteSink::write;
-  void patch(uint64_t offset, std::span<const std::byte> bytes) override {
-    inner_.patch(offset, bytes);
-  }
-  uint64_t position() const override { return inner_.position(); }
-  void reserve(uint64_t size) override { inner_.reserve(size); }
-  void write_sliced(std::span<const std::byte> bytes, size_t slice,
-                    const SliceVisitor& visit) override;
-  void commit() override { inner_.commit(); }
-
- private:
-  ByteSink& inner_;
-  ProgressLine& line_;
-  const uint64_t total_;
-};
-
 }  // namespace ckpt::cli

@@ -1,9 +1,12 @@
-#include "convert/progress_sink.h"
+// ProgressSink (include/ckpt/sink.h).
+
+#include "ckpt/sink.h"
 
 #include <algorithm>
 #include <atomic>
+#include <utility>
 
-namespace ckpt::internal {
+namespace ckpt {
 
 namespace {
 // A large write() (a whole tensor) is passed on in pieces of this size, so that progress moves
@@ -11,12 +14,12 @@ namespace {
 constexpr size_t kPiece = 8 << 20;
 }  // namespace
 
-ProgressSink::ProgressSink(ByteSink& inner, uint64_t total, const Callback& fn,
+ProgressSink::ProgressSink(ByteSink& inner, uint64_t total, Callback fn,
                            std::chrono::steady_clock::duration every, uint64_t base)
     : inner_(inner),
       total_(total),
       base_(base),
-      fn_(fn),
+      fn_(std::move(fn)),
       every_(every),
       caller_(std::this_thread::get_id()),
       last_(std::chrono::steady_clock::now()) {}
@@ -64,4 +67,4 @@ void ProgressSink::finish() {
   fn_(n, n);
 }
 
-}  // namespace ckpt::internal
+}  // namespace ckpt
