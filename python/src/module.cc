@@ -84,4 +84,5 @@ PYBIND11_MODULE(_ckpt, m) {
   bind_load(m);
   bind_save(m);
   bind_process(m);
+  bind_load_into(m);
 }
