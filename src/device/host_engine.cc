@@ -5,6 +5,7 @@
 // engine's own copies reach (they translate device addresses to it). Code that reads device
 // memory on the host faults here as it would on a GPU machine.
 
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -18,6 +19,7 @@
 #include <exception>
 #include <map>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -227,7 +229,17 @@ namespace {
 // pread straight into the "device" memory.
 class HostDirectFile : public DirectFile {
  public:
-  HostDirectFile(int fd, std::shared_ptr<HostCopyEngine::State> st) : fd_(fd), st_(std::move(st)) {}
+  // An O_DIRECT descriptor (what a load passes, as cuFile wants it) is opened again without:
+  // pread into the engine's unaligned buffers needs the page cache.
+  HostDirectFile(int fd, std::shared_ptr<HostCopyEngine::State> st) : fd_(fd), st_(std::move(st)) {
+    if (int fl = ::fcntl(fd, F_GETFL); fl >= 0 && (fl & O_DIRECT)) {
+      std::string self = "/proc/self/fd/" + std::to_string(fd);
+      if ((own_ = ::open(self.c_str(), O_RDONLY | O_CLOEXEC)) >= 0) fd_ = own_;
+    }
+  }
+  ~HostDirectFile() override {
+    if (own_ >= 0) ::close(own_);
+  }
   void read(uint64_t offset, std::byte* dst, uint64_t n) override {
     if (st_->options.direct_fails)
       throw Error(ErrorCode::kIo, "direct read: injected failure", {}, {}, offset);
@@ -244,7 +256,7 @@ class HostDirectFile : public DirectFile {
   }
 
  private:
-  int fd_;
+  int fd_, own_ = -1;
   std::shared_ptr<HostCopyEngine::State> st_;
 };
 
