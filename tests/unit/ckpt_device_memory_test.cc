@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -334,6 +335,52 @@ TEST(DeviceMemory, AFailedDirectReadFallsBackAndOnlyRealDirectBytesCount) {
   expect_same(engine, dev, c.load_all());
   EXPECT_EQ(gds_bytes_read(), before);  // nothing went direct
   EXPECT_GT(engine.copies(), 0u);
+}
+
+// A 1 GiB meta tensor (shape and dtype only, as torch's device="meta"): no memory and no work,
+// on the host (zeros all the same) and on a device (a null address; nothing through the link).
+TEST(DeviceMemory, MetaTensorsGetNoBytes) {
+  test::TempDir dir;
+  const std::string path = dir.file("meta.tensors");
+  StorageInfo si;
+  si.key = "big";
+  si.dtype = DType::kFloat32;
+  si.nbytes = 1ull << 30;
+  si.meta = true;
+  auto storage = std::make_shared<Storage>();
+  storage->info = si;
+  TensorInfo ti;
+  ti.name = "big";
+  ti.dtype = DType::kFloat32;
+  ti.shape = {1 << 28};
+  ti.strides = {1};
+  std::vector<TensorizerEntry> es(2);
+  es[0].tensor = Tensor(ti, storage);
+  es[0].meta = true;
+  std::vector<float> small(1000, 2.f);
+  es[1].tensor = Tensor::copy_of("small", DType::kFloat32, {1000}, std::as_bytes(std::span<const float>(small)));
+  save_tensorizer(path, es);
+  Checkpoint c = Checkpoint::open(path);
+  auto t0 = std::chrono::steady_clock::now();
+  auto host = c.load_all();
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_EQ(host.size(), 2u);
+  EXPECT_LT(s, 0.5);  // memset of 1 GiB with its page faults takes seconds
+  EXPECT_EQ(host[0].info().nbytes(), 1ull << 30);
+  EXPECT_EQ(std::to_integer<int>(host[0].data()[(1 << 30) - 1]), 0);  // zeros, read back free
+  EXPECT_FALSE(host[0].storage()->writable);
+
+  HostCopyEngine engine;
+  UseEngine use(engine);
+  LoadOptions lo;
+  lo.device = Device::cuda(0);
+  auto dev = c.load_all(lo);
+  EXPECT_EQ(dev[0].storage()->data, nullptr);
+  EXPECT_LT(engine.device_in_use(), 1u << 20);  // only the small tensor
+  std::vector<std::byte> tail(16, std::byte{1});
+  copy_to_host(*dev[0].storage(), (1ull << 30) - 16, tail);
+  EXPECT_EQ(std::to_integer<int>(tail[3]), 0);
+  expect_same(engine, {dev[1]}, {host[1]});
 }
 
 }  // namespace
