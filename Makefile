@@ -21,7 +21,7 @@ FUZZ_SMOKE_SECONDS ?= 10
 FUZZ_TARGETS ?=
 # The unit tests that run threads (eager loader, parallel decryption, zip offset cache, the
 # concurrency tests): run under ThreadSanitizer by `make tsan`.
-TSAN_FILTER ?= *Concurrent*:*Thread*:*Parallel*:*Encrypted*:Concurrency.*:Load.*:FileSink*:*Sliced*:*Save*
+TSAN_FILTER ?= *Concurrent*:*Thread*:*Parallel*:*Encrypted*:Concurrency.*:Load.*:FileSink*:*Sliced*:*Save*:Device.*:DeviceMemory.*
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCKPT_BUILD_PYTHON=ON
 PY := /usr/bin/python3

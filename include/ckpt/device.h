@@ -18,15 +18,18 @@ namespace ckpt {
 struct Device {
   enum class Kind : uint8_t { kCpu, kCuda };
   Kind kind = Kind::kCpu;
-  int index = 0;  // the CUDA device ordinal (0 for the CPU)
+  int index = 0;  // the CUDA device ordinal (0 for the CPU); -1: the current CUDA device
 
-  // "cpu", "cuda" (device 0) or "cuda:N". Throws Error{kInvalidArgument} for anything else,
+  // "cpu", "cuda" (the current device: current_cuda()) or "cuda:N". Throws Error{kInvalidArgument} for anything else,
   // Error{kUnsupported} for a known kind ckpt does not load into ("mps", "xpu", "meta", ...).
   static Device parse(std::string_view text);
   static Device cuda(int index = 0) { return {Kind::kCuda, index}; }
+  // The CUDA device current on the loading thread when a load starts (cudaGetDevice), as torch
+  // reads "cuda": a load resolves it once, and its storages name the resolved device.
+  static Device current_cuda() { return {Kind::kCuda, -1}; }
   bool is_cpu() const noexcept { return kind == Kind::kCpu; }
   bool is_cuda() const noexcept { return kind == Kind::kCuda; }
-  std::string str() const;  // "cpu", "cuda:0"
+  std::string str() const;  // "cpu", "cuda" (current), "cuda:0"
   friend bool operator==(const Device&, const Device&) = default;
 };
 
@@ -43,6 +46,22 @@ std::string describe_device(const Device& device);
 // speed, what no load into the device can beat): the median of `repeat` copies after one
 // warm-up. For benchmarks (`ckpt bench --device`). Throws like describe_device().
 double time_pinned_copy(const Device& device, uint64_t bytes, int repeat = 5);
+
+// Device memory from the caller (LoadOptions::allocator): one allocation per storage of a device
+// load, each freed when its last tensor dies. Called from the loading thread (allocate) and from
+// whichever thread drops the last tensor (free): both must be thread-safe.
+class DeviceAllocator {
+ public:
+  virtual ~DeviceAllocator() = default;
+  // At least `bytes` bytes (256-byte aligned) on `device`; throws (or returns null) when it has
+  // none. The load then frees what it took and throws Error{kLimitExceeded}.
+  virtual void* allocate(uint64_t bytes, const Device& device) = 0;
+  virtual void free(void* p, uint64_t bytes, const Device& device) noexcept = 0;
+};
+
+// Bytes read straight into device memory by GPUDirect Storage in this process so far (what
+// LoadOptions::gds really did: 0 when every byte went through host staging).
+uint64_t gds_bytes_read();
 
 struct Storage;
 // Copies `dst.size()` bytes of a storage's memory from byte `offset` into host memory, wherever

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -119,7 +120,18 @@ struct LoadOptions {
   // Error{kUnsupported} naming what is missing where CUDA cannot be used (no runtime library, no
   // such device: include/ckpt/device.h). stream() and read_into() are host-only (kUnsupported).
   Device device;
+  // Host staging: pinned memory, also capped at half of what the cgroup memory limit leaves
+  // (/sys/fs/cgroup/memory.max) when there is one.
   uint64_t staging_bytes = 256ull << 20;
+  // Device memory (a CUDA device): the load's bytes are checked against max_device_bytes (0: no
+  // limit of its own) and the device's free memory (cudaMemGetInfo) before anything is
+  // allocated or read; a load that cannot fit throws Error{kLimitExceeded} naming the bytes
+  // needed and the bytes free. Where the bytes go: one allocation for the whole load (the
+  // tensors are views of it; it is freed with the last of them), or with `allocator` one
+  // allocation per storage from it, each freed when its own tensors die (caller-owned memory:
+  // load_into() in include/ckpt/load_into.h). Meta tensors get no bytes (a null address).
+  uint64_t max_device_bytes = 0;
+  std::shared_ptr<DeviceAllocator> allocator;
   // A CUDA device and a local file: read raw storages straight from the file into device memory
   // with GPUDirect Storage (NVIDIA's cuFile library, loaded at run time), where the library and
   // its driver open (gds_unavailable() in include/ckpt/device.h says why not). Storages that

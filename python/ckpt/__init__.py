@@ -22,6 +22,7 @@ import sys
 import threading
 
 from . import _build, _ckpt, _script, _tree
+from ._load_into import load_into
 from ._build import Builder, backend
 from ._build import untyped_storage as _untyped_storage
 from ._errors import (AuthError, CorruptError, Error, ForbiddenGlobalError, InvalidArgumentError,
@@ -42,7 +43,7 @@ __all__ = [
     "Opaque", "Global", "OpaqueDict", "Error", "IoError", "NotFoundError", "TruncatedError",
     "CorruptError", "UnsupportedError", "LimitExceededError", "InvalidArgumentError",
     "AuthError", "ForbiddenGlobalError", "NotACheckpointDirError", "set_kept_memory_limit",
-    "release_kept_memory", "kept_memory", "Shard", "Replicate", "Box", "RankError",
+    "release_kept_memory", "kept_memory", "Shard", "Replicate", "Box", "RankError", "load_into",
 ]
 
 TensorInfo = collections.namedtuple(
@@ -95,9 +96,24 @@ def _device(map_location, framework="torch"):
         if framework != "torch":
             raise error(InvalidArgumentError, f"device {loc!r}: numpy arrays live in host memory "
                         "(use framework='pt' for CUDA tensors)")
-        return loc
+        return _current_cuda(loc)
     raise error(InvalidArgumentError, f"map_location={map_location!r}: ckpt loads onto 'cpu', "
                 "'cuda[:N]' or 'meta' (move the tensors afterwards)")
+
+
+def _current_cuda(loc):
+    """"cuda" is torch's current device (torch.cuda.current_device()) at the time of the call,
+    made explicit here; "cuda:N" as it is. Without torch's CUDA, the library resolves "cuda"
+    (cudaGetDevice) itself."""
+    if loc != "cuda":
+        return loc
+    torch = sys.modules.get("torch")
+    try:
+        if torch is not None and torch.cuda.is_available():
+            return f"cuda:{torch.cuda.current_device()}"
+    except Exception:  # a broken CUDA setup: the library reports what is missing
+        pass
+    return loc
 
 
 def _is_callable_location(loc):

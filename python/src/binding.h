@@ -116,11 +116,15 @@ struct PyCheckpoint {
 OpenOptions open_options(bool strict, const std::string& key, const std::string& password);
 // `device`: "cpu", "cuda" or "cuda:N" (Device::parse; invalid ones throw ckpt.Error).
 LoadOptions load_options(bool verify, int threads, const std::string& device = "cpu");
+// For a CUDA device where torch is imported: torch's caching allocator (torch_alloc.cc), one
+// allocation per storage; else null (the load's one arena).
+std::shared_ptr<DeviceAllocator> torch_device_allocator(const Device& device);
 void bind_checkpoint(pyb::module_& m);  // _ckpt.Checkpoint
 void bind_load(pyb::module_& m);        // _ckpt.load, _ckpt.load_checkpoint
 void bind_save(pyb::module_& m);        // _ckpt.save_torch, save_safetensors, save_tensorizer
 void bind_process(pyb::module_& m);     // kept memory, reaping, error exit statuses
 void bind_ranks(pyb::module_& m);       // _ckpt.load_ranks, _ckpt.resolve_ranks (ranks.cc)
+void bind_load_into(pyb::module_& m);   // _ckpt.load_into (load_into.cc)
 // Spans of every storage in `which` (None for the rest), a writable view or owned memory each:
 // a read-only view (a sharded set's shards, which the library maps itself) is copied.
 pyb::list storage_spans(const Checkpoint& c, const std::vector<size_t>& which,

@@ -26,6 +26,7 @@ LoadOptions load_options(bool verify, int threads, const std::string& device) {
   o.verify = verify;
   o.threads = threads;
   o.device = Device::parse(device);
+  o.allocator = torch_device_allocator(o.device);
   return o;
 }
 

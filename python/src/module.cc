@@ -93,4 +93,5 @@ PYBIND11_MODULE(_ckpt, m) {
   bind_save(m);
   bind_process(m);
   bind_ranks(m);
+  bind_load_into(m);
 }

@@ -48,6 +48,9 @@ class CheckpointKind {
   // The files as checkpoints of their own, in files() order, when each file is one (a set);
   // empty otherwise.
   virtual const std::vector<Checkpoint>& parts() const;
+  // A single file's source for positional reads (what its loads read), else null: device loads
+  // into caller memory (load_into) plan over it.
+  virtual SourcePtr file_copy() const { return nullptr; }
 
   // Storage `s` (valid) loaded as Checkpoint::storage() describes; the handle keeps the cache
   // that shares storages, so this loads every time.

@@ -32,11 +32,12 @@ class FileKind final : public CheckpointKind {
     if (model().tensor_files.empty()) return {&kFirst, 1};
     return model().tensor_files[t];
   }
+  SourcePtr file_copy() const override { return copy_; }
 
   StoragePtr load_storage(size_t s, const LoadOptions& options) const override {
     if (!options.device.is_cpu()) {
       LoadPlan plan = plan_storage(model(), copy_, s, options, false);
-      return execute_device(plan, options.device, options.staging_bytes, options.gds)[s];
+      return execute_device(plan, options.device, options)[s];
     }
     LoadPlan plan = plan_storage(model(), copy_, s, options, true);
     return load_one(plan, plan.storages[0]);
@@ -70,7 +71,7 @@ class FileKind final : public CheckpointKind {
     LoadPlan plan = make_plan(model(), copy_, options, filter, false);
     if (!options.device.is_cpu()) {
       std::vector<Tensor> out = plan_tensors(
-          plan, execute_device(plan, options.device, options.staging_bytes, options.gds));
+          plan, execute_device(plan, options.device, options));
       if (placed) placed(out);  // the bytes are there already: a later call keeps the contract
       return out;
     }

@@ -76,13 +76,22 @@ class CopyEngine {
     why = "this engine reads through host memory only";
     return nullptr;
   }
+  // The device's free memory now (cudaMemGetInfo), for budgets decided before a load allocates.
+  virtual uint64_t free_bytes() = 0;
   // Why open_direct() returns null whatever the file ("" when it may succeed).
   virtual std::string direct_unavailable() { return "this engine reads through host memory only"; }
 };
 
+// Adds to gds_bytes_read() (include/ckpt/device.h).
+void count_direct_bytes(uint64_t n);
+
 // The engine of a CUDA device, shared process-wide (created on first use). Throws
 // Error{kUnsupported} naming what is missing (no runtime library, no such device).
 CopyEngine& cuda_engine(int index);
+// `device` with its index: "cuda" (Device::current_cuda()) is the device current on this thread
+// (cudaGetDevice, at the time of the call; the host engine's current_device() under a test
+// override; 0 without a CUDA runtime). Other devices as they are.
+Device resolve_device(const Device& device);
 // The engine loads into `device` use: the test override when one is set, else cuda_engine().
 CopyEngine& engine_for(const Device& device);
 // Whether engine_for(device) returns at once: its engine exists already (creating a CUDA engine
@@ -101,7 +110,9 @@ struct HostEngineOptions {
   uint32_t delay_us = 0;
   uint64_t fail_at = 0;
   uint64_t device_bytes = UINT64_MAX;  // allocate() beyond this throws kLimitExceeded
+  uint64_t free_bytes = UINT64_MAX;    // what free_bytes() reports (less what is allocated)
   bool direct = false;                 // open_direct(): pread straight into "device" memory
+  bool direct_fails = false;           // ... whose reads all fail with Error{kIo}
 };
 class HostCopyEngine : public CopyEngine {
  public:
@@ -118,6 +129,12 @@ class HostCopyEngine : public CopyEngine {
   uint64_t release_staging() override;
   std::unique_ptr<DirectFile> open_direct(int fd, std::string& why) override;
   std::string direct_unavailable() override;
+  uint64_t free_bytes() override;
+  // The fake's current device of this thread (cudaGetDevice/cudaSetDevice), 0 until set.
+  static int current_device();
+  static void set_current_device(int index);
+  // Whether `p` lies in memory this engine allocated (device memory the host must not touch).
+  bool owns(const std::byte* p) const;
 
   uint64_t staging_peak() const;
   uint64_t direct_bytes() const;  // read by open_direct()'s files

@@ -25,44 +25,26 @@
 #include "ckpt/error.h"
 #include "ckpt/tensor.h"
 #include "device/copy_engine.h"
+#include "device/cuda_runtime.h"
 #include "device/cufile.h"
 
 namespace ckpt::internal {
 namespace {
 
-using cudaError = int;
-using Stream = void*;
-using Event = void*;
-constexpr int kMemcpyHostToDevice = 1;
-constexpr int kMemcpyDeviceToHost = 2;
-constexpr unsigned kHostAllocPortable = 1;
-constexpr unsigned kStreamNonBlocking = 1;
-constexpr unsigned kEventDisableTiming = 2;
+using cuda::Event;
+using cuda::Runtime;
+using cuda::Stream;
+using cudaError = cuda::Error;
+using cuda::DeviceGuard;
+using cuda::kEventDisableTiming;
+using cuda::kHostAllocPortable;
+using cuda::kMemcpyDeviceToHost;
+using cuda::kMemcpyHostToDevice;
+using cuda::kStreamNonBlocking;
+// What GetDeviceCount answers without a driver (cudaErrorInsufficientDriver) and without a GPU
+// (cudaErrorNoDevice).
 constexpr cudaError kErrorInsufficientDriver = 35;
 constexpr cudaError kErrorNoDevice = 100;
-
-struct Runtime {
-  void* handle = nullptr;
-  std::string path, missing;  // the file loaded, or why none could be
-  cudaError (*GetDeviceCount)(int*) = nullptr;
-  cudaError (*SetDevice)(int) = nullptr;
-  cudaError (*Malloc)(void**, size_t) = nullptr;
-  cudaError (*Free)(void*) = nullptr;
-  cudaError (*HostAlloc)(void**, size_t, unsigned) = nullptr;
-  cudaError (*FreeHost)(void*) = nullptr;
-  cudaError (*StreamCreateWithFlags)(Stream*, unsigned) = nullptr;
-  cudaError (*StreamDestroy)(Stream) = nullptr;
-  cudaError (*MemcpyAsync)(void*, const void*, size_t, int, Stream) = nullptr;
-  cudaError (*Memcpy)(void*, const void*, size_t, int) = nullptr;
-  cudaError (*EventCreateWithFlags)(Event*, unsigned) = nullptr;
-  cudaError (*EventRecord)(Event, Stream) = nullptr;
-  cudaError (*EventSynchronize)(Event) = nullptr;
-  cudaError (*EventDestroy)(Event) = nullptr;
-  cudaError (*MemGetInfo)(size_t*, size_t*) = nullptr;
-  cudaError (*RuntimeGetVersion)(int*) = nullptr;
-  const char* (*GetErrorString)(cudaError) = nullptr;
-  cudaError (*GetDeviceProperties)(void*, int) = nullptr;  // optional
-};
 
 template <typename F>
 bool bind(void* h, const char* name, F& f) {
@@ -95,6 +77,8 @@ const Runtime& runtime() {
     }
     void* h = r.handle;
     bool ok = bind(h, "cudaGetDeviceCount", r.GetDeviceCount) && bind(h, "cudaSetDevice", r.SetDevice) &&
+              bind(h, "cudaGetDevice", r.GetDevice) && bind(h, "cudaGetLastError", r.GetLastError) &&
+              bind(h, "cudaStreamSynchronize", r.StreamSynchronize) &&
               bind(h, "cudaMalloc", r.Malloc) && bind(h, "cudaFree", r.Free) &&
               bind(h, "cudaHostAlloc", r.HostAlloc) && bind(h, "cudaFreeHost", r.FreeHost) &&
               bind(h, "cudaStreamCreateWithFlags", r.StreamCreateWithFlags) &&
@@ -123,12 +107,27 @@ std::string cuda_text(const Runtime& rt, cudaError e) {
   return std::string(s ? s : "unknown CUDA error") + " (" + std::to_string(e) + ")";
 }
 
+// Throws Error{kIo} for a failed call, after clearing the error it left pending in the runtime
+// (torch shares the runtime: a stale error would surface in its next unrelated call).
+void check(const Runtime& rt, cudaError e, const char* what, int index) {
+  if (e == 0) return;
+  if (rt.GetLastError) rt.GetLastError();
+  throw Error(ErrorCode::kIo,
+              std::string(what) + " on cuda:" + std::to_string(index) + ": " + cuda_text(rt, e));
+}
+
+// A call whose failure is ignored (teardown): its error is cleared all the same.
+void quiet(const Runtime& rt, cudaError e) {
+  if (e != 0 && rt.GetLastError) rt.GetLastError();
+}
+
 // Why device `index` cannot be used, or "" (and the device count in `count`).
 std::string unavailable(int index) {
   const Runtime& rt = runtime();
   if (!rt.handle) return rt.missing;
   int count = 0;
   if (cudaError e = rt.GetDeviceCount(&count); e != 0) {
+    quiet(rt, e);
     // 35 (cudaErrorInsufficientDriver, "CUDA driver version is insufficient") is what the
     // runtime answers where no NVIDIA driver is installed at all (a machine without a GPU),
     // 100 (cudaErrorNoDevice) where the driver finds no GPU: both mean no device.
@@ -143,27 +142,10 @@ std::string unavailable(int index) {
   return {};
 }
 
-class CudaEngine;
-
-void check(const Runtime& rt, cudaError e, const char* what, int index) {
-  if (e != 0)
-    throw Error(ErrorCode::kIo, std::string(what) + " on cuda:" + std::to_string(index) + ": " +
-                                    cuda_text(rt, e));
-}
-
-// The device every CUDA call of this thread refers to.
-void use_device(const Runtime& rt, int index) {
-  thread_local int current = -1;
-  if (current != index) {
-    check(rt, rt.SetDevice(index), "cudaSetDevice", index);
-    current = index;
-  }
-}
-
 class CudaSession : public CopySession {
  public:
   CudaSession(const Runtime& rt, int index, int slots, int lanes) : rt_(rt), index_(index) {
-    use_device(rt_, index_);
+    DeviceGuard on(rt_, index_);
     streams_.assign(static_cast<size_t>(lanes), nullptr);
     events_.assign(static_cast<size_t>(slots), nullptr);
     queued_.assign(static_cast<size_t>(slots), 0);
@@ -179,29 +161,38 @@ class CudaSession : public CopySession {
   }
   ~CudaSession() override {
     try {
-      use_device(rt_, index_);
+      DeviceGuard on(rt_, index_);
+      for (size_t k = 0; k < events_.size(); ++k)
+        if (events_[k] && queued_[k]) quiet(rt_, rt_.EventSynchronize(events_[k]));
+      for (Stream s : streams_)
+        if (s) quiet(rt_, rt_.StreamSynchronize(s));  // copies whose event was never recorded
+      destroy();
     } catch (...) {
+      destroy();
     }
-    for (size_t k = 0; k < events_.size(); ++k)
-      if (events_[k] && queued_[k]) rt_.EventSynchronize(events_[k]);
-    destroy();
   }
 
   void copy(int slot, std::byte* dst, const std::byte* src, uint64_t n) override {
-    use_device(rt_, index_);
+    DeviceGuard on(rt_, index_);
     const size_t k = static_cast<size_t>(slot);
     Stream s = streams_[k % streams_.size()];
     check(rt_, rt_.MemcpyAsync(dst, src, n, kMemcpyHostToDevice, s), "cudaMemcpyAsync", index_);
-    check(rt_, rt_.EventRecord(events_.at(k), s), "cudaEventRecord", index_);
+    if (cudaError e = rt_.EventRecord(events_.at(k), s); e != 0) {
+      // The copy is queued but has no mark: wait for its stream before reporting, so that no
+      // copy from the slot's staging memory is left running.
+      quiet(rt_, e);
+      quiet(rt_, rt_.StreamSynchronize(s));
+      check(rt_, e, "cudaEventRecord", index_);
+    }
     queued_[k] = 1;
   }
 
   void wait(int slot) override {
     const size_t k = static_cast<size_t>(slot);
     if (!queued_.at(k)) return;
-    use_device(rt_, index_);
-    check(rt_, rt_.EventSynchronize(events_[k]), "copy to the device", index_);
+    DeviceGuard on(rt_, index_);
     queued_[k] = 0;
+    check(rt_, rt_.EventSynchronize(events_[k]), "copy to the device", index_);
   }
 
   void finish() override {
@@ -211,9 +202,9 @@ class CudaSession : public CopySession {
  private:
   void destroy() noexcept {
     for (Event& e : events_)
-      if (e) rt_.EventDestroy(std::exchange(e, nullptr));
+      if (e) quiet(rt_, rt_.EventDestroy(std::exchange(e, nullptr)));
     for (Stream& s : streams_)
-      if (s) rt_.StreamDestroy(std::exchange(s, nullptr));
+      if (s) quiet(rt_, rt_.StreamDestroy(std::exchange(s, nullptr)));
   }
   const Runtime& rt_;
   int index_;
@@ -224,34 +215,46 @@ class CudaSession : public CopySession {
 
 class CudaEngine : public CopyEngine {
  public:
-  explicit CudaEngine(int index) : rt_(runtime()), index_(index) {}
+  CudaEngine(const Runtime& rt, int index) : rt_(rt), index_(index) {}
+  ~CudaEngine() override { release_staging(); }
 
   Device device() const override { return Device::cuda(index_); }
 
   std::string describe() const override {
-    use_device(rt_, index_);
+    DeviceGuard on(rt_, index_);
     std::string name = "CUDA device";
     if (rt_.GetDeviceProperties) {
       // Only the first member (char name[256]) is read; the buffer is far larger than any
       // version's cudaDeviceProp.
       std::vector<char> prop(1 << 16, 0);
-      if (rt_.GetDeviceProperties(prop.data(), index_) == 0) name.assign(prop.data(), strnlen(prop.data(), 256));
+      if (cudaError e = rt_.GetDeviceProperties(prop.data(), index_); e == 0)
+        name.assign(prop.data(), strnlen(prop.data(), 256));
+      else
+        quiet(rt_, e);
     }
     size_t free_b = 0, total_b = 0;
-    rt_.MemGetInfo(&free_b, &total_b);
+    quiet(rt_, rt_.MemGetInfo(&free_b, &total_b));
     int v = 0;
-    rt_.RuntimeGetVersion(&v);
+    quiet(rt_, rt_.RuntimeGetVersion(&v));
     return "cuda:" + std::to_string(index_) + " " + name + ", " +
            std::to_string(total_b >> 30) + " GiB, CUDA runtime " + std::to_string(v / 1000) + "." +
            std::to_string(v % 1000 / 10) + " (" + rt_.path + ")";
   }
 
+  uint64_t free_bytes() override {
+    DeviceGuard on(rt_, index_);
+    size_t free_b = 0, total_b = 0;
+    check(rt_, rt_.MemGetInfo(&free_b, &total_b), "cudaMemGetInfo", index_);
+    return free_b;
+  }
+
   std::shared_ptr<std::byte> allocate(uint64_t bytes) override {
-    use_device(rt_, index_);
+    DeviceGuard on(rt_, index_);
     void* p = nullptr;
     if (cudaError e = rt_.Malloc(&p, std::max<uint64_t>(bytes, 1)); e != 0) {
+      quiet(rt_, e);
       size_t free_b = 0, total_b = 0;
-      rt_.MemGetInfo(&free_b, &total_b);
+      quiet(rt_, rt_.MemGetInfo(&free_b, &total_b));
       throw Error(ErrorCode::kLimitExceeded,
                   "cannot allocate " + std::to_string(bytes) + " bytes on cuda:" +
                       std::to_string(index_) + " (" + std::to_string(free_b) + " of " +
@@ -261,10 +264,11 @@ class CudaEngine : public CopyEngine {
     int index = index_;
     return std::shared_ptr<std::byte>(static_cast<std::byte*>(p), [rt, index](std::byte* q) {
       try {
-        use_device(*rt, index);
+        DeviceGuard on(*rt, index);
+        quiet(*rt, rt->Free(q));
       } catch (...) {
+        quiet(*rt, rt->Free(q));
       }
-      rt->Free(q);
     });
   }
 
@@ -279,10 +283,12 @@ class CudaEngine : public CopyEngine {
       }
     }
     if (!p) {
-      use_device(rt_, index_);
-      if (cudaError e = rt_.HostAlloc(&p, std::max<uint64_t>(bytes, 1), kHostAllocPortable); e != 0)
+      DeviceGuard on(rt_, index_);
+      if (cudaError e = rt_.HostAlloc(&p, std::max<uint64_t>(bytes, 1), kHostAllocPortable); e != 0) {
+        quiet(rt_, e);
         throw Error(ErrorCode::kLimitExceeded, "cannot allocate " + std::to_string(bytes) +
                                                    " bytes of pinned host memory: " + cuda_text(rt_, e));
+      }
       size = bytes;
     }
     return std::shared_ptr<std::byte>(static_cast<std::byte*>(p), [this, size](std::byte* q) {
@@ -294,7 +300,7 @@ class CudaEngine : public CopyEngine {
           cached_size_ = size;
         }
       }
-      if (drop) rt_.FreeHost(drop);
+      if (drop) quiet(rt_, rt_.FreeHost(drop));
     });
   }
 
@@ -303,11 +309,11 @@ class CudaEngine : public CopyEngine {
   }
 
   void to_host(std::byte* dst, const std::byte* src, uint64_t n) override {
-    use_device(rt_, index_);
+    DeviceGuard on(rt_, index_);
     check(rt_, rt_.Memcpy(dst, src, n, kMemcpyDeviceToHost), "cudaMemcpy", index_);
   }
   void to_device(std::byte* dst, const std::byte* src, uint64_t n) override {
-    use_device(rt_, index_);
+    DeviceGuard on(rt_, index_);
     check(rt_, rt_.Memcpy(dst, src, n, kMemcpyHostToDevice), "cudaMemcpy", index_);
   }
 
@@ -323,17 +329,23 @@ class CudaEngine : public CopyEngine {
       p = std::exchange(cached_, nullptr);
       n = std::exchange(cached_size_, 0);
     }
-    if (p) rt_.FreeHost(p);
+    if (p) quiet(rt_, rt_.FreeHost(p));
     return p ? n : 0;
   }
 
   std::unique_ptr<DirectFile> open_direct(int fd, std::string& why) override {
     const Runtime* rt = &rt_;
     int index = index_;
-    return open_cufile(fd, [rt, index] { use_device(*rt, index); }, why);
+    return open_cufile(
+        fd,
+        [rt, index](const std::function<void()>& body) {
+          DeviceGuard on(*rt, index);
+          body();
+        },
+        why);
   }
   std::string direct_unavailable() override {
-    use_device(rt_, index_);  // cuFile's driver opens against a current context
+    DeviceGuard on(rt_, index_);  // cuFile's driver opens against a current context
     return cufile_unavailable();
   }
 
@@ -344,6 +356,34 @@ class CudaEngine : public CopyEngine {
   void* cached_ = nullptr;  // one pinned staging buffer kept for the next load
   uint64_t cached_size_ = 0;
 };
+
+}  // namespace
+
+namespace cuda {
+
+DeviceGuard::DeviceGuard(const Runtime& rt, int index) : rt_(rt) {
+  int current = -1;
+  if (cudaError e = rt_.GetDevice(&current); e != 0) {
+    quiet(rt_, e);
+    current = -1;
+  }
+  if (current == index) return;
+  check(rt_, rt_.SetDevice(index), "cudaSetDevice", index);
+  previous_ = current;
+}
+
+DeviceGuard::~DeviceGuard() {
+  if (previous_ >= 0) quiet(rt_, rt_.SetDevice(previous_));
+}
+
+std::unique_ptr<CopyEngine> make_engine(const Runtime& rt, int index) {
+  return std::make_unique<CudaEngine>(rt, index);
+}
+
+}  // namespace cuda
+
+namespace {
+
 
 std::mutex engines_mu;
 std::map<int, CudaEngine*>& engines() {
@@ -361,7 +401,7 @@ CopyEngine& cuda_engine(int index) {
   if (auto it = m.find(index); it != m.end()) return *it->second;
   if (std::string why = unavailable(index); !why.empty())
     throw Error(ErrorCode::kUnsupported, "cannot load into cuda:" + std::to_string(index) + ": " + why);
-  auto* e = new CudaEngine(index);
+  auto* e = new CudaEngine(runtime(), index);
   m.emplace(index, e);
   return *e;
 }
@@ -371,11 +411,26 @@ std::atomic<CopyEngine*> override_engine{nullptr};
 std::atomic<int64_t> override_delay_ms{0};  // until the first engine_for() of the override
 }
 
+Device resolve_device(const Device& device) {
+  if (!device.is_cuda() || device.index >= 0) return device;
+  if (override_engine.load()) return Device::cuda(HostCopyEngine::current_device());
+  const Runtime& rt = runtime();
+  int current = 0;
+  if (rt.handle) {
+    if (cudaError e = rt.GetDevice(&current); e != 0) {
+      quiet(rt, e);
+      current = 0;
+    }
+  }
+  return Device::cuda(current);
+}
+
 bool engine_ready(const Device& device) {
   if (override_engine.load()) return override_delay_ms.load() == 0;
   if (!device.is_cuda()) return true;  // engine_for throws at once
+  const int index = resolve_device(device).index;
   std::lock_guard<std::mutex> lock(engines_mu);
-  return engines().count(device.index) != 0;
+  return engines().count(index) != 0;
 }
 
 CopyEngine& engine_for(const Device& device) {
@@ -386,7 +441,7 @@ CopyEngine& engine_for(const Device& device) {
   }
   if (!device.is_cuda())
     throw Error(ErrorCode::kInvalidArgument, "no copy engine for device " + device.str());
-  return cuda_engine(device.index);
+  return cuda_engine(resolve_device(device).index);
 }
 
 void set_engine_override(CopyEngine* engine, std::chrono::milliseconds start_delay) {
@@ -400,7 +455,7 @@ namespace ckpt {
 
 std::string device_unavailable(const Device& device) {
   if (device.is_cpu()) return {};
-  return internal::unavailable(device.index);
+  return internal::unavailable(internal::resolve_device(device).index);
 }
 
 std::string gds_unavailable(const Device& device) {
@@ -414,7 +469,7 @@ std::string gds_unavailable(const Device& device) {
 
 std::string describe_device(const Device& device) {
   if (device.is_cpu()) return "cpu";
-  return internal::cuda_engine(device.index).describe();
+  return internal::cuda_engine(internal::resolve_device(device).index).describe();
 }
 
 double time_pinned_copy(const Device& device, uint64_t bytes, int repeat) {
@@ -442,6 +497,10 @@ void copy_to_host(const Storage& storage, uint64_t offset, std::span<std::byte> 
                     std::to_string(storage.info.nbytes),
                 {}, storage.info.key);
   if (dst.empty()) return;
+  if (storage.info.meta) {  // no bytes anywhere: zeros
+    std::memset(dst.data(), 0, dst.size());
+    return;
+  }
   if (storage.on_host()) {
     std::memcpy(dst.data(), storage.data + offset, dst.size());
     return;

@@ -88,11 +88,14 @@ const Library& library() {
 
 class CuFile : public DirectFile {
  public:
-  CuFile(void* handle, std::function<void()> use_device)
-      : handle_(handle), use_device_(std::move(use_device)) {}
+  CuFile(void* handle, OnDevice on_device) : handle_(handle), on_device_(std::move(on_device)) {}
   ~CuFile() override { library().HandleDeregister(handle_); }
   void read(uint64_t offset, std::byte* dst, uint64_t n) override {
-    use_device_();
+    on_device_([&] { read_on_device(offset, dst, n); });
+  }
+
+ private:
+  void read_on_device(uint64_t offset, std::byte* dst, uint64_t n) {
     const Library& l = library();
     for (uint64_t done = 0; done < n;) {
       ssize_t r = l.Read(handle_, dst, n - done, static_cast<off_t>(offset + done),
@@ -108,26 +111,27 @@ class CuFile : public DirectFile {
 
  private:
   void* handle_;
-  std::function<void()> use_device_;
+  OnDevice on_device_;
 };
 
 }  // namespace
 
 std::string cufile_unavailable() { return library().missing; }
 
-std::unique_ptr<DirectFile> open_cufile(int fd, std::function<void()> use_device, std::string& why) {
+std::unique_ptr<DirectFile> open_cufile(int fd, OnDevice on_device, std::string& why) {
   why = cufile_unavailable();
   if (!why.empty()) return nullptr;
-  use_device();
   CuFileDescr d{};
   d.type = kHandleTypeFd;
   d.handle.fd = fd;
   void* handle = nullptr;
-  if (CuFileStatus s = library().HandleRegister(&handle, &d); s.err != 0) {
+  CuFileStatus s{};
+  on_device([&] { s = library().HandleRegister(&handle, &d); });
+  if (s.err != 0) {
     why = "cuFileHandleRegister: " + status_text(s);
     return nullptr;
   }
-  return std::make_unique<CuFile>(handle, std::move(use_device));
+  return std::make_unique<CuFile>(handle, std::move(on_device));
 }
 
 }  // namespace ckpt::internal

@@ -17,9 +17,11 @@ namespace ckpt::internal {
 // first call: the library is CKPT_CUFILE when set (and only it), else libcufile.so.0,
 // libcufile.so or /usr/local/cuda/lib64/libcufile.so.0.
 std::string cufile_unavailable();
-// Direct reads of `fd` into device memory. `use_device` makes the right device current on the
-// calling thread before each read. Null with `why` set when cuFile is unavailable or refuses the
+// Runs its argument with the engine's device current on the calling thread (and the caller's
+// device restored after).
+using OnDevice = std::function<void(const std::function<void()>&)>;
+// Direct reads of `fd` into device memory, each within `on_device`. Null with `why` set when cuFile is unavailable or refuses the
 // file (cuFileHandleRegister: a filesystem it does not support).
-std::unique_ptr<DirectFile> open_cufile(int fd, std::function<void()> use_device, std::string& why);
+std::unique_ptr<DirectFile> open_cufile(int fd, OnDevice on_device, std::string& why);
 
 }  // namespace ckpt::internal

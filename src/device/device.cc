@@ -1,17 +1,25 @@
-// Device names: "cpu", "cuda", "cuda:N".
+// Device names: "cpu", "cuda" (the current device), "cuda:N".
 
+#include <atomic>
 #include <charconv>
 
 #include "ckpt/device.h"
 #include "ckpt/error.h"
+#include "device/copy_engine.h"
 
 namespace ckpt {
+namespace {
+std::atomic<uint64_t> direct_total{0};
+}
+
+void internal::count_direct_bytes(uint64_t n) { direct_total += n; }
+uint64_t gds_bytes_read() { return direct_total.load(); }
 
 Device Device::parse(std::string_view text) {
   if (text == "cpu") return {};
   std::string_view kind = text.substr(0, text.find(':'));
   if (kind == "cuda") {
-    if (text.size() == kind.size()) return cuda(0);
+    if (text.size() == kind.size()) return current_cuda();
     std::string_view num = text.substr(kind.size() + 1);
     int index = -1;
     auto [end, ec] = std::from_chars(num.data(), num.data() + num.size(), index);
@@ -30,7 +38,8 @@ Device Device::parse(std::string_view text) {
 }
 
 std::string Device::str() const {
-  return is_cpu() ? "cpu" : "cuda:" + std::to_string(index);
+  if (is_cpu()) return "cpu";
+  return index < 0 ? "cuda" : "cuda:" + std::to_string(index);
 }
 
 }  // namespace ckpt

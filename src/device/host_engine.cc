@@ -1,7 +1,12 @@
-// HostCopyEngine: the CopyEngine of the unit tests. "Device" memory is host memory; each lane is
-// a worker thread that runs its queued copies in order, so the pipeline above sees the same
-// asynchrony, ordering and failures as with CUDA streams.
+// HostCopyEngine: the CopyEngine of the unit tests. Each lane is a worker thread that runs its
+// queued copies in order, so the pipeline above sees the same asynchrony, ordering and failures
+// as with CUDA streams. "Device" memory is as out of the host's reach as a GPU's: an allocation
+// is an address range reserved without access (PROT_NONE), backed by a host buffer only the
+// engine's own copies reach (they translate device addresses to it). Code that reads device
+// memory on the host faults here as it would on a GPU machine.
 
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -12,7 +17,9 @@
 #include <cstring>
 #include <deque>
 #include <exception>
+#include <map>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -25,6 +32,22 @@ struct HostCopyEngine::State {
   HostEngineOptions options;
   mutable std::mutex mu;
   uint64_t staging_now = 0, staging_peak = 0, device_now = 0;
+  struct Block {
+    uint64_t size;
+    std::byte* backing;
+  };
+  std::map<uintptr_t, Block> blocks;  // device address -> its backing (under mu)
+  // The backing of device address `p` (inside an allocation of this engine), else `p` itself
+  // (host memory: staging, a caller's buffer).
+  std::byte* host_of(const std::byte* p) {
+    const auto a = reinterpret_cast<uintptr_t>(p);
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = blocks.upper_bound(a);
+    if (it == blocks.begin()) return const_cast<std::byte*>(p);
+    --it;
+    if (a >= it->first + std::max<uint64_t>(it->second.size, 1)) return const_cast<std::byte*>(p);
+    return it->second.backing + (a - it->first);
+  }
   std::atomic<uint64_t> copies{0}, direct_bytes{0};
   std::atomic<int> busy{0}, busy_peak{0};
 };
@@ -98,7 +121,7 @@ class HostSession : public CopySession {
         }
         if (st_->options.delay_us)
           std::this_thread::sleep_for(std::chrono::microseconds(st_->options.delay_us));
-        std::memcpy(job.dst, job.src, job.n);
+        std::memcpy(st_->host_of(job.dst), st_->host_of(job.src), job.n);
         st_->busy.fetch_sub(1);
       }
       lock.lock();
@@ -137,11 +160,27 @@ std::shared_ptr<std::byte> HostCopyEngine::allocate(uint64_t bytes) {
                                                  std::to_string(bytes) + " bytes");
     st->device_now += bytes;
   }
-  auto* p = static_cast<std::byte*>(::operator new(std::max<uint64_t>(bytes, 1), std::align_val_t(256)));
-  return std::shared_ptr<std::byte>(p, [st, bytes](std::byte* q) {
-    ::operator delete(q, std::align_val_t(256));
+  const uint64_t span = std::max<uint64_t>(bytes, 1);
+  void* reserved = ::mmap(nullptr, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (reserved == MAP_FAILED) {
     std::lock_guard<std::mutex> lock(st->mu);
     st->device_now -= bytes;
+    throw Error(ErrorCode::kLimitExceeded, "host copy engine: cannot reserve " + std::to_string(bytes));
+  }
+  auto* p = static_cast<std::byte*>(reserved);
+  auto* backing = static_cast<std::byte*>(::operator new(span, std::align_val_t(256)));
+  {
+    std::lock_guard<std::mutex> lock(st->mu);
+    st->blocks[reinterpret_cast<uintptr_t>(p)] = {bytes, backing};
+  }
+  return std::shared_ptr<std::byte>(p, [st, bytes, span, backing](std::byte* q) {
+    {
+      std::lock_guard<std::mutex> lock(st->mu);
+      st->blocks.erase(reinterpret_cast<uintptr_t>(q));
+      st->device_now -= bytes;
+    }
+    ::operator delete(backing, std::align_val_t(256));
+    ::munmap(q, span);
   });
 }
 
@@ -165,11 +204,23 @@ std::unique_ptr<CopySession> HostCopyEngine::start(int slots, int lanes) {
 }
 
 void HostCopyEngine::to_host(std::byte* dst, const std::byte* src, uint64_t n) {
-  std::memcpy(dst, src, n);
+  std::memcpy(state_->host_of(dst), state_->host_of(src), n);
 }
 void HostCopyEngine::to_device(std::byte* dst, const std::byte* src, uint64_t n) {
-  std::memcpy(dst, src, n);
+  std::memcpy(state_->host_of(dst), state_->host_of(src), n);
 }
+bool HostCopyEngine::owns(const std::byte* p) const { return state_->host_of(p) != p; }
+
+uint64_t HostCopyEngine::free_bytes() {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->options.free_bytes - std::min(state_->device_now, state_->options.free_bytes);
+}
+
+namespace {
+thread_local int fake_current_device = 0;
+}
+int HostCopyEngine::current_device() { return fake_current_device; }
+void HostCopyEngine::set_current_device(int index) { fake_current_device = index; }
 uint64_t HostCopyEngine::cached_staging() const { return 0; }
 uint64_t HostCopyEngine::release_staging() { return 0; }
 
@@ -178,10 +229,22 @@ namespace {
 // pread straight into the "device" memory.
 class HostDirectFile : public DirectFile {
  public:
-  HostDirectFile(int fd, std::shared_ptr<HostCopyEngine::State> st) : fd_(fd), st_(std::move(st)) {}
+  // An O_DIRECT descriptor (what a load passes, as cuFile wants it) is opened again without:
+  // pread into the engine's unaligned buffers needs the page cache.
+  HostDirectFile(int fd, std::shared_ptr<HostCopyEngine::State> st) : fd_(fd), st_(std::move(st)) {
+    if (int fl = ::fcntl(fd, F_GETFL); fl >= 0 && (fl & O_DIRECT)) {
+      std::string self = "/proc/self/fd/" + std::to_string(fd);
+      if ((own_ = ::open(self.c_str(), O_RDONLY | O_CLOEXEC)) >= 0) fd_ = own_;
+    }
+  }
+  ~HostDirectFile() override {
+    if (own_ >= 0) ::close(own_);
+  }
   void read(uint64_t offset, std::byte* dst, uint64_t n) override {
+    if (st_->options.direct_fails)
+      throw Error(ErrorCode::kIo, "direct read: injected failure", {}, {}, offset);
     for (uint64_t done = 0; done < n;) {
-      ssize_t r = ::pread(fd_, dst + done, n - done, static_cast<off_t>(offset + done));
+      ssize_t r = ::pread(fd_, st_->host_of(dst) + done, n - done, static_cast<off_t>(offset + done));
       if (r < 0 && errno == EINTR) continue;
       if (r <= 0)
         throw Error(ErrorCode::kIo, r < 0 ? std::string("direct read: ") + std::strerror(errno)
@@ -193,7 +256,7 @@ class HostDirectFile : public DirectFile {
   }
 
  private:
-  int fd_;
+  int fd_, own_ = -1;
   std::shared_ptr<HostCopyEngine::State> st_;
 };
 

@@ -9,7 +9,7 @@
 // are views of it. Raw storages are cut into slot-sized chunks taken by `threads` readers in
 // file order; each reader owns two slots and alternates between them, so its next read overlaps
 // its last copy, and a slot is reused only after the engine reports its copy done. Meta
-// storages are zero chunks through the same slots; decoded ones (inflate, decrypt, legacy
+// storages get no bytes; decoded ones (inflate, decrypt, legacy
 // layouts) are decoded into host memory of their own size first, then copied through the slots.
 // Staging memory is the one bound: 2 × threads × slot ≤ staging_bytes, whatever the model's size
 // (threads are reduced when the budget is smaller than 2 MiB per reader).
@@ -17,6 +17,7 @@
 // A failure (read, CRC, copy) stops every reader at its next chunk; the copies already queued are
 // waited for before the staging and device memory are freed, and the first error is thrown.
 
+#include <string>
 #include <vector>
 
 #include "device/copy_engine.h"
@@ -33,26 +34,54 @@ struct DeviceLoadStats {
   uint64_t device_bytes = 0;   // the allocation
 };
 
+// One destination of a device load: bytes [from, from + len) of the planned storage
+// plan.storages[k] go to device address `dst`.
+struct DeviceTarget {
+  size_t k = 0;
+  uint64_t from = 0, len = 0;
+  std::byte* dst = nullptr;
+};
+
+// Fills every target through the staging ring (above), with options.threads readers (as
+// planned), options.staging_bytes of staging (within host_staging_budget()) and, with
+// options.gds, direct reads (below). A raw storage's CRC is checked where a target covers all of
+// it. Throws like the executors; on a throw every queued copy has completed.
+void fill_device(const LoadPlan& plan, CopyEngine& engine, const std::vector<DeviceTarget>& targets,
+                 const LoadOptions& options, DeviceLoadStats* stats = nullptr);
+
+// Pinned staging within the host's budget: `asked`, at most half of what the cgroup memory
+// limit (/sys/fs/cgroup/memory.max, less memory.current) leaves, at least 2 MiB.
+uint64_t host_staging_budget(uint64_t asked);
+
+// Throws Error{kLimitExceeded} naming the bytes needed and the bytes free when `need` bytes do
+// not fit options.max_device_bytes or the engine's free memory (before anything is allocated).
+void check_device_budget(CopyEngine& engine, uint64_t need, const LoadOptions& options,
+                         const std::string& file);
+
 // Returns the plan's storages (indexed like the model's; null where not planned), each on
-// engine.device() (Storage::device; data is a device address): plan_tensors() makes the tensors.
+// engine.device() (Storage::device; data is a device address, null for a meta storage, which
+// gets no bytes): plan_tensors() makes the tensors. Where the bytes go: one allocation of the
+// engine for the whole load (the tensors are views of it), or with options.allocator one
+// allocation per storage from it, each freed when its last tensor dies. The bytes needed are
+// checked against options.max_device_bytes and the device's free memory first: a load that
+// cannot fit allocates nothing and reads nothing (Error{kLimitExceeded}).
 // Throws Error like the other executors, kLimitExceeded when the device lacks the memory, kIo
 // naming the device when a copy fails.
 //
-// With `direct` (LoadOptions::gds), a local file and an engine that reads files directly
-// (CopyEngine::open_direct: cuFile), each raw chunk of a storage that needs no host work (no CRC
+// With options.gds, a local file (opened again with O_DIRECT where its filesystem allows) and an
+// engine that reads files directly (CopyEngine::open_direct: cuFile), each raw chunk of a storage that needs no host work (no CRC
 // to check, no byte swap) is read by its reader straight into its place in the device arena,
 // without a staging slot; everything else, and everything when the engine cannot, goes through
-// the ring as above.
+// the ring as above. A direct read that fails is done again through the ring, and so is the rest
+// of the load; DeviceLoadStats::direct_bytes and gds_bytes_read() count what really went direct.
 std::vector<StoragePtr> execute_device(const LoadPlan& plan, CopyEngine& engine,
-                                       uint64_t staging_bytes, bool direct = false,
-                                       DeviceLoadStats* stats = nullptr);
+                                       const LoadOptions& options, DeviceLoadStats* stats = nullptr);
 // The same into `device`, whose engine (engine_for) may not exist yet: creating it (a CUDA
 // context: hundreds of milliseconds) then overlaps reading. While it starts, the readers read the
 // plan's first chunks, in the order the load takes them, from a local file into a small scratch
 // buffer each (4 MiB), so that a cold page cache is filling meanwhile; the load then reads them
 // again, from memory. Not done for other sources (it would transfer bytes twice).
 std::vector<StoragePtr> execute_device(const LoadPlan& plan, const Device& device,
-                                       uint64_t staging_bytes, bool direct = false,
-                                       DeviceLoadStats* stats = nullptr);
+                                       const LoadOptions& options, DeviceLoadStats* stats = nullptr);
 
 }  // namespace ckpt::internal

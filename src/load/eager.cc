@@ -48,6 +48,7 @@ std::vector<Tensor> execute_eager(const LoadPlan& plan, std::unique_ptr<Preload>
     if (range_of.empty() && !plan.storages.empty()) started.reset();  // not covered: plain path
   }
   std::vector<size_t> decoded;  // plan positions of storages not read raw
+  uint64_t meta_bytes = 0;
   std::vector<uint64_t> extra_off(plan.storages.size(), 0);
   uint64_t extra = 0;
   std::vector<PreloadRange> ranges;
@@ -60,6 +61,10 @@ std::vector<Tensor> execute_eager(const LoadPlan& plan, std::unique_ptr<Preload>
         range_of[k] = ranges.size();
         ranges.push_back({si.offset, si.nbytes});
       }
+      continue;
+    }
+    if (p.route == Route::kZeros) {  // meta: no bytes of the arena (zero_pages below)
+      meta_bytes += si.nbytes;
       continue;
     }
     decoded.push_back(k);
@@ -82,6 +87,7 @@ std::vector<Tensor> execute_eager(const LoadPlan& plan, std::unique_ptr<Preload>
     extra_base = pre->extra_bytes();
   }
   if (meter.active()) pre->set_progress(&meter);
+  progress_add(meter.active() ? &meter : nullptr, meta_bytes);
 
   // The storages and the tensor table are built before the bytes arrive (their addresses are
   // known): on a file of many small tensors that work overlaps the reads still running.
@@ -90,6 +96,12 @@ std::vector<Tensor> execute_eager(const LoadPlan& plan, std::unique_ptr<Preload>
     const PlannedStorage& p = plan.storages[k];
     const std::byte* data = nullptr;  // an empty raw storage has no bytes
     std::shared_ptr<const void> owner = pre->arena();
+    if (p.route == Route::kZeros) {
+      // Zeros that cost nothing: a read-only mapping of the zero page, no memory, no writes.
+      auto zeros = zero_pages(m.storages[p.storage].nbytes);
+      storages[p.storage] = make_storage(m.storages[p.storage], zeros.get(), zeros, false);
+      continue;
+    }
     if (range_of[k] != SIZE_MAX) {
       data = pre->data(range_of[k]);
     } else if (p.route != Route::kRead && p.route != Route::kView) {

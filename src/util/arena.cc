@@ -41,6 +41,16 @@ Kept& kept() {
 }
 }  // namespace
 
+std::shared_ptr<std::byte> zero_pages(size_t size) {
+  const size_t span = std::max<size_t>(size, 1);
+  void* p = ::mmap(nullptr, span, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED)
+    throw Error(ErrorCode::kIo, "cannot map " + std::to_string(size) + " bytes of zeros: " +
+                                    std::strerror(errno));
+  return std::shared_ptr<std::byte>(static_cast<std::byte*>(p),
+                                    [span](std::byte* q) { ::munmap(q, span); });
+}
+
 std::shared_ptr<std::byte> allocate_arena(size_t size) {
   constexpr size_t kHuge = 2 << 20;
   if (size < kHuge) {

@@ -11,6 +11,11 @@ namespace ckpt::internal {
 // the readers fault them in in parallel as they write. Throws Error{kIo} when out of memory.
 std::shared_ptr<std::byte> allocate_arena(size_t size);
 
+// `size` zero bytes that cost no memory: a private read-only anonymous mapping (every page the
+// kernel's shared zero page), for meta storages. Writes fault. Throws Error{kIo} when the address
+// space is exhausted.
+std::shared_ptr<std::byte> zero_pages(size_t size);
+
 // Swaps each element of `elem_size` bytes (2, 4, 8, 16: complex types swap each half).
 void byteswap_elements(std::byte* data, size_t nbytes, size_t elem_size, bool complex);
 

@@ -5,6 +5,8 @@
 #   --quick   exactness and `ckpt bench --device` only (no peers, no cold cache, no module)
 #   --python  the module, its tests and the peers' rows only
 #   --gds     GPUDirect Storage and the cold-cache rows only
+#   --memory  device memory: the module and its device tests, tests/gpu/memory.py, the device
+#             budget refusal, what --gds really did, and bench/load_into.py on the GPU
 set -u
 ROOT=$(pwd)
 G=$ROOT/build-gpu
@@ -14,6 +16,7 @@ DATA=${CKPT_GPU_DATA:-/tmp/ckpt-gpu}
 QUICK=0; [ "${1:-}" = "--quick" ] && QUICK=1
 PYONLY=0; [ "${1:-}" = "--python" ] && PYONLY=1
 GDS=0; [ "${1:-}" = "--gds" ] && GDS=1
+MEMORY=0; [ "${1:-}" = "--memory" ] && MEMORY=1 && PYONLY=1
 PY=python3
 step() { echo; echo "== $* ($(date +%T))"; }
 
@@ -31,7 +34,8 @@ fi
 echo "CKPT_CUFILE=${CKPT_CUFILE:-}"
 
 step files
-[ -f "$DATA/m8.safetensors" ] || $PY tests/gpu/make_files.py "$DATA" 1 8
+if [ $MEMORY = 1 ]; then [ -f "$DATA/m1.safetensors" ] || $PY tests/gpu/make_files.py "$DATA" 1
+else [ -f "$DATA/m8.safetensors" ] || $PY tests/gpu/make_files.py "$DATA" 1 8; fi
 
 if [ $GDS = 1 ]; then PYONLY=2; fi
 if [ $PYONLY = 0 ]; then
@@ -75,7 +79,20 @@ fi
 
 step "Python tests of device loads (module built here), and the CLI's"
 CKPT_PYTHONPATH=/tmp/ckptpy CKPT_BIN=$CKPT $PY -m pytest -q -p no:cacheprovider \
-  tests/python/test_device.py tests/interop/test_cli_device.py 2>&1 | tail -15
+  tests/python/test_device.py tests/python/test_load_into.py tests/interop/test_cli_device.py 2>&1 | tail -15
+
+if [ $MEMORY = 1 ]; then
+step "device memory: current device, CUDA errors, load_into in place (tests/gpu/memory.py)"
+$PY tests/gpu/memory.py "$DATA/m1.pt"
+step "device budget: --max-device-mb 16 refuses a 1 GiB load before reading (exit 7)"
+$CKPT load "$DATA/m1.safetensors" --device cuda:0 --max-device-mb 16; echo "exit $?"
+$CKPT load "$DATA/m1.safetensors" --device cuda --json | $PY -c 'import json,sys; d=json.load(sys.stdin); print("cuda ->", d["device"], d["tensors"], "tensors")'
+step "--gds: what really happened"
+$CKPT load "$DATA/m1.safetensors" --json --device cuda:0 --gds | $PY -c 'import json,sys; d=json.load(sys.stdin); print("gds:", d["gds"], "gds_bytes:", d["gds_bytes"], "of", d["bytes"])'
+step "bench/load_into.py on cuda (1 GiB, in place)"
+$PY bench/load_into.py --device cuda --size-mb 1024 --repeat 3 --out /tmp/ckpt-gpu-bench
+exit 0
+fi
 
 step "peers and ckpt's Python rows (8 GiB, warm)"
 $PY tests/gpu/peers.py "$DATA/m8.pt" "$DATA/m8.safetensors"

@@ -69,7 +69,8 @@ void expect_same(internal::CopyEngine& engine, const std::vector<Tensor>& dev,
 
 TEST(Device, Parse) {
   EXPECT_TRUE(Device::parse("cpu").is_cpu());
-  EXPECT_EQ(Device::parse("cuda"), Device::cuda(0));
+  EXPECT_EQ(Device::parse("cuda"), Device::current_cuda());  // torch's "cuda": the current device
+  EXPECT_EQ(Device::parse("cuda").str(), "cuda");
   EXPECT_EQ(Device::parse("cuda:3"), Device::cuda(3));
   EXPECT_EQ(Device::parse("cuda:3").str(), "cuda:3");
   for (const char* bad : {"", "gpu", "cuda:", "cuda:-1", "cuda:x", "cuda:1:2", "CUDA"})

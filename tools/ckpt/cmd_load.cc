@@ -25,6 +25,7 @@ void add_load(CLI::App& app) {
     int threads = 0;
     std::string device = "cpu";
     double staging_mb = 256;
+    double max_device_mb = 0;
     Common common;
     ProgressMode progress = ProgressMode::kAuto;
     RankDryRun ranks;
@@ -43,6 +44,10 @@ void add_load(CLI::App& app) {
   cmd->add_option("--staging-mb", o->staging_mb,
                   "with --device cuda: pinned staging memory (MiB, default 256)")
       ->check(more_than(0));
+  cmd->add_option("--max-device-mb", o->max_device_mb,
+                  "with --device cuda: refuse (before reading) a load that needs more device "
+                  "memory than this (MiB; the device's free memory is always checked)")
+      ->check(at_least(0));
   cmd->add_flag("--gds", o->gds,
                 "with --device cuda: read a local file straight into device memory with "
                 "GPUDirect Storage (cuFile) where available; else through pinned staging, "
@@ -71,11 +76,13 @@ void add_load(CLI::App& app) {
     o->common.download_whole = true;  // every byte is read: a server without ranges is no obstacle
     o->file = files_name(o->files);
     double t0 = now_seconds();
+    const uint64_t direct_before = gds_bytes_read();
     LoadOptions lo;
     lo.verify = o->verify;
     lo.threads = o->threads;
     lo.device = Device::parse(o->device);
     lo.staging_bytes = static_cast<uint64_t>(o->staging_mb * 1024 * 1024);
+    lo.max_device_bytes = static_cast<uint64_t>(o->max_device_mb * 1024 * 1024);
     if (!lo.device.is_cpu() && o->mode != "eager")
       throw Error(ErrorCode::kInvalidArgument,
                   "--device " + o->device + " loads eagerly: it cannot be used with --mode " + o->mode);
@@ -163,7 +170,8 @@ void add_load(CLI::App& app) {
     uint64_t rss = static_cast<uint64_t>(ru.ru_maxrss) * 1024;
     if (o->json) {
       nlohmann::ordered_json j{{"mode", o->mode}, {"device", lo.device.str()},
-                               {"gds", o->gds && gds_note.empty()},
+                               {"gds", gds_bytes_read() > direct_before},
+                               {"gds_bytes", gds_bytes_read() - direct_before},
                                {"tensors", tensors}, {"bytes", bytes},
                                {"seconds", dt}, {"peak_rss_bytes", rss}, {"checksum", checksum}};
       if (o->digest) j["digests"] = std::move(digests);

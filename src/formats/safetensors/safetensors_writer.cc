@@ -17,6 +17,7 @@
 #include "formats/writer.h"
 #include "io/gather.h"
 #include "util/bytes.h"
+#include "util/host_check.h"
 
 namespace ckpt {
 namespace {
@@ -113,6 +114,7 @@ void write_safetensors(ByteSink& sink, const std::vector<Tensor>& tensors,
     if (dtype_size(t.dtype()) == 0 && !t.info().is_contiguous())
       throw Error(ErrorCode::kInvalidArgument, "a sub-byte tensor must be contiguous", sink.name(),
                   name);
+    internal::require_host_tensor(t, sink.name());
     if (*nbytes > 0 && !t.data() && !feed)
       throw Error(ErrorCode::kInvalidArgument, "tensor has no bytes loaded", sink.name(), name);
     if (t.storage() && !options.copy_shared) {

@@ -18,6 +18,7 @@
 #include "io/gather.h"
 #include "util/bytes.h"
 #include "util/crc32.h"
+#include "util/host_check.h"
 #include "util/text.h"
 
 namespace ckpt {
@@ -115,6 +116,7 @@ std::string write_tensorizer(ByteSink& sink, const std::vector<TensorizerEntry>&
         invalid(sink, t.name(), "dimension " + std::to_string(d) + " does not fit a u32");
       p.shape.push_back(static_cast<uint32_t>(d));
     }
+    internal::require_host_tensor(t, sink.name());
     p.meta = e.meta || (t.storage() && t.storage()->info.meta);
     if (p.meta) version = std::max(version, kVersionMeta);
     p.nbytes = p.meta ? 0 : t.info().nbytes();

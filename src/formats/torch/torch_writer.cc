@@ -27,6 +27,7 @@
 #include "formats/writer.h"
 #include "pickle/pickler.h"
 #include "util/crc32.h"
+#include "util/host_check.h"
 #include "util/text.h"
 #include "zip/zip_writer.h"
 
@@ -137,6 +138,7 @@ class TorchPickleBuilder {
 
   ValuePtr storage_marker(const Tensor& t) {
     const Storage* st = t.storage().get();
+    internal::require_host_tensor(t, {});
     if (!st || (!st->data && st->info.nbytes > 0 && !fed_))
       throw Error(ErrorCode::kInvalidArgument, "tensor has no data loaded", {}, t.name());
     auto [it, inserted] = slot_of_.emplace(st, slots_.size());

@@ -1,0 +1,222 @@
+// The device pipeline (load/device_load.h): targets filled through the staging ring.
+
+#include <fcntl.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <atomic>
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "io/local_file.h"
+#include "load/device_load.h"
+#include "util/arena.h"
+#include "util/bytes.h"
+#include "util/crc32.h"
+
+namespace ckpt::internal {
+namespace {
+
+constexpr uint64_t kMinSlot = 1 << 20;
+constexpr uint64_t kMaxSlot = 32 << 20;
+constexpr uint64_t kCrcPiece = 1 << 20;
+
+struct Item {
+  size_t j;      // target
+  uint64_t off;  // offset within the target
+  uint64_t len;  // 0 with a decoded storage: the whole target, decoded first
+  size_t piece;  // index of this chunk's CRC among the target's chunks
+};
+
+// The staging slot size for `readers` readers within `staging_bytes`, and the readers it allows.
+uint64_t slot_size(uint64_t& staging_bytes, int& readers) {
+  staging_bytes = std::max<uint64_t>(staging_bytes, 2 * kMinSlot);
+  readers = static_cast<int>(std::min<uint64_t>(readers, staging_bytes / (2 * kMinSlot)));
+  uint64_t slot = std::min<uint64_t>(kMaxSlot, staging_bytes / (2 * static_cast<uint64_t>(readers)));
+  return slot / kMinSlot * kMinSlot;
+}
+
+// The file opened again with O_DIRECT for GPUDirect Storage (cuFile reads through the page cache
+// in its compatibility mode otherwise); -1 where the filesystem refuses it.
+struct DirectFd {
+  int fd = -1;
+  explicit DirectFd(int plain) {
+    if (plain < 0) return;
+    std::string self = "/proc/self/fd/" + std::to_string(plain);
+    fd = ::open(self.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
+  }
+  ~DirectFd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+}  // namespace
+
+void fill_device(const LoadPlan& plan, CopyEngine& engine, const std::vector<DeviceTarget>& targets,
+                 const LoadOptions& options, DeviceLoadStats* stats) {
+  const CheckpointModel& m = *plan.model;
+  const size_t n = targets.size();
+
+  // The ring: two slots per reader, each at most kMaxSlot, all within the budget.
+  int readers = std::max(1, plan.threads);
+  uint64_t staging_bytes = host_staging_budget(options.staging_bytes);
+  const uint64_t slot = slot_size(staging_bytes, readers);
+
+  std::vector<Item> items;
+  std::vector<size_t> chunks_of(n, 0);
+  for (size_t j = 0; j < n; ++j) {
+    const DeviceTarget& t = targets[j];
+    const PlannedStorage& p = plan.storages[t.k];
+    if (t.len == 0 || p.route == Route::kZeros) continue;  // meta: no bytes
+    if (p.route == Route::kDecode) {
+      items.push_back({j, 0, 0, 0});
+      continue;
+    }
+    for (uint64_t off = 0; off < t.len; off += slot)
+      items.push_back({j, off, std::min(slot, t.len - off), chunks_of[j]++});
+  }
+  readers = static_cast<int>(std::min<size_t>(static_cast<size_t>(readers), std::max<size_t>(items.size(), 1)));
+  std::shared_ptr<std::byte> ring = engine.staging(slot * 2 * static_cast<uint64_t>(readers));
+
+  // Direct reads (GPUDirect Storage) of the file, where the engine has them; a failed one falls
+  // back to the ring for the rest of the load.
+  std::unique_ptr<DirectFile> file;
+  std::unique_ptr<DirectFd> direct_fd;
+  if (options.gds && plan.copy) {
+    std::string why;
+    if (int fd = local_file_fd(*plan.copy); fd >= 0) {
+      direct_fd = std::make_unique<DirectFd>(fd);
+      if (direct_fd->fd >= 0) file = engine.open_direct(direct_fd->fd, why);
+      if (!file) file = engine.open_direct(fd, why);
+    }
+  }
+  std::atomic<bool> direct_ok{file != nullptr};
+  std::atomic<uint64_t> direct_bytes{0};
+  if (stats) {
+    stats->readers = readers;
+    stats->slot_bytes = slot;
+    stats->staging_bytes = slot * 2 * static_cast<uint64_t>(readers);
+  }
+
+  // Per target with a CRC to check (a whole raw storage): the CRC of each chunk, combined in
+  // order at the end.
+  auto checks_crc = [&](const DeviceTarget& t) {
+    return plan.storages[t.k].check_crc && t.from == 0 && t.len == m.storages[plan.storages[t.k].storage].nbytes;
+  };
+  std::vector<std::vector<uint32_t>> crcs(n);
+  for (size_t j = 0; j < n; ++j)
+    if (checks_crc(targets[j])) crcs[j].assign(chunks_of[j], 0);
+
+  ProgressMeter meter(plan.progress, plan.progress ? plan_bytes(plan) : 0);
+  std::atomic<size_t> next{0};
+  std::atomic<bool> stop{false};
+  std::exception_ptr failure;
+  std::mutex failure_mu;
+  {
+    std::unique_ptr<CopySession> session = engine.start(2 * readers, std::max(2, readers));
+    auto worker = [&](int r) {
+      int turn = 0;
+      auto take_slot = [&] {
+        int s = 2 * r + (turn++ & 1);
+        session->wait(s);  // its last copy is done: the bytes may be overwritten
+        return s;
+      };
+      auto buf = [&](int s) { return ring.get() + static_cast<uint64_t>(s) * slot; };
+      auto* progress = meter.active() ? &meter : nullptr;
+      try {
+        for (size_t i; !stop.load(std::memory_order_relaxed) && (i = next.fetch_add(1)) < items.size();) {
+          const Item& it = items[i];
+          const DeviceTarget& t = targets[it.j];
+          const PlannedStorage& p = plan.storages[t.k];
+          const StorageInfo& si = m.storages[p.storage];
+          if (p.route == Route::kDecode) {
+            // Decoded into host memory first (the storage's size), then through the slots.
+            std::unique_ptr<std::byte[]> host(new std::byte[si.nbytes]);
+            load_into(plan, p, host.get());
+            for (uint64_t off = 0; off < t.len && !stop.load(std::memory_order_relaxed); off += slot) {
+              uint64_t len = std::min(slot, t.len - off);
+              int s = take_slot();
+              std::memcpy(buf(s), host.get() + t.from + off, len);
+              session->copy(s, t.dst + off, buf(s), len);
+            }
+            session->wait(2 * r);
+            session->wait(2 * r + 1);
+            progress_add(progress, t.len);
+            continue;
+          }
+          const bool crc = !crcs[it.j].empty();
+          const uint64_t at = si.offset + t.from + it.off;
+          if (direct_ok.load(std::memory_order_relaxed) && !crc && !p.byteswap) {
+            try {
+              file->read(at, t.dst + it.off, it.len);
+              direct_bytes += it.len;
+              progress_add(progress, it.len);
+              continue;
+            } catch (const Error&) {
+              direct_ok = false;  // this chunk, and the rest, through the ring
+            }
+          }
+          int s = take_slot();
+          std::byte* b = buf(s);
+          if (crc) {
+            uint32_t c = 0;
+            for (uint64_t d = 0; d < it.len; d += kCrcPiece) {
+              std::span<std::byte> piece(b + d, std::min(kCrcPiece, it.len - d));
+              plan.copy->read_into(at + d, piece);
+              c = crc32(c, piece);
+            }
+            crcs[it.j][it.piece] = c;
+          } else {
+            plan.copy->read_into(at, std::span<std::byte>(b, it.len));
+          }
+          if (p.byteswap)
+            byteswap_elements(b, it.len, dtype_size(si.dtype), dtype_info(si.dtype).is_complex);
+          session->copy(s, t.dst + it.off, b, it.len);
+          progress_add(progress, it.len);
+        }
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(failure_mu);
+        if (!failure) failure = std::current_exception();
+        stop = true;
+      }
+    };
+    std::vector<std::thread> pool;
+    try {
+      for (int r = 1; r < readers; ++r) pool.emplace_back(worker, r);
+    } catch (...) {
+      stop = true;
+      for (auto& t : pool) t.join();
+      throw;
+    }
+    worker(0);
+    for (auto& t : pool) t.join();
+    // Every queued copy completes before the ring or the destinations can be freed.
+    try {
+      session->finish();
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(failure_mu);
+      if (!failure) failure = std::current_exception();
+    }
+  }
+  if (failure) std::rethrow_exception(failure);
+  if (stats) stats->direct_bytes = direct_bytes.load();
+  count_direct_bytes(direct_bytes.load());
+
+  for (size_t j = 0; j < n; ++j) {
+    if (crcs[j].empty()) continue;
+    const uint32_t s = plan.storages[targets[j].k].storage;
+    const StorageInfo& si = m.storages[s];
+    uint32_t crc = crcs[j][0];
+    for (size_t c = 1; c < crcs[j].size(); ++c) {
+      uint64_t len = std::min(slot, si.nbytes - c * slot);
+      crc = static_cast<uint32_t>(crc32_combine(crc, crcs[j][c], static_cast<z_off_t>(len)));
+    }
+    if (crc != *si.crc32) throw crc_mismatch(m, s, crc);
+  }
+  meter.finish();
+}
+
+}  // namespace ckpt::internal

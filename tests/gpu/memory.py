@@ -1,0 +1,98 @@
+"""GPU checks of device memory handling (tests/gpu/run.sh --memory), with the module built there:
+prints one line per check, "ok" or "FAIL", and exits 1 if any failed.
+
+  - "cuda" is torch's current device, and a load leaves the current device as it found it
+  - a device load's memory comes from torch's caching allocator and frees tensor by tensor
+  - a refused load (absent device) leaves no CUDA error behind: torch's next calls work
+  - ckpt.load_into into CUDA tensors: in place (same data_ptr), tied weights kept, equal to
+    load_state_dict(torch.load(...)), and no device memory of its own (free memory unchanged)
+"""
+
+import sys
+
+import torch
+
+import ckpt
+
+failed = []
+
+
+def check(name, cond, detail=""):
+    print(("ok   " if cond else "FAIL ") + name + (f" ({detail})" if detail else ""))
+    if not cond:
+        failed.append(name)
+
+
+def main(path):
+    n = torch.cuda.device_count()
+    last = n - 1
+    torch.cuda.set_device(last)
+    sd = ckpt.load(path, map_location="cuda")
+    dev = next(iter(v for v in sd.values() if torch.is_tensor(v))).device
+    check("'cuda' is the current device", dev == torch.device("cuda", last), str(dev))
+    check("the current device is kept after a load", torch.cuda.current_device() == last)
+    ckpt.load(path, map_location="cuda:0")
+    check("... and after a load into cuda:0", torch.cuda.current_device() == last)
+    torch.cuda.set_device(0)
+    del sd
+
+    torch.cuda.synchronize()
+    a0 = torch.cuda.memory_allocated(0)
+    sd = ckpt.load(path, map_location="cuda:0")
+    ts = [v for v in sd.values() if torch.is_tensor(v)]
+    total = sum(t.untyped_storage().nbytes() for t in ts)
+    a1 = torch.cuda.memory_allocated(0)
+    check("a device load's memory comes from torch's caching allocator", a1 - a0 >= total,
+          f"{(a1 - a0) / 2**20:.0f} MiB for {total / 2**20:.0f} MiB")
+    big = max(ts, key=lambda t: t.untyped_storage().nbytes())
+    size = big.untyped_storage().nbytes()
+    name = next(k for k, v in sd.items() if v is big)
+    del ts, big, sd[name]
+    a2 = torch.cuda.memory_allocated(0)
+    check("... and frees tensor by tensor", a1 - a2 >= size, f"{(a1 - a2) / 2**20:.0f} MiB freed")
+    del sd
+
+    try:
+        ckpt.load(path, map_location=f"cuda:{n + 3}")
+        check("an absent device is refused", False)
+    except ckpt.UnsupportedError:
+        pass
+    x = torch.ones(1 << 20, device="cuda") * 2
+    torch.cuda.synchronize()
+    check("torch works after a refused load (no pending CUDA error)", float(x.sum()) == 2 * (1 << 20))
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(4096, 4096)
+            self.lin = torch.nn.Linear(4096, 4096)
+            self.head = torch.nn.Linear(4096, 4096, bias=False)
+            self.head.weight = self.lin.weight
+
+    torch.manual_seed(1)
+    src = Net()
+    pt = "/tmp/ckpt-gpu-load-into.pt"
+    torch.save(src.state_dict(), pt)
+    m = Net().cuda()
+    ckpt.load_into(m, pt)  # warm: the engine's context and pinned staging exist from here on
+    torch.manual_seed(2)
+    m = Net().cuda()
+    ptrs = {k: v.data_ptr() for k, v in m.state_dict().items()}
+    torch.cuda.synchronize()
+    free0 = torch.cuda.mem_get_info()[0]
+    ckpt.load_into(m, pt)
+    free1 = torch.cuda.mem_get_info()[0]
+    check("load_into keeps every data_ptr", ptrs == {k: v.data_ptr() for k, v in m.state_dict().items()})
+    check("load_into keeps tied weights tied", m.head.weight is m.lin.weight)
+    ref = Net().cuda()
+    ref.load_state_dict(torch.load(pt, map_location="cuda"))
+    check("load_into equals load_state_dict(torch.load)",
+          all(torch.equal(v, m.state_dict()[k]) for k, v in ref.state_dict().items()))
+    check("load_into allocates no device memory", free0 - free1 < (32 << 20),
+          f"{(free0 - free1) / 2**20:.0f} MiB")
+    print("FAILED: " + ", ".join(failed) if failed else "all device-memory checks passed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
