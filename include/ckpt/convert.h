@@ -24,6 +24,7 @@
 #include "ckpt/checkpoint.h"
 #include "ckpt/options.h"
 #include "ckpt/sink.h"
+#include "ckpt/transform.h"
 
 namespace ckpt {
 
@@ -144,8 +145,11 @@ struct SafetensorsTarget {
   // The data buffer starts at a multiple of it (0 = 8; a power of two up to 1 GiB; 4096 gives
   // page-aligned data).
   uint32_t alignment = 0;
-  // Tensors that share bytes (views, tied weights: StateDictEntry::shares_with) are refused with
-  // Error{kInvalidArgument} unless this is set; then each name gets its own copy.
+  // Tensors that share bytes (views, tied weights: StateDictEntry::shares_with). By default, as
+  // safetensors' save_model does: of names that view all of one storage, the first in sorted
+  // order is written and the others are left out, recorded in __metadata__ as {left out: kept}
+  // (ConvertReport::aliases_dropped); a view of part of a storage is refused with
+  // Error{kInvalidArgument}. Set: each name gets its own copy.
   bool copy_shared = false;
   // Meta tensors (see MetaTensors).
   MetaTensors meta = MetaTensors::kRefuse;
@@ -230,6 +234,11 @@ struct ConvertOptions {
   // all are written, the index last, and on failure the shards this call renamed are removed.
   // Everything a one-file conversion refuses is refused for shards too. 0: one file.
   uint64_t max_shard_size = 0;
+  // Renames, keeps and drops, casts, dequantizes, splits, fuses, transposes
+  // (include/ckpt/transform.h) between reading and writing. Not empty: the output is the flat
+  // state dict (flatten_state_dict's names; pt and dcp: a plain state dict), and max_shard_size
+  // is refused (Error{kInvalidArgument}).
+  TransformRecipe transforms;
 };
 
 // "5GB", "500MB", "10GiB", "2048", "1.5GB": a size in bytes (kB/MB/GB/TB are powers of 1000,
@@ -266,6 +275,11 @@ struct ConvertReport {
   // order written ("__0_0.distcp", ..., ".metadata"), index "".
   std::vector<std::string> files;
   std::string index;
+  // What each transform rule did, and the rules that matched nothing (ConvertOptions::transforms).
+  TransformReport transforms;
+  // safetensors without copy_shared: names left out because they are another name's tensor
+  // (tied weights), as (left out, kept); also in the file's __metadata__ as {left out: kept}.
+  std::vector<std::pair<std::string, std::string>> aliases_dropped;
 };
 
 // Converts `checkpoint` to `out_path` (format: options.target's, or the path's extension).

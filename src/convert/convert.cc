@@ -20,6 +20,7 @@
 #include "convert/encryption.h"
 #include "convert/progress_sink.h"
 #include "convert/shards.h"
+#include "convert/transform.h"
 #include "convert/writing.h"
 
 namespace ckpt {
@@ -63,7 +64,7 @@ ConvertReport run(const Checkpoint& c, const ConvertOptions& o, const OpenSink& 
   std::unique_ptr<internal::Writer> writer = std::move(target.writer);
   r.metadata_not_written = internal::metadata_not_written(c, *writer);
   internal::WriteContent content;
-  if (writer->caps().object_tree) {
+  if (writer->caps().object_tree && o.transforms.empty()) {
     internal::TensorSource source(c, o.load, o.memory_budget);
     content = internal::tree_content(c, source, r);
   } else {
@@ -73,6 +74,8 @@ ConvertReport run(const Checkpoint& c, const ConvertOptions& o, const OpenSink& 
       writer = internal::with_digests(std::move(writer), o.load.threads, r.digests_stored);
     internal::TensorSource source(c, o.load, o.memory_budget);
     content = internal::flat_content(c, flat, source, *writer);
+    // Transforms and dropped aliases (src/convert/transform.h): the content the writer sees.
+    internal::finish_flat_content(o.transforms, *writer, c.source().name(), content, r);
   }
   Output out(open, r.tensor_bytes, o);
   internal::WriteResult written = writer->write(out, content);
@@ -121,7 +124,14 @@ ConvertReport convert_to_folder(const Checkpoint& c, const std::string& dir,
   internal::TargetWriter target = internal::make_target(o);
   r.metadata_not_written = internal::metadata_not_written(c, *target.writer);
   internal::TensorSource source(c, o.load, o.memory_budget);
-  internal::WriteContent content = internal::tree_content(c, source, r);
+  internal::WriteContent content;
+  if (o.transforms.empty()) {
+    content = internal::tree_content(c, source, r);
+  } else {  // transforms (src/convert/transform.h): a flat state dict
+    content = internal::flat_content(c, internal::flat_state(c, *target.writer, o, r), source,
+                                     *target.writer);
+    internal::finish_flat_content(o.transforms, *target.writer, c.source().name(), content, r);
+  }
   std::unique_ptr<FolderSink> folder = create_folder_sink(dir, FolderSinkOptions{false, o.fsync});
   FolderFiles out(*folder);
   target.writer->write(out, content);
@@ -179,6 +189,9 @@ ConvertReport convert(const Checkpoint& c, const std::string& out_path,
     return convert_to_folder(c, out_path, o);
   }
   if (is_url(out_path)) return convert_to_url(c, out_path, o);
+  if (o.max_shard_size && !o.transforms.empty())
+    throw Error(ErrorCode::kInvalidArgument, "transforms are not applied to sharded output",
+                out_path);
   if (o.max_shard_size) return internal::convert_sharded(c, out_path, o);
   std::unique_ptr<ByteSink> file;
   return run(c, o, [&]() -> ByteSink& {

@@ -13,6 +13,7 @@
 
 #include "ckpt/digest.h"
 #include "convert/progress_sink.h"
+#include "convert/transform.h"
 #include "convert/writing.h"
 
 namespace ckpt {
@@ -271,6 +272,7 @@ ConvertReport convert_sharded(const Checkpoint& c, const std::string& out_path,
   WriteContent content = flat_content(c, flat, source, *target.writer);
   // A digest list names every tensor of its file: an input's would not match a shard.
   content.metadata.erase(kSafetensorsDigestKey);
+  finish_flat_content({}, *target.writer, c.source().name(), content, r);  // aliases dropped
   std::unique_ptr<Writer> inner = std::move(target.writer);
   const auto* st = std::get_if<SafetensorsTarget>(&o.target);
   if (st && st->store_digests) inner = with_digests(std::move(inner), o.load.threads, r.digests_stored);

@@ -15,6 +15,7 @@
 #include "ckpt/digest.h"
 #include "common.h"
 #include "progress.h"
+#include "transform_flags.h"
 
 namespace ckpt::cli {
 namespace {
@@ -90,7 +91,8 @@ void add_convert(CLI::App& app) {
       ->check(CLI::PositiveNumber);
   add_common(*cmd, o->common);
   add_progress_flags(*cmd, o->progress);
-  cmd->callback([o] {
+  auto tf = add_transform_flags(*cmd);
+  cmd->callback([o, tf] {
     o->common.download_whole = true;  // every byte is read: a server without ranges is no obstacle
     double t0 = now_seconds();
     if (o->out.empty()) {
@@ -165,6 +167,7 @@ void add_convert(CLI::App& app) {
       tz.encryption.password_file = o->encrypt_password_file;
       co.target = tz;
     }
+    co.transforms = transform_recipe(*tf);
     co.limits = limits_of(o->common);
     co.remote = remote_options(o->common);
     if (o->budget_mb > 0) co.memory_budget = static_cast<uint64_t>(o->budget_mb * 1024 * 1024);
@@ -202,6 +205,7 @@ void add_convert(CLI::App& app) {
     }
     ConvertReport r = convert(c, o->out, co);
     line.finish(r.bytes_written);
+    print_transform_report(r);
 
     const char* target = convert_format_name(r.format);
     if (!r.metadata_not_written.empty()) {
