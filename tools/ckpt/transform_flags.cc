@@ -101,10 +101,10 @@ TransformRecipe transform_recipe(const TransformFlags& f) {
   r.transpose.insert(r.transpose.end(), f.transpose.begin(), f.transpose.end());
   if (!f.cast.empty()) r.cast = parse_cast_dtype(f.cast);
   if (f.dequantize_opt->count() > 0) {
-    if (f.dequantize.empty())
-      r.dequantize = {"fp8-block", "mxfp4"};
-    else
-      r.dequantize.insert(r.dequantize.end(), f.dequantize.begin(), f.dequantize.end());
+    // --dequantize without a scheme: every scheme.
+    for (const auto& s : f.dequantize)
+      if (!s.empty()) r.dequantize.push_back(s);
+    if (r.dequantize.empty()) r.dequantize = {"fp8-block", "mxfp4"};
   }
   for (const auto& s : f.split) r.split.push_back(parse_split_rule(s));
   for (const auto& s : f.fuse) r.fuse.push_back(parse_fuse_rule(s));
