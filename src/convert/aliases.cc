@@ -58,6 +58,11 @@ void drop_aliases(const Checkpoint& c, FlatStateDict& flat, ConvertReport& r) {
 
 void finish_flat_content(const TransformRecipe& recipe, const Writer& w, const std::string& in,
                          WriteContent& content, ConvertReport& r) {
+  if (!recipe.rename.empty())  // the names the file has
+    for (auto& [gone, kept] : r.aliases_dropped) {
+      gone = renamed(recipe, gone);
+      kept = renamed(recipe, kept);
+    }
   if (w.caps().metadata)
     for (const auto& [gone, kept] : r.aliases_dropped)
       content.metadata.emplace(gone, kept);  // an input's own key is kept, as save_model does

@@ -131,7 +131,8 @@ class Planner {
       const std::string& name = w.info.name;
       if (name.size() > 10 && name.compare(name.size() - 10, 10, "_scale_inv") == 0) {
         auto base = find(name.substr(0, name.size() - 10));
-        if (!base || items_[*base].info.dtype != DType::kFloat8_e4m3fn)
+        if (!base || (items_[*base].info.dtype != DType::kFloat8_e4m3fn &&
+                      items_[*base].src != Source::kFp8))
           refuse(in_, name, "a block scale without a float8_e4m3fn tensor '" +
                                 name.substr(0, name.size() - 10) + "' to dequantize");
         continue;
@@ -557,10 +558,30 @@ void check_mxfp4_rank(const std::vector<Item>& items, const std::string& in) {
 
 }  // namespace
 
+std::string renamed(const TransformRecipe& recipe, std::string name) {
+  for (const RenameRule& r : recipe.rename) {
+    if (r.kind == RenameRule::kStripPrefix) {
+      if (name.rfind(r.pattern, 0) == 0) name.erase(0, r.pattern.size());
+    } else if (r.kind == RenameRule::kAddPrefix) {
+      name = r.pattern + name;
+    } else {
+      name = std::regex_replace(name, std::regex(r.pattern, std::regex::ECMAScript), r.replacement);
+    }
+  }
+  return name;
+}
+
 void apply_transforms(const TransformRecipe& recipe, const Writer& w, const std::string& in,
                       WriteContent& content, ConvertReport& r) {
   std::vector<Item> items = Planner(recipe, content.tensors, in, r.transforms).run();
   check_mxfp4_rank(items, in);
+  for (const Item& it : items)
+    for (size_t i : it.inputs)
+      if (it.computed() && content.tensors[i].storage() && content.tensors[i].storage()->info.meta)
+        throw Error(ErrorCode::kUnsupported,
+                    "is made from a meta tensor (no bytes) by a transform: leave it out (--drop) "
+                    "or convert without transforms",
+                    in, it.info.name);
   uint64_t bytes = 0;
   bool any_computed = false;
   for (Item& it : items) {

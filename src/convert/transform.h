@@ -19,6 +19,9 @@ namespace ckpt::internal {
 void apply_transforms(const TransformRecipe& recipe, const Writer& w, const std::string& in,
                       WriteContent& content, ConvertReport& r);
 
+// `name` through the recipe's rename rules (in order).
+std::string renamed(const TransformRecipe& recipe, std::string name);
+
 // Tied weights to a writer that neither shares nor copies bytes (safetensors without
 // copy_shared): of entries that are all of one storage as one view, all but the first in sorted
 // order are removed from `flat` (safetensors' _remove_duplicate_names) and listed in

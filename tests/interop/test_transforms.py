@@ -250,6 +250,41 @@ def test_streamed_cast_holds_the_budget_plus_a_tensor(ckpt, tmp_path):
     assert len(got) == 48 and same_bits(got["w.0"], first.to(torch.bfloat16))
 
 
+MAKE_FP8 = """
+import sys, torch, torch.distributed.checkpoint as dcp
+g = torch.Generator().manual_seed(1)
+sd = {}
+for i in range(24):  # 24 x 4 MiB of float8 and their scales, weight first in the tree
+    w = torch.randint(0, 120, (2048, 2048), generator=g).to(torch.uint8)
+    sd[f"l.{i}.weight"] = w.view(torch.float8_e4m3fn)
+    sd[f"l.{i}.weight_scale_inv"] = torch.rand(16, 16, generator=g)
+dcp.save(sd, checkpoint_id=sys.argv[1], no_dist=True)
+"""
+
+
+def test_streamed_fp8_dequantize_holds_the_budget_plus_a_tensor(ckpt, tmp_path):
+    """96 MiB of block-scaled float8 (a DCP folder, streamed) dequantized to 192 MiB of bfloat16
+    with --budget-mb 16: the process holds about the budget, one input (4 MiB) and its output
+    (8 MiB)."""
+    if "asan" in ckpt.path:
+        pytest.skip("ASan's shadow memory counts in the RSS")
+    d = tmp_path / "fp8"
+    subprocess.run([sys.executable, "-c", MAKE_FP8, str(d)], check=True, capture_output=True,
+                   env=dict(os.environ, OMP_NUM_THREADS="1"))
+    out = tmp_path / "bf16.safetensors"
+    r, peak = helpers.run_measured(ckpt, "convert", d, out, "--budget-mb", "16",
+                                   "--dequantize", "fp8-block")
+    assert r.returncode == 0, r.stderr
+    base = 48 << 20
+    assert peak < base + (16 << 20) + (4 << 20) + (8 << 20), f"peak RSS {peak >> 20} MiB"
+    got = load_file(str(out))
+    assert sorted(got) == sorted(f"l.{i}.weight" for i in range(24))
+    g = torch.Generator().manual_seed(1)
+    w = torch.randint(0, 120, (2048, 2048), generator=g).to(torch.uint8)
+    s = torch.rand(16, 16, generator=g)
+    assert same_bits(got["l.0.weight"], fp8_block_reference(w.view(torch.float8_e4m3fn), s))
+
+
 def gpt2_tied_state():
     g = torch.Generator().manual_seed(7)
     wte = torch.randn(64, 16, generator=g)
@@ -282,6 +317,12 @@ def test_tied_embeddings_to_safetensors_as_save_model(ckpt, tmp_path):
         assert torch.equal(got[n], t), n
     with safe_open(str(out), "pt") as f:
         assert f.metadata() == meta
+    # Renamed on the way: the metadata names the names written.
+    out2 = tmp_path / "renamed.safetensors"
+    ckpt.ok("convert", path, out2, "--strip-prefix", "transformer.", "--cast", "bf16")
+    with safe_open(str(out2), "pt") as f:
+        assert f.metadata() == {"format": "pt", "wte.weight": "lm_head.weight"}
+        assert sorted(f.keys()) == sorted(k.replace("transformer.", "") for k in want)
     # A view of part of a storage is still refused.
     base = torch.randn(10)
     torch.save({"a": base, "b": base[2:5]}, tmp_path / "views.pt")
