@@ -3,8 +3,11 @@
 
 #include "convert/numerics.h"
 
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "ckpt/error.h"
 
@@ -142,13 +145,22 @@ void cast_elements(DType from, const std::byte* in, DType to, std::byte* out, ui
 
 void dequant_fp8_block(const std::byte* w, const std::byte* scale, int64_t rows, int64_t cols,
                        std::byte* out) {
+  static const auto kE4m3 = [] {
+    std::array<float, 256> t{};
+    for (int b = 0; b < 256; ++b) t[b] = f32_of(e4m3fn_to_f32_bits(static_cast<uint8_t>(b)));
+    return t;
+  }();
   const int64_t scols = (cols + 127) / 128;
+  std::vector<float> srow(scols);
   for (int64_t i = 0; i < rows; ++i) {
-    const std::byte* srow = scale + (i / 128) * scols * 4;
-    for (int64_t j = 0; j < cols; ++j) {
-      const float s = load<float>(srow + (j / 128) * 4);
-      const float v = f32_of(e4m3fn_to_f32_bits(static_cast<uint8_t>(w[i * cols + j]))) * s;
-      store<uint16_t>(out + (i * cols + j) * 2, f32_to_bf16_bits(f32_bits(v), 0xFFFF));
+    std::memcpy(srow.data(), scale + (i / 128) * scols * 4, scols * 4);
+    const auto* in = reinterpret_cast<const uint8_t*>(w + i * cols);
+    std::byte* o = out + i * cols * 2;
+    for (int64_t j0 = 0; j0 < cols; j0 += 128) {
+      const float s = srow[j0 / 128];
+      const int64_t j1 = std::min<int64_t>(cols, j0 + 128);
+      for (int64_t j = j0; j < j1; ++j)
+        store<uint16_t>(o + j * 2, f32_to_bf16_bits(f32_bits(kE4m3[in[j]] * s), 0xFFFF));
     }
   }
 }

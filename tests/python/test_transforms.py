@@ -23,8 +23,8 @@ def test_convert_keywords_equal_torch(tmp_path):
     save_file(sd, str(src))
     out = tmp_path / "out.safetensors"
     r = ckpt.open(src).convert(out, strip_prefix="module.", rename=[(r"^proj\.", "o_proj.")],
-                               drop="extra", split=["qkv.weight:0:q,k,v"],
-                               transpose="o_proj.weight", cast="fp16", dequantize=True,
+                               drop="*.extra", split=["model.qkv.weight:0:model.q,model.k,model.v"],
+                               transpose="model.o_proj.weight", cast="fp16", dequantize=True,
                                add_prefix="model.")
     got = load_file(str(out))
     q, k, v = sd["module.qkv.weight"].split(4, 0)
@@ -37,8 +37,8 @@ def test_convert_keywords_equal_torch(tmp_path):
     assert sorted(got) == sorted(want)
     for n, t in want.items():
         assert got[n].dtype == t.dtype and torch.equal(got[n], t), n
-    assert ("drop extra", 1) in r["transforms"]
-    assert r["unmatched_rules"] == []
+    assert ("drop *.extra", 1) in r["transforms"]
+    assert r["unmatched_rules"] == ["dequantize mxfp4"]  # dequantize=True: every scheme
 
     recipe = tmp_path / "r.json"
     recipe.write_text(json.dumps({"strip_prefix": "module.", "keep": ["qkv.*"], "cast": "bf16"}))
