@@ -296,8 +296,8 @@ struct ConvertReport {
 //
 // To dcp: a folder at out_path (DcpTarget); `progress` is called once, at the end.
 //
-// Throws Error: kInvalidArgument (no format for the path, shared tensors to safetensors without
-// copy_shared, max_shard_size for tensorizer or dcp, dcp to a sink or a URL, a checkpoint that is one unnamed tensor to a flat
+// Throws Error: kInvalidArgument (no format for the path, tensors sharing part of a storage to
+// safetensors without copy_shared, a transform that cannot apply (include/ckpt/transform.h), max_shard_size for tensorizer or dcp, dcp to a sink or a URL, a checkpoint that is one unnamed tensor to a flat
 // format), kUnsupported (a dtype the target cannot hold: quantized and sub-byte dtypes in a flat format, complex128/complex32 in safetensors; a meta tensor to
 // safetensors with MetaTensors::kRefuse), kLimitExceeded (a tree deeper than options.limits, see
 // flatten_state_dict; pt: save_torch's pickler refuses trees nested deeper than
