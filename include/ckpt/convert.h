@@ -25,6 +25,7 @@
 #include "ckpt/checkpoint.h"
 #include "ckpt/options.h"
 #include "ckpt/sink.h"
+#include "ckpt/transform.h"
 
 namespace ckpt {
 
@@ -163,8 +164,11 @@ struct SafetensorsTarget {
   // The data buffer starts at a multiple of it (0 = 8; a power of two up to 1 GiB; 4096 gives
   // page-aligned data).
   uint32_t alignment = 0;
-  // Tensors that share bytes (views, tied weights: StateDictEntry::shares_with) are refused with
-  // Error{kInvalidArgument} unless this is set; then each name gets its own copy.
+  // Tensors that share bytes (views, tied weights: StateDictEntry::shares_with). By default, as
+  // safetensors' save_model does: of names that view all of one storage, the first in sorted
+  // order is written and the others are left out, recorded in __metadata__ as {left out: kept}
+  // (ConvertReport::aliases_dropped); a view of part of a storage is refused with
+  // Error{kInvalidArgument}. Set: each name gets its own copy.
   bool copy_shared = false;
   // Meta tensors (see MetaTensors).
   MetaTensors meta = MetaTensors::kRefuse;
@@ -269,6 +273,11 @@ struct ConvertOptions {
   // all are written, the index last, and on failure the shards this call renamed are removed.
   // Everything a one-file conversion refuses is refused for shards too. 0: one file.
   uint64_t max_shard_size = 0;
+  // Renames, keeps and drops, casts, dequantizes, splits, fuses, transposes
+  // (include/ckpt/transform.h) between reading and writing. Not empty: the output is the flat
+  // state dict (flatten_state_dict's names; pt and dcp: a plain state dict), and max_shard_size
+  // is refused (Error{kInvalidArgument}).
+  TransformRecipe transforms;
 };
 
 // "5GB", "500MB", "10GiB", "2048", "1.5GB": a size in bytes (kB/MB/GB/TB are powers of 1000,
@@ -305,6 +314,11 @@ struct ConvertReport {
   // order written ("__0_0.distcp", ..., ".metadata"), index "".
   std::vector<std::string> files;
   std::string index;
+  // What each transform rule did, and the rules that matched nothing (ConvertOptions::transforms).
+  TransformReport transforms;
+  // safetensors without copy_shared: names left out because they are another name's tensor
+  // (tied weights), as (left out, kept); also in the file's __metadata__ as {left out: kept}.
+  std::vector<std::pair<std::string, std::string>> aliases_dropped;
 };
 
 // Converts `checkpoint` to `out_path` (format: options.target's, or the path's extension).
@@ -321,8 +335,8 @@ struct ConvertReport {
 //
 // To dcp: a folder at out_path (DcpTarget); `progress` is called once, at the end.
 //
-// Throws Error: kInvalidArgument (no format for the path, shared tensors to safetensors without
-// copy_shared, max_shard_size for tensorizer or dcp, dcp to a sink or a URL, a checkpoint that is one unnamed tensor to a flat
+// Throws Error: kInvalidArgument (no format for the path, tensors sharing part of a storage to
+// safetensors without copy_shared, a transform that cannot apply (include/ckpt/transform.h), max_shard_size for tensorizer or dcp, dcp to a sink or a URL, a checkpoint that is one unnamed tensor to a flat
 // format), kUnsupported (a dtype the target cannot hold: quantized and sub-byte dtypes in a flat format, complex128/complex32 in safetensors; a meta tensor to
 // safetensors with MetaTensors::kRefuse), kLimitExceeded (a tree deeper than options.limits, see
 // flatten_state_dict; pt: save_torch's pickler refuses trees nested deeper than

@@ -536,6 +536,39 @@ class safe_open:
 open_builtin = open
 
 
+def _recipe(recipe, strip_prefix, rename, add_prefix, keep, drop, cast, dequantize, split,
+            fuse, transpose):
+    """Checkpoint.convert's transform keywords as the JSON recipe the native layer parses."""
+    import builtins
+    import json as _json
+
+    def many(x):
+        if x is None:
+            return []
+        return [x] if isinstance(x, (str, bytes, os.PathLike, dict)) else list(x)
+
+    if isinstance(recipe, (str, bytes, os.PathLike)):
+        with builtins.open(recipe, "rb") as f:
+            recipe = _json.load(f)
+    r = dict(recipe or {})
+    names = [{"strip_prefix": p} for p in many(strip_prefix)]
+    for x in many(rename):
+        names.append(x if isinstance(x, (str, dict)) else
+                     {"regex": x[0], "replacement": x[1]})
+    names += [{"add_prefix": p} for p in many(add_prefix)]
+    if names:
+        r["rename"] = list(r.get("rename", [])) + names
+    for key, v in (("keep", keep), ("drop", drop), ("transpose", transpose), ("split", split),
+                   ("fuse", fuse)):
+        if v is not None:
+            r[key] = many(r.get(key)) + many(v)
+    if cast is not None:
+        r["cast"] = cast
+    if dequantize is not None:
+        r["dequantize"] = dequantize if isinstance(dequantize, bool) else many(dequantize)
+    return _json.dumps(r) if r else ""
+
+
 class Checkpoint:
     """An opened checkpoint (metadata read; tensor bytes read when asked for). Made by
     :func:`ckpt.open`. Thread-safe."""
@@ -584,7 +617,9 @@ class Checkpoint:
 
     def convert(self, dst, *, format=None, alignment=0, copy_shared=False, meta="refuse",
                 key=None, key_file=None, password=None, store_digests=False,
-                max_shard_size=0, fsync=True, progress=None, dcp_files=0, memory_budget=None):
+                max_shard_size=0, fsync=True, progress=None, dcp_files=0, memory_budget=None,
+                recipe=None, strip_prefix=None, rename=None, add_prefix=None, keep=None,
+                drop=None, cast=None, dequantize=None, split=None, fuse=None, transpose=None):
         """Write this checkpoint in another format (what `ckpt convert` does); returns a report
         dict (format, tensors, tensor_bytes, bytes_written, not_written, ...). Atomic; fsync
         (default on, as `ckpt convert`) flushes it to disk first. progress: as for
@@ -594,8 +629,19 @@ class Checkpoint:
         would (`ckpt convert --dcp-files`). A checkpoint that is not one mapped file (a DCP
         folder, a URL, compressed records) is streamed to the writer: memory_budget bytes of
         tensor data at most are read ahead (default 128 MiB; a larger tensor is held alone),
-        as `ckpt convert --budget-mb`."""
+        as `ckpt convert --budget-mb`.
+
+        Transforms for serving (`ckpt convert --rename ...`, docs/python.md): recipe= a dict (or
+        a JSON file's path) of rules as `--recipe` takes them, and keywords that add to it:
+        strip_prefix= / add_prefix= a prefix or a list, rename= [(REGEX, REPLACEMENT), ...]
+        (rename rules in the order strip_prefix, rename, add_prefix), keep= / drop= /
+        transpose= globs, cast="bf16"|"fp16"|"fp32", dequantize=True (every scheme) or
+        "fp8-block" / "mxfp4" or a list, split= ["NAME:DIM:P1,P2[:S1,S2]"], fuse=
+        ["P1,P2:DIM:NAME"]. The report then has "transforms" ((rule, tensors) pairs) and
+        "unmatched_rules"."""
         fmt = "" if format is None else format
+        rules = _recipe(recipe, strip_prefix, rename, add_prefix, keep, drop, cast, dequantize,
+                        split, fuse, transpose)
         if memory_budget is not None and memory_budget <= 0:
             raise error(InvalidArgumentError, "memory_budget must be more than 0 bytes",
                         os.fsdecode(dst))
@@ -603,7 +649,7 @@ class Checkpoint:
             return self._ck.convert(os.fsdecode(dst), fmt, alignment, copy_shared, meta,
                                     _key(key), key_file or "", password or "", store_digests,
                                     max_shard_size, bool(fsync), fn, dcp_files,
-                                    int(memory_budget or 0))
+                                    int(memory_budget or 0), rules)
 
     def stream(self, budget, *, verify=False):
         """Iterate (name, tensor) in file order with at most ``budget`` bytes of storage in

@@ -128,6 +128,12 @@ pyb::dict report_dict(const ConvertReport& r) {
   d["files"] = texts(r.files);
   d["index"] = text(r.index);
   d["key"] = pyb::bytes(r.key);
+  pyb::list rules, aliases;  // transforms (include/ckpt/transform.h)
+  for (auto& x : r.transforms.rules) rules.append(pyb::make_tuple(text(x.rule), x.matched));
+  for (auto& [a, b] : r.aliases_dropped) aliases.append(pyb::make_tuple(text(a), text(b)));
+  d["transforms"] = rules;
+  d["unmatched_rules"] = texts(r.transforms.unmatched);
+  d["aliases_dropped"] = aliases;
   return d;
 }
 
@@ -254,8 +260,9 @@ void bind_checks(PyClass& c) {
                          const std::string& key, const std::string& key_file,
                          const std::string& password, bool store_digests, uint64_t max_shard_size,
                          bool fsync, const pyb::object& progress_fn, uint32_t dcp_files,
-                         uint64_t memory_budget) {
+                         uint64_t memory_budget, const std::string& recipe) {
         ConvertOptions o;
+        if (!recipe.empty()) o.transforms = parse_transform_recipe(recipe);  // JSON, transform.h
         o.fsync = fsync;
         if (memory_budget) o.memory_budget = memory_budget;
         PyProgress progress(progress_fn);
@@ -290,7 +297,7 @@ void bind_checks(PyClass& c) {
       pyb::arg("meta"), pyb::arg("key"), pyb::arg("key_file"), pyb::arg("password"),
       pyb::arg("store_digests"), pyb::arg("max_shard_size"), pyb::arg("fsync") = true,
       pyb::arg("progress") = pyb::none(), pyb::arg("dcp_files") = 0,
-      pyb::arg("memory_budget") = 0);
+      pyb::arg("memory_budget") = 0, pyb::arg("recipe") = "");
 }
 
 // Bytes for the Python builder: storages by index (safe_open), streamed tensors.

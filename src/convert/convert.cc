@@ -19,6 +19,8 @@
 #include "convert/outputs.h"
 #include "convert/shard_files.h"
 #include "convert/shards.h"
+#include "convert/transform.h"
+#include "convert/transform.h"
 #include "convert/writing.h"
 
 namespace ckpt {
@@ -85,7 +87,12 @@ ConvertReport write(const Checkpoint& c, const ConvertOptions& o, const Destinat
   // shard is the one file, as without max_shard_size (the whole tree for pt).
   std::optional<FlatStateDict> flat;
   std::optional<Sharding> shards;
-  if (!caps.object_tree || o.max_shard_size) flat = internal::flat_state(c, *writer, o, r);
+  if (o.max_shard_size && !o.transforms.empty())
+    throw Error(ErrorCode::kInvalidArgument,
+                "transforms are not applied to sharded output (convert, then shard)",
+                d.sink ? d.sink->name() : d.path);
+  if (!caps.object_tree || o.max_shard_size || !o.transforms.empty())
+    flat = internal::flat_state(c, *writer, o, r);
   if (o.max_shard_size) {
     internal::ShardPlan plan = internal::plan_shards(c, *flat, caps, o.max_shard_size);
     if (plan.shards > 1) {
@@ -100,6 +107,8 @@ ConvertReport write(const Checkpoint& c, const ConvertOptions& o, const Destinat
   internal::TensorSource source(c, o.load, o.memory_budget);
   internal::WriteContent content = flat ? internal::flat_content(c, *flat, source, *writer)
                                         : internal::tree_content(c, source, r);
+  // Dropped aliases and the transforms (src/convert/transform.h): the content the writer sees.
+  if (flat) internal::finish_flat_content(o.transforms, *writer, c.source().name(), content, r);
   // The decorators, in one place: digests around the format's writer, shards around both.
   const auto* st = std::get_if<SafetensorsTarget>(&o.target);
   if (st && st->store_digests)

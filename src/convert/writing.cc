@@ -16,6 +16,7 @@
 #include "ckpt/torchscript.h"
 #include "convert/digest_internal.h"
 #include "convert/encryption.h"
+#include "convert/transform.h"
 #include "formats/dcp/dcp_writer.h"
 
 namespace ckpt::internal {
@@ -215,6 +216,8 @@ FlatStateDict flat_state(const Checkpoint& c, const Writer& w, const ConvertOpti
       flat.entries = std::move(kept);
     }
   }
+  // Tied weights: written once, as safetensors' save_model does (transform.h).
+  if (!caps.shared_bytes && !w.copies_shared()) drop_aliases(c, flat, r);
   std::vector<std::pair<std::string, std::string>> shared;  // (tensor, shares with)
   uint64_t total = 0;
   for (const auto& e : flat.entries) {

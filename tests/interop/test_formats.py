@@ -399,9 +399,15 @@ def test_shared_needs_copy_shared(ckpt, cache, file_id, tmp_path):
     import torch
     out = tmp_path / "s.safetensors"
     r = ckpt.run("convert", cache.path(file_id), out)
-    line = one_error_line(r)
-    assert r.returncode == 8 and "--copy-shared" in line, line
-    assert not out.exists()
+    if file_id.startswith("tied"):
+        # One tensor under two names: the alias is left out, as safetensors' save_model does
+        # (test_transforms.py compares the names kept with safetensors').
+        assert r.returncode == 0 and "tied names left out" in r.stderr, r.stderr
+        out.unlink()
+    else:
+        line = one_error_line(r)
+        assert r.returncode == 8 and "--copy-shared" in line, line
+        assert not out.exists()
 
     ckpt.ok("convert", cache.path(file_id), out, "--copy-shared")
     pt = tmp_path / "s.pt"

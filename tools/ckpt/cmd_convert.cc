@@ -17,6 +17,7 @@
 #include "ckpt/digest.h"
 #include "common.h"
 #include "progress.h"
+#include "transform_flags.h"
 
 namespace ckpt::cli {
 namespace {
@@ -35,6 +36,7 @@ struct ConvertFlags {
   bool digests = false;
   Common common;
   ProgressMode progress = ProgressMode::kAuto;
+  std::shared_ptr<TransformFlags> transforms;  // --rename, --cast, --dequantize... (transform_flags.h)
 };
 
 TargetSettings settings_of(const ConvertFlags& f) {
@@ -57,6 +59,7 @@ ConvertOptions options_of(const ConvertFlags& f) {
     if (!secret->empty()) warn_if_readable_by_others(*secret);
   co.limits = limits_of(f.common);
   co.remote = remote_options(f.common);
+  if (f.transforms) co.transforms = transform_recipe(*f.transforms);
   if (f.budget_mb > 0) co.memory_budget = static_cast<uint64_t>(f.budget_mb * 1048576.0);
   if (!f.max_shard_size.empty()) {
     try {
@@ -144,6 +147,7 @@ void run_convert(ConvertFlags& f) {
   }
   ConvertReport r = convert(c, f.out, co);
   line.finish(r.bytes_written);
+  print_transform_report(r);
   print_notes(f, r);
   print_summary(f, r, now_seconds() - t0);
 }
@@ -206,6 +210,7 @@ void add_convert(CLI::App& app) {
           "MiB"));
   add_common(*cmd, f->common);
   add_progress_flags(*cmd, f->progress);
+  f->transforms = add_transform_flags(*cmd);
   cmd->callback([f] { run_convert(*f); });
 }
 

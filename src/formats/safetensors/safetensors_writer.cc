@@ -31,6 +31,7 @@ int alignment_rank(DType d) {
     case DType::kBool:
       return 0;
     case DType::kFloat4_e2m1:
+    case DType::kFloat4_e2m1fn_x2:  // written as F4
       return 1;
     case DType::kFloat6_e2m3:
       return 2;
@@ -77,6 +78,12 @@ int alignment_rank(DType d) {
   }
 }
 
+// The dtype a tensor is stored as: torch's float4_e2m1fn_x2 (two 4-bit floats a byte) is F4,
+// as safetensors writes it.
+DType stored_dtype(DType d) {
+  return d == DType::kFloat4_e2m1fn_x2 ? DType::kFloat4_e2m1 : d;
+}
+
 // save_safetensors, with the tensors' bytes from `feed` when it is set.
 void write_safetensors(ByteSink& sink, const std::vector<Tensor>& tensors,
                        const std::map<std::string, std::string>& metadata,
@@ -102,7 +109,11 @@ void write_safetensors(ByteSink& sink, const std::vector<Tensor>& tensors,
                   sink.name(), name);
     if (!names.insert(name).second)
       throw Error(ErrorCode::kInvalidArgument, "duplicate tensor name", sink.name(), name);
-    if (!dtype_info(t.dtype()).safetensors)
+    if (t.dtype() == DType::kFloat4_e2m1fn_x2 && t.shape().empty())
+      throw Error(ErrorCode::kInvalidArgument,
+                  "a 0-d float4_e2m1fn_x2 tensor has no last dim to write as F4 pairs",
+                  sink.name(), name);
+    if (!dtype_info(stored_dtype(t.dtype())).safetensors)
       throw Error(ErrorCode::kUnsupported,
                   "dtype " + std::string(dtype_name(t.dtype())) + " has no safetensors code",
                   sink.name(), name);
@@ -153,11 +164,13 @@ void write_safetensors(ByteSink& sink, const std::vector<Tensor>& tensors,
     if (i || !metadata.empty()) json += ',';
     json += nlohmann::json(t.name()).dump();
     json += ":{\"dtype\":\"";
-    json += dtype_info(t.dtype()).safetensors;
+    json += dtype_info(stored_dtype(t.dtype())).safetensors;
     json += "\",\"shape\":[";
     for (size_t d = 0; d < t.shape().size(); ++d) {
       if (d) json += ',';
-      json += std::to_string(t.shape()[d]);
+      // float4_e2m1fn_x2: F4 elements, twice as many along the last dim (as safetensors).
+      const bool pairs = t.dtype() == DType::kFloat4_e2m1fn_x2 && d + 1 == t.shape().size();
+      json += std::to_string(t.shape()[d] * (pairs ? 2 : 1));
     }
     uint64_t end = offset + items[i].nbytes;
     json += "],\"data_offsets\":[" + std::to_string(offset) + "," + std::to_string(end) + "]}";
@@ -231,7 +244,7 @@ class SafetensorsWriter final : public Writer {
     }();
     return caps;
   }
-  bool holds(DType dtype) const override { return dtype_info(dtype).safetensors; }
+  bool holds(DType dtype) const override { return dtype_info(stored_dtype(dtype)).safetensors; }
   bool copies_shared() const override { return o_.copy_shared; }
   WriteResult write(WriteOutput& out, WriteContent& content) override {
     write_safetensors(out.file(), content.tensors, content.metadata, o_, content.feed.get());

@@ -246,10 +246,13 @@ class TorchPickleBuilder {
       ValuePtr storage = storage_marker(t);
       bool legacy = dtype_info(info.dtype).storage_class != nullptr;
       bool rg = info.requires_grad && !info.is_parameter;
-      std::vector<ValuePtr> args = {storage, Value::integer(info.storage_offset),
-                                    int_tuple(info.shape), int_tuple(info.strides),
+      // safetensors' F4 (4-bit elements) is torch's float4_e2m1fn_x2 with the last dim halved,
+      // as safetensors' own loader makes it.
+      const TensorInfo x = info.dtype == DType::kFloat4_e2m1 ? float4_pairs(t) : info;
+      std::vector<ValuePtr> args = {storage, Value::integer(x.storage_offset),
+                                    int_tuple(x.shape), int_tuple(x.strides),
                                     Value::boolean(rg), hooks()};
-      if (!legacy) args.push_back(global("torch", dtype_info(info.dtype).name));
+      if (!legacy) args.push_back(global("torch", dtype_info(x.dtype).name));
       r = Value::object("torch._utils", legacy ? "_rebuild_tensor_v2" : "_rebuild_tensor_v3",
                         std::move(args));
     }
@@ -260,6 +263,21 @@ class TorchPickleBuilder {
     // Globals inside reduce forms must be the shared ones (memo identity).
     cached = r;
     return r;
+  }
+
+  // A float4_e2m1 tensor as float4_e2m1fn_x2: pairs of elements, last dim halved.
+  static TensorInfo float4_pairs(const Tensor& t) {
+    TensorInfo x = t.info();
+    if (x.shape.empty() || x.shape.back() % 2 || x.storage_offset % 2 || !x.is_contiguous())
+      throw Error(ErrorCode::kInvalidArgument,
+                  "a float4_e2m1 tensor is written as torch's float4_e2m1fn_x2 (pairs along the "
+                  "last dim): it must be contiguous with an even last dim and offset",
+                  {}, t.name());
+    x.dtype = DType::kFloat4_e2m1fn_x2;
+    x.shape.back() /= 2;
+    x.strides = contiguous_strides(x.shape);
+    x.storage_offset /= 2;
+    return x;
   }
 
   const std::vector<Tensor>& tensors_;
