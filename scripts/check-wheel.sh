@@ -42,14 +42,14 @@ step "built in $((SECONDS - start)) s: $(cd "$tmp/dist" && ls ./*.whl)"
 after=$(git -C "$root" status --porcelain --ignored)
 [ "$before" = "$after" ] || fail "building the wheel changed the clone: $(diff <(echo "$before") \
   <(echo "$after") || true)"
-wheel=$(ls "$tmp"/dist/ckpt-*.whl)
+wheel=$(ls "$tmp"/dist/ckpt_io-*.whl)
 names=$("$py" -m zipfile -l "$wheel")
 for f in ckpt/__init__.py ckpt/__main__.py ckpt/_bin/ckpt ckpt/py.typed; do
   grep -q " *$f " <<<"$names" || fail "the wheel lacks $f"
 done
 grep -q 'ckpt/_ckpt\.cpython-.*\.so' <<<"$names" || fail "the wheel lacks the extension"
 "$py" -m zipfile -e "$wheel" "$tmp/unpacked" >/dev/null
-grep -qx 'ckpt = ckpt.__main__:main' "$tmp"/unpacked/ckpt-*.dist-info/entry_points.txt ||
+grep -qx 'ckpt = ckpt.__main__:main' "$tmp"/unpacked/ckpt_io-*.dist-info/entry_points.txt ||
   fail "the wheel has no ckpt console script"
 
 needed=$(for f in "$tmp"/unpacked/ckpt/_ckpt*.so "$tmp/unpacked/ckpt/_bin/ckpt"; do
@@ -68,7 +68,7 @@ if [ "${patchelf_ok:-0}" = 1 ]; then
   step "auditwheel repair (bundles the libraries above that are not in the manylinux policy)"
   "$peers/bin/auditwheel" repair -w "$tmp/repaired" "$wheel" > "$tmp/repair.log" 2>&1 ||
     { cat "$tmp/repair.log" >&2; fail "auditwheel repair"; }
-  repaired=$(ls "$tmp"/repaired/ckpt-*.whl)
+  repaired=$(ls "$tmp"/repaired/ckpt_io-*.whl)
   step "repaired: $(basename "$repaired"), bundling: $("$py" -m zipfile -l "$repaired" |
     awk '$1 ~ /^ckpt.libs\/./ {sub("ckpt.libs/", "", $1); printf "%s ", $1}')"
   wheels+=("$repaired")

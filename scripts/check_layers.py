@@ -48,10 +48,11 @@ LAYERS = {
     "src/convert": 7,
     "tools": 8,
     "python": 8,
+    "capi": 8,                     # the C ABI (libckpt_c.so)
 }
 
 # Layers that may include only public headers ("ckpt/...") and files of their own folder.
-PUBLIC_ONLY = {"tools", "python"}
+PUBLIC_ONLY = {"tools", "python", "capi"}
 
 # Public headers (include/ckpt/<name>) -> rank. Any header not listed gets DEFAULT_PUBLIC_RANK.
 PUBLIC_HEADERS = {
@@ -80,7 +81,7 @@ PUBLIC_HEADERS = {
 DEFAULT_PUBLIC_RANK = 6
 
 # What is walked, and which files are read.
-ROOTS = ["src", "tools", "include/ckpt", "python"]
+ROOTS = ["src", "tools", "include/ckpt", "python", "capi"]
 SOURCE_EXT = {".h", ".hh", ".hpp", ".hxx", ".inl", ".ipp", ".c", ".cc", ".cpp", ".cxx"}
 PUBLIC_DIR = "include/ckpt"
 INCLUDE_PATH = ["src", "include"]  # after the including file's own folder, as in the build

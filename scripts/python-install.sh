@@ -27,6 +27,6 @@ tmp=$(mktemp -d "${TMPDIR:-/tmp}/ckpt-python-install.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 echo "python-install: building the wheel with $peers/bin/python (no index, no isolation)"
 "$peers/bin/python" -m pip wheel -v --no-build-isolation --no-index --no-deps -w "$tmp" "$root"
-echo "python-install: installing $(basename "$tmp"/ckpt-*.whl) for $py"
+echo "python-install: installing $(basename "$tmp"/ckpt_io-*.whl) for $py"
 "$py" -m pip install --no-index --no-deps --force-reinstall --break-system-packages \
-  "$tmp"/ckpt-*.whl
+  "$tmp"/ckpt_io-*.whl

@@ -22,8 +22,9 @@ enum class DType : uint8_t {
   kBits8, kBits16, kBits1x8, kBits2x4, kBits4x2,
   // Sub-byte kinds of safetensors without a torch dtype (bits per element 4 or 6).
   kFloat4_e2m1, kFloat6_e2m3, kFloat6_e3m2,
+  kBComplex32,  // torch 2.15: a complex of two bfloat16
 };
-inline constexpr int kNumDTypes = static_cast<int>(DType::kFloat6_e3m2) + 1;
+inline constexpr int kNumDTypes = static_cast<int>(DType::kBComplex32) + 1;
 
 struct DTypeInfo {
   DType dtype;

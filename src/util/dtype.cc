@@ -44,6 +44,7 @@ constexpr std::array<DTypeInfo, kNumDTypes> kTable = {{
   {DType::kFloat4_e2m1,     "float4_e2m1",       4, nullptr,                nullptr,           "F4",         nullptr, true, false, false, true},
   {DType::kFloat6_e2m3,     "float6_e2m3",       6, nullptr,                nullptr,           "F6_E2M3",    nullptr, true, false, false, true},
   {DType::kFloat6_e3m2,     "float6_e3m2",       6, nullptr,                nullptr,           "F6_E3M2",    nullptr, true, false, false, true},
+  {DType::kBComplex32,      "bcomplex32",       32, nullptr,                "BComplex32",      nullptr,      nullptr, false, true, false, true},
 }};
 // clang-format on
 

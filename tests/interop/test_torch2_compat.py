@@ -33,7 +33,7 @@ TORCH211_ONLY = sorted(p for p in os.listdir(FIXTURES) if p.startswith("torch211
 DTYPE_NAMES = ["float32", "float64", "float16", "bfloat16", "complex64", "complex128", "complex32",
                "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
                "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
-               "float8_e8m0fnu", "float4_e2m1fn_x2"]
+               "float8_e8m0fnu", "float4_e2m1fn_x2", "bcomplex32"]
 
 
 def _torch_saves(name):

@@ -43,8 +43,9 @@ constexpr std::array<std::string_view, 26> kExact = {
 
 // clang-format off
 // torch.<dtype>: every dtype torch 2.x spells by name, the placeholder sub-byte ones included.
-constexpr std::array<std::string_view, 46> kDTypes = {
+constexpr std::array<std::string_view, 47> kDTypes = {
     "float16", "float32", "float64", "bfloat16", "bool", "complex32", "complex64", "complex128",
+    "bcomplex32",
     "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
     "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu",
     "float4_e2m1fn_x2", "qint8", "quint8", "qint32", "quint4x2", "quint2x4",
