@@ -27,6 +27,8 @@ import socket
 import threading
 import time
 
+import http_util
+
 LM1 = email.utils.formatdate(1700000000, usegmt=True)
 LM2 = email.utils.formatdate(1700086400, usegmt=True)
 
