@@ -177,6 +177,128 @@ std::string sha_hex(const EVP_MD* md, const ByteSource& f, uint64_t offset, uint
   return to_hex(std::span<const unsigned char>(out, n));
 }
 
+// What `verify` checks of an ONNX model: every external range inside its file, no overlaps
+// between tensors or pre-packed buffers in one file, SHA-1 `checksum`s of whole files, SHA-256
+// pre-pack checksums (ckpt's), and every typed storage decoded. Each step returns the number of
+// things it checked.
+struct VerifyRange {
+  uint64_t begin, end;
+  std::string what;
+};
+using RangesByFile = std::map<std::string, std::vector<VerifyRange>>;
+
+// The tensors' external ranges (collected into `by_file`, their files' checksums into
+// `checksums`) and typed storages, decoded.
+size_t verify_tensors(const CheckpointModel& m, const OnnxExtension& ext,
+                      const OnnxDecoder& decoder, RangesByFile& by_file,
+                      std::map<std::string, std::string>& checksums) {
+  size_t checked = 0;
+  const auto& slots = decoder.slots();
+  for (size_t i = 0; i < m.tensors.size(); ++i) {
+    const Slot& s = slots[i];
+    const auto& place = ext.places[i];
+    if (s.kind == Slot::kExternal) {
+      SourcePtr f = decoder.file(s.path, m.tensors[i].name);
+      uint64_t n = m.storages[i].nbytes;
+      if (s.offset > f->size() || n > f->size() - s.offset)
+        throw Error(ErrorCode::kTruncated,
+                    "external data (" + std::to_string(n) + " bytes at " +
+                        std::to_string(s.offset) + ") passes the end of " + s.location + " (" +
+                        std::to_string(f->size()) + " bytes)",
+                    f->name(), m.tensors[i].name, s.offset);
+      if (n) by_file[s.path].push_back({s.offset, s.offset + n, "tensor " + m.tensors[i].name});
+      if (!place.checksum.empty()) {
+        auto [it, fresh] = checksums.emplace(s.path, place.checksum);
+        if (!fresh && it->second != place.checksum)
+          throw Error(ErrorCode::kCorrupt,
+                      "two different checksums given for " + s.location, f->name(),
+                      m.tensors[i].name);
+      }
+      ++checked;
+    } else if (s.kind == Slot::kTyped) {
+      std::vector<std::byte> tmp(m.storages[i].nbytes);
+      decoder.read(i, tmp, true);
+      ++checked;
+    }
+    // raw_data: inside the .onnx by construction, with nothing to check it against (not
+    // counted: verify says "not verified" for a model that has only those)
+  }
+  return checked;
+}
+
+// onnxruntime's pre-packed buffers: inside their files (collected into `by_file`), SHA-256s.
+size_t verify_prepacked(const CheckpointModel& m, const OnnxExtension& ext,
+                        const OnnxDecoder& decoder, RangesByFile& by_file) {
+  size_t checked = 0;
+  std::string dir = onnx_model_dir(m.source->name());
+  if (dir.empty()) dir = ".";
+  for (const auto& p : ext.prepacked) {
+    std::string path = onnx_external_path(dir, p.location, p.tensor);
+    SourcePtr f = decoder.file(path, p.tensor);
+    for (const auto& b : p.buffers) {
+      if (b.offset > f->size() || b.length > f->size() - b.offset)
+        throw Error(ErrorCode::kTruncated,
+                    "pre-packed buffer " + p.key + " (" + std::to_string(b.length) +
+                        " bytes at " + std::to_string(b.offset) + ") passes the end of " +
+                        p.location + " (" + std::to_string(f->size()) + " bytes)",
+                    f->name(), p.tensor, b.offset);
+      if (b.length)
+        by_file[path].push_back({b.offset, b.offset + b.length, "pre-pack " + p.key + " of " +
+                                                                    p.tensor});
+      if (b.checksum.size() == 64) {
+        std::string got = sha_hex(EVP_sha256(), *f, b.offset, b.length);
+        if (got != b.checksum)
+          throw Error(ErrorCode::kCorrupt,
+                      "pre-packed buffer " + p.key + " has SHA-256 " + got + ", expected " +
+                          b.checksum,
+                      f->name(), p.tensor, b.offset);
+        ++checked;
+      }
+    }
+  }
+  return checked;
+}
+
+void refuse_overlapping_ranges(RangesByFile& by_file) {
+  for (auto& [path, ranges] : by_file) {
+    std::sort(ranges.begin(), ranges.end(),
+              [](const VerifyRange& a, const VerifyRange& b) { return a.begin < b.begin; });
+    for (size_t i = 1; i < ranges.size(); ++i)
+      if (ranges[i].begin < ranges[i - 1].end)
+        throw Error(ErrorCode::kCorrupt,
+                    ranges[i].what + " (at " + std::to_string(ranges[i].begin) +
+                        ") overlaps " + ranges[i - 1].what + " (ending at " +
+                        std::to_string(ranges[i - 1].end) + ")",
+                    path, {}, ranges[i].begin);
+  }
+}
+
+// Whole files against the SHA-1 the model gives them.
+size_t verify_file_checksums(const std::map<std::string, std::string>& checksums,
+                             const OnnxDecoder& decoder) {
+  size_t checked = 0;
+  for (const auto& [path, want] : checksums) {
+    SourcePtr f = decoder.file(path, {});
+    std::string got = sha_hex(EVP_sha1(), *f, 0, f->size());
+    std::string w = want;
+    std::transform(w.begin(), w.end(), w.begin(), [](unsigned char c) { return std::tolower(c); });
+    if (got != w)
+      throw Error(ErrorCode::kCorrupt, "SHA-1 of the file is " + got + ", the model says " + want,
+                  path);
+    ++checked;
+  }
+  return checked;
+}
+
+size_t verify_onnx(const CheckpointModel& m, const OnnxExtension& ext, const OnnxDecoder& decoder) {
+  RangesByFile by_file;
+  std::map<std::string, std::string> checksums;  // path → expected sha1
+  size_t checked = verify_tensors(m, ext, decoder, by_file, checksums);
+  checked += verify_prepacked(m, ext, decoder, by_file);
+  refuse_overlapping_ranges(by_file);
+  return checked + verify_file_checksums(checksums, decoder);
+}
+
 class Parser {
  public:
   Parser(SourcePtr src, const OpenOptions& opt) : src_(std::move(src)), opt_(opt) {}
@@ -605,99 +727,12 @@ std::shared_ptr<CheckpointModel> Parser::run() {
   if (any_decoded) m_->decoder = decoder;
   m_->extension = ext_;
 
-  // verify: every external range inside its file, no overlaps between tensors or pre-packed
-  // buffers in one file, SHA-1 `checksum`s of whole files, SHA-256 pre-pack checksums (ckpt's),
-  // and every storage decoded.
+  // verify: verify_onnx, while the model lives.
   std::weak_ptr<CheckpointModel> weak = m_;
   std::shared_ptr<OnnxExtension> ext = ext_;
   m_->verify = [weak, ext, decoder](const ProgressFn&) -> size_t {
     auto m = weak.lock();
-    if (!m) return 0;
-    size_t checked = 0;
-    struct Range {
-      uint64_t begin, end;
-      std::string what;
-    };
-    std::map<std::string, std::vector<Range>> by_file;
-    std::map<std::string, std::string> checksums;  // path → expected sha1
-    const auto& slots = decoder->slots();
-    for (size_t i = 0; i < m->tensors.size(); ++i) {
-      const Slot& s = slots[i];
-      const auto& place = ext->places[i];
-      if (s.kind == Slot::kExternal) {
-        SourcePtr f = decoder->file(s.path, m->tensors[i].name);
-        uint64_t n = m->storages[i].nbytes;
-        if (s.offset > f->size() || n > f->size() - s.offset)
-          throw Error(ErrorCode::kTruncated,
-                      "external data (" + std::to_string(n) + " bytes at " +
-                          std::to_string(s.offset) + ") passes the end of " + s.location + " (" +
-                          std::to_string(f->size()) + " bytes)",
-                      f->name(), m->tensors[i].name, s.offset);
-        if (n) by_file[s.path].push_back({s.offset, s.offset + n, "tensor " + m->tensors[i].name});
-        if (!place.checksum.empty()) {
-          auto [it, fresh] = checksums.emplace(s.path, place.checksum);
-          if (!fresh && it->second != place.checksum)
-            throw Error(ErrorCode::kCorrupt,
-                        "two different checksums given for " + s.location, f->name(),
-                        m->tensors[i].name);
-        }
-        ++checked;
-      } else if (s.kind == Slot::kTyped) {
-        std::vector<std::byte> tmp(m->storages[i].nbytes);
-        decoder->read(i, tmp, true);
-        ++checked;
-      }
-      // raw_data: inside the .onnx by construction, with nothing to check it against (not
-      // counted: verify says "not verified" for a model that has only those)
-    }
-    std::string dir = onnx_model_dir(m->source->name());
-    if (dir.empty()) dir = ".";
-    for (const auto& p : ext->prepacked) {
-      std::string path = onnx_external_path(dir, p.location, p.tensor);
-      SourcePtr f = decoder->file(path, p.tensor);
-      for (const auto& b : p.buffers) {
-        if (b.offset > f->size() || b.length > f->size() - b.offset)
-          throw Error(ErrorCode::kTruncated,
-                      "pre-packed buffer " + p.key + " (" + std::to_string(b.length) +
-                          " bytes at " + std::to_string(b.offset) + ") passes the end of " +
-                          p.location + " (" + std::to_string(f->size()) + " bytes)",
-                      f->name(), p.tensor, b.offset);
-        if (b.length)
-          by_file[path].push_back({b.offset, b.offset + b.length, "pre-pack " + p.key + " of " +
-                                                                      p.tensor});
-        if (b.checksum.size() == 64) {
-          std::string got = sha_hex(EVP_sha256(), *f, b.offset, b.length);
-          if (got != b.checksum)
-            throw Error(ErrorCode::kCorrupt,
-                        "pre-packed buffer " + p.key + " has SHA-256 " + got + ", expected " +
-                            b.checksum,
-                        f->name(), p.tensor, b.offset);
-          ++checked;
-        }
-      }
-    }
-    for (auto& [path, ranges] : by_file) {
-      std::sort(ranges.begin(), ranges.end(),
-                [](const Range& a, const Range& b) { return a.begin < b.begin; });
-      for (size_t i = 1; i < ranges.size(); ++i)
-        if (ranges[i].begin < ranges[i - 1].end)
-          throw Error(ErrorCode::kCorrupt,
-                      ranges[i].what + " (at " + std::to_string(ranges[i].begin) +
-                          ") overlaps " + ranges[i - 1].what + " (ending at " +
-                          std::to_string(ranges[i - 1].end) + ")",
-                      path, {}, ranges[i].begin);
-    }
-    for (auto& [path, want] : checksums) {
-      SourcePtr f = decoder->file(path, {});
-      std::string got = sha_hex(EVP_sha1(), *f, 0, f->size());
-      std::string w = want;
-      std::transform(w.begin(), w.end(), w.begin(), [](unsigned char c) { return std::tolower(c); });
-      if (got != w)
-        throw Error(ErrorCode::kCorrupt, "SHA-1 of the file is " + got + ", the model says " + want,
-                    path);
-      ++checked;
-    }
-    return checked;
+    return m ? verify_onnx(*m, *ext, *decoder) : 0;
   };
   return m_;
 }
