@@ -87,7 +87,8 @@ cat > "$tmp/sub/CMakeLists.txt" <<EOF
 cmake_minimum_required(VERSION 3.22)
 project(ckpt_subproject LANGUAGES CXX)
 add_subdirectory("$root" ckpt)
-foreach(t ckpt_cli base_tests zip_tests pickle_tests fmt_tests ckpt_tests)
+foreach(t ckpt_cli base_tests zip_tests pickle_tests fmt_tests load_tests device_tests api_tests
+          convert_tests ranks_tests ckpt_tests)
   if(TARGET \${t})
     message(FATAL_ERROR "the ckpt subproject defines \${t}")
   endif()

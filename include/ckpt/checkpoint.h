@@ -1,8 +1,10 @@
 #pragma once
-// Checkpoint: an opened checkpoint of any supported format: a single file, or a set of files
-// opened as one (a sharded checkpoint's index, or open_set). Opening reads metadata only; tensor
-// bytes are read when asked for. Every method below holds for every kind: a set is listed,
-// loaded, streamed, viewed and verified as a file is, each tensor's bytes read from its file.
+// Checkpoint: an opened checkpoint of any supported format: a single file, a set of files
+// opened as one (a sharded checkpoint's index, or open_set), or a torch.distributed.checkpoint
+// (DCP) folder, whose tensors are assembled from every rank's chunks. Opening reads metadata
+// only; tensor bytes are read when asked for. Every method below holds for every kind: a set or
+// a folder is listed, loaded, streamed, viewed and verified as a file is, each tensor's bytes
+// read from the file or files that hold them.
 
 #include <functional>
 #include <map>
@@ -32,16 +34,24 @@ struct LoadedCheckpoint;
 // A tensor selection: true keeps the tensor.
 using TensorFilter = std::function<bool(const TensorInfo&)>;
 
-// An opened checkpoint. A Checkpoint is a handle: copies share one opened file and its loaded
-// storages. The file stays open while any copy lives, and a mapping while any view into it (a
+// An opened checkpoint. A Checkpoint is a handle: copies share the opened files and the loaded
+// storages. The files stay open while any copy lives, and a mapping while any view into it (a
 // Tensor or Storage from storage()/tensor()) lives; loaded bytes own their memory. Every method
 // is const and thread-safe: any number of threads may load from one Checkpoint at once. The
 // metadata (tensors(), storages(), root(), ...) never changes after open; references to it stay
 // valid while the Checkpoint (or a copy) lives.
 class Checkpoint {
  public:
-  // Opens a file, detecting its format from its first bytes. Throws Error (kNotFound, kIo,
-  // kCorrupt, kTruncated, kUnsupported, kLimitExceeded).
+  // Opens `path`, a local path or an http://, https:// or s3:// URL (OpenOptions::remote):
+  //  - a file, its format detected from its bytes (torch zip, legacy torch.save, TorchScript,
+  //    safetensors, tensorizer, ONNX);
+  //  - a shard index (JSON), opened as its set of shards (open_set below);
+  //  - a DCP folder (a folder holding `.metadata`, or a URL prefix ending in '/'): format()
+  //    kTorchDcp, one tensor per saved name with its chunks checked to tile it, the tree that
+  //    torch's dcp_to_torch_save would write; files() are its data files.
+  // open(source) opens one file or object (a format or a shard index), never a folder. Throws
+  // Error (kNotFound, kIo, kAuth, kCorrupt, kTruncated, kUnsupported, kLimitExceeded) naming
+  // the file, and for a folder the data file and tensor.
   static Checkpoint open(const std::string& path, const OpenOptions& options = {});
   static Checkpoint open(SourcePtr source, const OpenOptions& options = {});
   // A sharded checkpoint is opened as one: open(path) of an index file (a JSON file whose
@@ -81,20 +91,21 @@ class Checkpoint {
   // Index of the tensor with this name.
   std::optional<size_t> find(std::string_view name) const;
   // The files the checkpoint reads tensor bytes from, by name, in order: one for a single file
-  // (source().name()), a set's shard files in shard order. A StorageInfo's offset is in the file
-  // files_of() names. source() of a set is its index (or, for open_set, a description of the
-  // files), which is not among them.
+  // (source().name()), a set's shard files in shard order, a DCP folder's data files. A
+  // StorageInfo's offset is in the file files_of() names (for a DCP folder, whose storages are
+  // assembled from chunks, in no one file). source() of a set is its index (or, for open_set, a
+  // description of the files), which is not among them.
   const std::vector<std::string>& files() const;
   // Indices into files() of the files that hold tensor `tensor`'s bytes, in the order the bytes
-  // are in them: never empty; exactly one for a single file (0) and for a set (its shard). The
-  // span stays valid while the Checkpoint (or a copy) lives. Throws Error{kNotFound} for a bad
-  // index.
+  // are in them: never empty; exactly one for a single file (0) and for a set (its shard); for a
+  // DCP folder, the data files of the tensor's chunks. The span stays valid while the
+  // Checkpoint (or a copy) lives. Throws Error{kNotFound} for a bad index.
   std::span<const uint32_t> files_of(size_t tensor) const;
   // The files as checkpoints of their own, in files() order, where each file is one (a set's
   // shards: a shard's source() is its file); empty where the checkpoint is not made of others
-  // (a single file). shard_of(tensor) is files_of(tensor)[0]: the index of the file (for a set,
-  // the shard) that holds the tensor, 0 for a single file. Throws Error{kNotFound} for a bad
-  // index.
+  // (a single file, a DCP folder). shard_of(tensor) is files_of(tensor)[0]: the index of the
+  // file (for a set, the shard) that holds the tensor (for a DCP folder, its first chunk's), 0
+  // for a single file. Throws Error{kNotFound} for a bad index.
   const std::vector<Checkpoint>& shards() const;
   size_t shard_of(size_t tensor) const;
 
@@ -151,8 +162,9 @@ class Checkpoint {
   // the pages in now (MADV_POPULATE_READ where the kernel has it). No-op for unmapped sources.
   void prefetch(std::span<const size_t> tensors = {}, bool populate = false) const;
 
-  // Checks every record that has a CRC32 (a set: each shard's, in order). Throws Error{kCorrupt}
-  // naming the first bad record and its file. Returns the number of records checked.
+  // Checks every record that has a CRC32 (a set: each shard's, in order; a DCP folder stores
+  // none). Throws Error{kCorrupt} naming the first bad record and its file. Returns the number
+  // of records checked: 0 where the checkpoint stores no checksums.
   // `progress` (may be empty) counts the bytes checked (a set: every shard's, against their sum).
   size_t verify(const ProgressFn& progress = {}) const;
 

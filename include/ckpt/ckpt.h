@@ -1,7 +1,8 @@
 #pragma once
 // The whole public API: include this one header.
 //
-//   checkpoint.h         Checkpoint: open any supported file, list, load (eager, views, stream)
+//   checkpoint.h         Checkpoint: open any supported file, shard set or DCP folder; list, load
+//                        (eager, views, stream, slices)
 //   convert.h            convert(): one checkpoint into another format; flatten_state_dict()
 //   digest.h             SHA-256 of tensors and files, digest manifests, stored digests
 //   torch.h              save_torch(), state_dict_value()

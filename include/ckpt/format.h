@@ -1,5 +1,6 @@
 #pragma once
-// Format: which kind of file a checkpoint is, and RecordInfo: one entry of its container.
+// Format: which kind of file (or, for kTorchDcp, folder) a checkpoint is, and RecordInfo: one
+// entry of its container.
 // Plain values; safe to share between threads.
 
 #include <cstdint>

@@ -20,8 +20,9 @@ import os
 import re
 import socket
 import struct
-import threading
 import time
+
+import http_util
 
 
 class Handler(http.server.BaseHTTPRequestHandler):
@@ -54,22 +55,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
             return self._plain(412, b"<Error><Code>PreconditionFailed</Code></Error>")
         if (fault == "slow" and n == k) or (fault == "down" and n >= k):
             return self._plain(503, b"<Error><Code>SlowDown</Code></Error>", {"Retry-After": "1"})
-        a, b = 0, len(data) - 1
-        rng = self.headers.get("Range")
-        status = 200
-        if rng:
-            mm = re.match(r"bytes=(\d*)-(\d*)$", rng)
-            if not mm:
-                return self._plain(416, b"bad range")
-            if mm.group(1) == "":
-                a = max(0, len(data) - int(mm.group(2)))
-            else:
-                a = int(mm.group(1))
-                if mm.group(2):
-                    b = min(b, int(mm.group(2)))
-            if a >= len(data):
-                return self._plain(416, b"", {"Content-Range": "bytes */%d" % len(data)})
-            status = 206
+        r = http_util.send_range_or_error(self, self.headers.get("Range"), data)
+        if r is None:
+            return
+        status, a, b = r
         body = data[a:b + 1]
         self.send_response(status)
         self.send_header("Content-Length", str(len(body)))
@@ -101,36 +90,13 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     def _plain(self, status, body, headers=None):
-        self.send_response(status)
-        self.send_header("Content-Length", str(len(body)))
-        for k, v in (headers or {}).items():
-            self.send_header(k, v)
-        self.end_headers()
-        self.wfile.write(body)
+        http_util.send_plain(self, status, body, headers)
 
 
-class FaultyServer(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-
+class FaultyServer(http_util.FolderServer):
     def __init__(self, folder):
-        super().__init__(("127.0.0.1", 0), Handler)
-        self.folder = folder
-        self.lock = threading.Lock()
-        self.counts = {}
-        self.log = []
-        self.stopping = False
-        self.thread = threading.Thread(target=self.serve_forever, daemon=True)
-        self.thread.start()
-
-    @property
-    def base(self):
-        return "http://127.0.0.1:%d" % self.server_address[1]
+        super().__init__(folder, Handler)
 
     def requests_for(self, path):
         with self.lock:
             return [r for p, r in self.log if p == path]
-
-    def stop(self):
-        self.stopping = True
-        self.shutdown()
-        self.server_close()

@@ -27,6 +27,8 @@ import socket
 import threading
 import time
 
+import http_util
+
 LM1 = email.utils.formatdate(1700000000, usegmt=True)
 LM2 = email.utils.formatdate(1700086400, usegmt=True)
 
@@ -85,20 +87,11 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if mode == "endless":
             return self._endless(path)
         status, a, b = 200, 0, len(data) - 1
-        rng = self.headers.get("Range")
-        if rng and mode != "norange":
-            mm = re.match(r"bytes=(\d*)-(\d*)$", rng)
-            if not mm:
-                return self._plain(416, b"bad range")
-            if mm.group(1) == "":
-                a = max(0, len(data) - int(mm.group(2)))
-            else:
-                a = int(mm.group(1))
-                if mm.group(2):
-                    b = min(b, int(mm.group(2)))
-            if a >= len(data):
-                return self._plain(416, b"", {"Content-Range": "bytes */%d" % len(data)})
-            status = 206
+        if mode != "norange":
+            r = http_util.send_range_or_error(self, self.headers.get("Range"), data)
+            if r is None:
+                return
+            status, a, b = r
         body = data[a:b + 1]
         self.send_response(status)
         self.send_header("Content-Length", str(len(body)))
@@ -145,33 +138,17 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.close_connection = True
 
     def _plain(self, status, body, headers=None):
-        self.send_response(status)
-        self.send_header("Content-Length", str(len(body)))
-        for k, v in (headers or {}).items():
-            self.send_header(k, v)
-        self.end_headers()
-        self.wfile.write(body)
+        http_util.send_plain(self, status, body, headers)
 
 
-class HostileServer(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-
+class HostileServer(http_util.FolderServer):
     def __init__(self, folder):
-        super().__init__(("127.0.0.1", 0), Handler)
-        self.folder = folder
-        self.lock = threading.Lock()
-        self.counts, self.sent, self.log = {}, {}, []
+        self.sent = {}
         self.redirect_to = ""
-        self.stopping = False
-        self.thread = threading.Thread(target=self.serve_forever, daemon=True)
-        self.thread.start()
+        super().__init__(folder, Handler)
 
     def handle_error(self, request, client_address):
         pass  # a client that hangs up early is what these tests make ckpt do
-
-    @property
-    def base(self):
-        return "http://127.0.0.1:%d" % self.server_address[1]
 
     def url(self, token, mode, name):
         return f"{self.base}/{token}/{mode}/{name}"
@@ -184,11 +161,6 @@ class HostileServer(http.server.ThreadingHTTPServer):
     def sent_to(self, path):
         with self.lock:
             return self.sent.get(path, 0)
-
-    def stop(self):
-        self.stopping = True
-        self.shutdown()
-        self.server_close()
 
 
 class FtpTrap:

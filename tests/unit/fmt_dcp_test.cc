@@ -1,170 +1,143 @@
-// The DCP reader's own checks (formats/dcp/dcp_checks.h) and its cache of data files
-// (formats/dcp/dcp_files.h): chunks that tile a tensor in tens of thousands of pieces are checked
-// in O(n log n), overlaps found in one, two and more split dimensions, and a folder's files read
-// with a bounded number open.
+// torch.distributed.checkpoint folders opened as one checkpoint: the workplace fixture dcp_model
+// (torch 2.11, one process) equals torch's dcp_to_torch_save of it, read by ckpt; damaged copies
+// are refused naming the data file and the tensor.
 
-#include <dirent.h>
-#include <unistd.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
-#include <algorithm>
-#include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <random>
 
-#include "formats/dcp/dcp_checks.h"
-#include "formats/dcp/dcp_files.h"
+#include "ckpt/ckpt.h"
+#include "test_util.h"
 
-namespace ckpt::internal {
+namespace ckpt {
 namespace {
 
-struct Fault {
-  std::string what;
+namespace fs = std::filesystem;
+
+std::string fixtures() {
+  if (const char* env = std::getenv("CKPT_FIXTURES")) return std::string(env) + "/torch2";
+  std::string here = __FILE__;
+  std::string beside = here.substr(0, here.rfind('/')) + "/../../../shared/fixtures/torch2";
+  if (fs::exists(beside + "/dcp_model")) return beside;
+  return "/work/shared/fixtures/torch2";
+}
+
+class DcpFixture : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fixtures() + "/dcp_model";
+    if (!fs::exists(dir_ + "/.metadata")) GTEST_SKIP() << "no fixture at " << dir_;
+  }
+  // A writable copy of the fixture folder.
+  std::string copy() {
+    std::string d = ::testing::TempDir() + "dcp_copy_" +
+                    ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    fs::remove_all(d);
+    fs::create_directories(d);
+    for (const auto& e : fs::directory_iterator(dir_)) {
+      fs::copy_file(e.path(), d + "/" + e.path().filename().string());
+      fs::permissions(d + "/" + e.path().filename().string(), fs::perms::owner_all);
+    }
+    return d;
+  }
+  std::string dir_;
 };
 
-void check(DcpEntry& e) {
-  check_tiling(e, [](ErrorCode, const std::string& what, const DcpChunk*) { throw Fault{what}; });
-}
-
-std::string fault(DcpEntry e) {
-  try {
-    check(e);
-  } catch (const Fault& f) {
-    return f.what;
+TEST_F(DcpFixture, EqualsDcpToTorchSave) {
+  Checkpoint dcp = Checkpoint::open(dir_);
+  Checkpoint ref = Checkpoint::open(fixtures() + "/dcp_model_as_torch_save.pt");
+  EXPECT_EQ(dcp.format(), Format::kTorchDcp);
+  EXPECT_EQ(std::string(format_name(dcp.format())), "torch-dcp");
+  ASSERT_EQ(dcp.tensors().size(), ref.tensors().size());
+  for (const TensorInfo& t : ref.tensors()) {
+    auto i = dcp.find(t.name);
+    ASSERT_TRUE(i) << t.name;
+    Tensor a = dcp.tensor(*i), b = ref.tensor(t.name);
+    EXPECT_EQ(a.info().dtype, b.info().dtype) << t.name;
+    EXPECT_EQ(a.info().shape, b.info().shape) << t.name;
+    auto ab = a.contiguous_bytes(), bb = b.contiguous_bytes();
+    EXPECT_TRUE(std::equal(ab.begin(), ab.end(), bb.begin(), bb.end())) << t.name;
   }
-  return "";
+  // The nested tree dcp_to_torch_save rebuilds from planner_data.
+  ASSERT_TRUE(dcp.root()->is_dict());
+  ASSERT_TRUE(dcp.root()->get("model"));
+  EXPECT_TRUE(dcp.root()->get("model")->get("0.weight"));
+  ASSERT_TRUE(dcp.root()->get("extra"));
+  EXPECT_TRUE(dcp.root()->get("extra")->get("step"));
+  EXPECT_EQ(dcp.files().size(), 1u);
+  EXPECT_EQ(fs::path(dcp.files()[0]).filename(), "__0_0.distcp");
+  // Every load path gives the same bytes.
+  std::vector<Tensor> all = dcp.load_all();
+  ASSERT_EQ(all.size(), dcp.tensors().size());
+  size_t streamed = 0;
+  dcp.stream(1 << 20, [&](const Tensor& t) {
+    auto want = ref.tensor(t.name()).contiguous_bytes();
+    auto got = t.contiguous_bytes();
+    EXPECT_TRUE(std::equal(got.begin(), got.end(), want.begin(), want.end())) << t.name();
+    ++streamed;
+  });
+  EXPECT_EQ(streamed, all.size());
+  EXPECT_EQ(dcp.verify(), 0u);  // DCP stores no checksums
 }
 
-DcpEntry rows(int64_t n, int64_t cols) {
-  DcpEntry e;
-  e.fqn = "w";
-  e.size = {n, cols};
-  for (int64_t r = 0; r < n; ++r) e.chunks.push_back({{r, 0}, {1, cols}});
-  std::shuffle(e.chunks.begin(), e.chunks.end(), std::mt19937(1));
-  return e;
+// The fixture's .metadata, with `from` replaced by `to` once (a byte patch of the pickle).
+void patch(const std::string& path, const std::string& from, const std::string& to) {
+  std::vector<std::byte> b = test::read_file(path);
+  std::string s = test::to_string(b);
+  auto at = s.find(from);
+  ASSERT_NE(at, std::string::npos);
+  s.replace(at, from.size(), to);
+  test::write_file(path, test::to_bytes(s));
 }
 
-DcpEntry grid(int64_t a, int64_t b) {
-  DcpEntry e;
-  e.fqn = "w";
-  e.size = {a * 2, b * 3};
-  for (int64_t i = 0; i < a; ++i)
-    for (int64_t j = 0; j < b; ++j) e.chunks.push_back({{i * 2, j * 3}, {2, 3}});
-  std::shuffle(e.chunks.begin(), e.chunks.end(), std::mt19937(2));
-  return e;
+TEST_F(DcpFixture, MissingDataFileIsNamed) {
+  std::string d = copy();
+  fs::remove(d + "/__0_0.distcp");
+  Error e = test::capture_error([&] { Checkpoint::open(d); });
+  EXPECT_EQ(e.code(), ErrorCode::kNotFound);
+  EXPECT_NE(std::string(e.what()).find("__0_0.distcp"), std::string::npos) << e.what();
 }
 
-double seconds(const std::function<void()>& f) {
-  auto t0 = std::chrono::steady_clock::now();
-  f();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+TEST_F(DcpFixture, ItemPastTheEndIsNamed) {
+  std::string d = copy();
+  fs::resize_file(d + "/__0_0.distcp", 3000);
+  Error e = test::capture_error([&] { Checkpoint::open(d); });
+  EXPECT_EQ(e.code(), ErrorCode::kTruncated);
+  EXPECT_NE(e.source().find("__0_0.distcp"), std::string::npos) << e.what();
+  EXPECT_FALSE(e.record().empty());
+  EXPECT_TRUE(e.offset());
 }
 
-TEST(DcpTiling, FiftyThousandRowChunksAreCheckedQuickly) {
-  DcpEntry e = rows(50000, 2);
-  // Quadratic pair checks took seconds here; the sweep takes milliseconds.
-  EXPECT_LT(seconds([&] { check(e); }), 2.0);
-  EXPECT_EQ(e.chunks.size(), 50000u);
+// model.0.weight is 32x16 in one chunk of sizes (32, 16): "K\x20K\x10\x86" in the pickle.
+TEST_F(DcpFixture, HoleIsRefused) {
+  std::string d = copy();
+  // The chunk's sizes (32, 16) become (16, 16): half the tensor has no chunk.
+  patch(d + "/.metadata", "sizes\x94h!K K\x10", "sizes\x94h!K\x10K\x10");
+  Error e = test::capture_error([&] { Checkpoint::open(d); });
+  EXPECT_EQ(e.code(), ErrorCode::kCorrupt) << e.what();
+  EXPECT_EQ(e.record(), "model.0.weight");
+  EXPECT_NE(std::string(e.what()).find("hole"), std::string::npos) << e.what();
 }
 
-TEST(DcpTiling, FiftyThousandGridChunksAreCheckedQuickly) {
-  DcpEntry e = grid(250, 200);
-  EXPECT_LT(seconds([&] { check(e); }), 2.0);
+TEST_F(DcpFixture, ChunkOutsideIsRefused) {
+  std::string d = copy();
+  patch(d + "/.metadata", "sizes\x94h!K K\x10", "sizes\x94h!K!K\x10");
+  Error e = test::capture_error([&] { Checkpoint::open(d); });
+  EXPECT_EQ(e.code(), ErrorCode::kCorrupt) << e.what();
+  EXPECT_EQ(e.record(), "model.0.weight");
+  EXPECT_NE(std::string(e.what()).find("outside"), std::string::npos) << e.what();
+  EXPECT_NE(e.source().find("__0_0.distcp"), std::string::npos) << e.what();
 }
 
-TEST(DcpTiling, OverlappingRowsAreFound) {
-  DcpEntry e = rows(1000, 4);
-  e.chunks.push_back({{500, 0}, {2, 4}});
-  EXPECT_NE(fault(e).find("overlaps"), std::string::npos);
-}
-
-TEST(DcpTiling, OverlapsInAGridAreFound) {
-  DcpEntry e = grid(50, 40);
-  e.chunks.push_back({{3, 4}, {2, 3}});  // across four cells
-  EXPECT_NE(fault(e).find("overlaps"), std::string::npos);
-  DcpEntry f = grid(50, 40);
-  f.chunks.push_back({{0, 0}, {100, 1}});  // a column through every row
-  EXPECT_NE(fault(f).find("overlaps"), std::string::npos);
-}
-
-TEST(DcpTiling, OverlapsInThreeSplitDimensionsAreFound) {
-  DcpEntry e;
-  e.fqn = "w";
-  e.size = {4, 4, 4};
-  for (int64_t i = 0; i < 4; i += 2)
-    for (int64_t j = 0; j < 4; j += 2)
-      for (int64_t k = 0; k < 4; k += 2) e.chunks.push_back({{i, j, k}, {2, 2, 2}});
-  EXPECT_EQ(fault(e), "");
-  e.chunks.push_back({{1, 1, 1}, {1, 1, 1}});
-  EXPECT_NE(fault(e).find("overlaps"), std::string::npos);
-}
-
-TEST(DcpTiling, HolesDuplicatesAndStrays) {
-  DcpEntry e = rows(100, 2);
-  e.chunks.push_back(e.chunks[7]);  // the same chunk twice: one storage item, read once
-  check(e);
-  EXPECT_EQ(e.chunks.size(), 100u);
-  DcpEntry hole = rows(100, 2);
-  hole.chunks.pop_back();
-  EXPECT_NE(fault(hole).find("a hole"), std::string::npos);
-  DcpEntry out = rows(10, 2);
-  out.chunks.push_back({{9, 0}, {2, 2}});
-  EXPECT_NE(fault(out).find("outside"), std::string::npos);
-  DcpEntry empty = rows(10, 2);
-  empty.chunks.push_back({{3, 0}, {0, 2}});  // an empty chunk overlaps nothing
-  EXPECT_EQ(fault(empty), "");
-}
-
-TEST(DcpItems, SharedBytesAreFound) {
-  std::vector<DcpItemRange> r{{0, 0, 10, 0}, {0, 10, 10, 1}, {1, 0, 10, 2}, {0, 30, 0, 3}};
-  EXPECT_FALSE(shared_bytes(r));
-  r.push_back({0, 5, 1, 4});  // inside item 0
-  auto two = shared_bytes(r);
-  ASSERT_TRUE(two);
-  EXPECT_EQ(two->first, 0u);
-  EXPECT_EQ(two->second, 4u);
-  std::vector<DcpItemRange> wide{{0, 0, 100, 0}, {0, 10, 5, 1}, {0, 50, 5, 2}};
-  EXPECT_TRUE(shared_bytes(wide));
-}
-
-size_t open_fds() {
-  size_t n = 0;
-  if (DIR* d = ::opendir("/proc/self/fd")) {
-    while (::readdir(d)) ++n;
-    ::closedir(d);
-  }
-  return n;
-}
-
-TEST(DcpFiles, ManyFilesAreReadWithFewOpen) {
-  namespace fs = std::filesystem;
-  const fs::path dir = fs::temp_directory_path() / ("ckpt_dcp_files_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  auto files = data_files(4);
-  std::vector<SourcePtr> sources;
-  const size_t before = open_fds();
-  for (int i = 0; i < 64; ++i) {
-    const std::string p = (dir / (std::to_string(i) + ".distcp")).string();
-    std::ofstream(p) << "file " << i << ".";
-    sources.push_back(open_data_file(files, p, {}));
-  }
-  EXPECT_LE(open_fds(), before + 4);
-  for (int round = 0; round < 2; ++round)
-    for (int i = 0; i < 64; ++i) {
-      const std::string want = "file " + std::to_string(i) + ".";
-      std::string got(want.size(), '\0');
-      sources[i]->read_into(0, std::as_writable_bytes(std::span<char>(got)));
-      EXPECT_EQ(got, want);
-      EXPECT_EQ(sources[i]->name(), (dir / (std::to_string(i) + ".distcp")).string());
-    }
-  EXPECT_LE(open_fds(), before + 4);
-  // A file that changed since: refused, not misread.
-  std::ofstream((dir / "0.distcp").string()) << "longer than it was";
-  std::byte b[4];
-  EXPECT_THROW(sources[0]->read_into(0, b), Error);
-  fs::remove_all(dir);
+TEST_F(DcpFixture, DataFileOutsideTheFolderIsRefused) {
+  std::string d = copy();
+  patch(d + "/.metadata", "\x8c\x0c__0_0.distcp", "\x8c\x0c../_0.distcp");
+  Error e = test::capture_error([&] { Checkpoint::open(d); });
+  EXPECT_EQ(e.code(), ErrorCode::kCorrupt) << e.what();
 }
 
 }  // namespace
-}  // namespace ckpt::internal
+}  // namespace ckpt

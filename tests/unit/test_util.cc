@@ -79,4 +79,21 @@ std::vector<std::byte> read_file(const std::string& path) {
   return {p, p + c.size()};
 }
 
+std::vector<std::byte> pattern(size_t n, uint32_t seed) {
+  std::vector<std::byte> v(n);
+  uint32_t x = seed * 2654435761u + 1;
+  for (auto& b : v) {
+    x = x * 1664525u + 1013904223u;
+    b = static_cast<std::byte>(x >> 24);
+  }
+  return v;
+}
+
+Tensor make_tensor(const std::string& name, DType dtype, std::vector<int64_t> shape,
+                   uint32_t seed) {
+  uint64_t n = dtype_size(dtype);
+  for (auto d : shape) n *= static_cast<uint64_t>(d);
+  return Tensor::copy_of(name, dtype, std::move(shape), pattern(n, seed));
+}
+
 }  // namespace ckpt::test

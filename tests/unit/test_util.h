@@ -9,6 +9,7 @@
 
 #include "ckpt/error.h"
 #include "ckpt/source.h"
+#include "ckpt/tensor.h"
 
 namespace ckpt::test {
 
@@ -40,6 +41,11 @@ class TempDir {
 };
 
 void write_file(const std::string& path, std::span<const std::byte> bytes);
+
+// `n` pseudo-random bytes, the same for the same `seed`.
+std::vector<std::byte> pattern(size_t n, uint32_t seed);
+// A tensor that owns its bytes, filled with pattern(nbytes, seed).
+Tensor make_tensor(const std::string& name, DType dtype, std::vector<int64_t> shape, uint32_t seed);
 std::vector<std::byte> read_file(const std::string& path);
 
 }  // namespace ckpt::test

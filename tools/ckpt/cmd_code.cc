@@ -65,15 +65,50 @@ void print_file(const TorchScriptArchive& a, const TorchScriptCodeFile& f, bool 
   }
 }
 
+struct CodeOptions {
+  std::string file, name;
+  bool ranges = false, list = false;
+  Common common;
+};
+
+void run_code(const CodeOptions& o) {
+  TorchScriptArchive a = TorchScriptArchive::from(open_checkpoint(o.file, o.common));
+  if (o.list) {
+    for (const auto& f : a.code_files()) {
+      const char* dbg = "none";
+      switch (a.debug_format(f.path)) {
+        case TorchScriptDebugFormat::kStringTable:
+          dbg = "string-table";
+          break;
+        case TorchScriptDebugFormat::kPerRange:
+          dbg = "per-range";
+          break;
+        default:
+          break;
+      }
+      std::printf("code/%s  %s  %llu bytes%s  debug: %s\n", f.path.c_str(), f.qualifier.c_str(),
+                  static_cast<unsigned long long>(f.size), f.deflated ? " (deflated)" : "", dbg);
+    }
+    return;
+  }
+  if (!o.name.empty()) {
+    const TorchScriptCodeFile& f = a.find_code(o.name);
+    // A class name ("__torch__.MyModule"): only that class's block of its file.
+    std::string cls;
+    if (o.name.size() > f.qualifier.size() + 1 && o.name.rfind(f.qualifier + ".", 0) == 0 &&
+        o.name.find('/') == std::string::npos)
+      cls = o.name.substr(f.qualifier.size() + 1);
+    if (cls.find('.') != std::string::npos) cls.clear();
+    print_file(a, f, o.ranges, false, cls);
+    return;
+  }
+  for (const auto& f : a.code_files()) print_file(a, f, o.ranges, true);
+}
+
 }  // namespace
 
 void add_code(CLI::App& app) {
-  struct Opts {
-    std::string file, name;
-    bool ranges = false, list = false;
-    Common common;
-  };
-  auto o = std::make_shared<Opts>();
+  auto o = std::make_shared<CodeOptions>();
   auto* cmd = app.add_subcommand(
       "code", "TorchScript: print the stored source (all files, or one by qualified name or path)");
   cmd->add_option("FILE", o->file, "TorchScript archive (torch.jit.save)")->required();
@@ -83,39 +118,7 @@ void add_code(CLI::App& app) {
                 "show the original file and line of each stored line (from debug_pkl)");
   cmd->add_flag("--list", o->list, "list the code files: path, qualifier, bytes, debug format");
   add_common(*cmd, o->common);
-  cmd->callback([o] {
-    TorchScriptArchive a = TorchScriptArchive::from(open_checkpoint(o->file, o->common));
-    if (o->list) {
-      for (const auto& f : a.code_files()) {
-        const char* dbg = "none";
-        switch (a.debug_format(f.path)) {
-          case TorchScriptDebugFormat::kStringTable:
-            dbg = "string-table";
-            break;
-          case TorchScriptDebugFormat::kPerRange:
-            dbg = "per-range";
-            break;
-          default:
-            break;
-        }
-        std::printf("code/%s  %s  %llu bytes%s  debug: %s\n", f.path.c_str(), f.qualifier.c_str(),
-                    static_cast<unsigned long long>(f.size), f.deflated ? " (deflated)" : "", dbg);
-      }
-      return;
-    }
-    if (!o->name.empty()) {
-      const TorchScriptCodeFile& f = a.find_code(o->name);
-      // A class name ("__torch__.MyModule"): only that class's block of its file.
-      std::string cls;
-      if (o->name.size() > f.qualifier.size() + 1 && o->name.rfind(f.qualifier + ".", 0) == 0 &&
-          o->name.find('/') == std::string::npos)
-        cls = o->name.substr(f.qualifier.size() + 1);
-      if (cls.find('.') != std::string::npos) cls.clear();
-      print_file(a, f, o->ranges, false, cls);
-      return;
-    }
-    for (const auto& f : a.code_files()) print_file(a, f, o->ranges, true);
-  });
+  cmd->callback([o] { run_code(*o); });
 }
 
 }  // namespace ckpt::cli

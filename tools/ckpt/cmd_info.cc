@@ -86,101 +86,119 @@ std::optional<nlohmann::ordered_json> top_level_scalar(const ConstValuePtr& v) {
   }
 }
 
+struct InfoOptions {
+  std::vector<std::string> files;  // one checkpoint, an index, or shards
+  std::string file;
+  bool json = false;
+  Common common;
+};
+
+// What `info` reports of an open checkpoint.
+struct InfoFacts {
+  uint64_t tensor_bytes = 0, storage_bytes = 0;
+  size_t count = 0;
+  std::map<std::string, std::pair<size_t, uint64_t>> by_dtype;
+  std::map<std::string, size_t> kinds, foreign;
+  // The top level's scalars (a training checkpoint's epoch, step, best metric...), as values.
+  nlohmann::ordered_json top = nlohmann::ordered_json::object();
+  std::vector<std::pair<std::string, std::string>> top_text;
+};
+
+InfoFacts gather(const Checkpoint& c) {
+  InfoFacts f;
+  for (const TensorInfo& t : c.tensors()) {
+    if (!listed(t)) continue;
+    ++f.count;
+    f.tensor_bytes += t.nbytes();
+    auto& d = f.by_dtype[std::string(dtype_name(t.dtype))];
+    d.first++;
+    d.second += t.nbytes();
+  }
+  for (const StorageInfo& s : c.storages()) f.storage_bytes += s.nbytes;
+  std::set<const Value*> seen;
+  count_values(c.root(), f.kinds, f.foreign, seen, 0);
+  if (c.root() && c.root()->kind() == Value::Kind::kDict) {
+    for (const auto& [k, val] : c.root()->entries()) {
+      if (!k || (val && val->kind() == Value::Kind::kTensor)) continue;
+      if (auto x = top_level_scalar(val)) {
+        const std::string name = path_component(*k);
+        f.top[name] = *x;
+        f.top_text.emplace_back(name, val ? val->repr(100) : "None");
+      }
+    }
+  }
+  return f;
+}
+
+void print_json(const InfoOptions& o, const Checkpoint& c, const InfoFacts& f, double open_s) {
+  nlohmann::ordered_json j;
+  j["file"] = o.file;
+  j["format"] = format_name(c.format());
+  j["file_bytes"] = c.source().size();
+  for (auto& [k, v] : c.properties()) j["properties"][k] = v;
+  j["records"] = c.records().size();
+  j["tensors"] = f.count;
+  j["tensor_bytes"] = f.tensor_bytes;
+  j["storages"] = c.storages().size();
+  j["storage_bytes"] = f.storage_bytes;
+  for (auto& [k, v] : f.by_dtype) j["dtypes"][k] = {{"tensors", v.first}, {"bytes", v.second}};
+  for (auto& [k, v] : f.kinds) j["values"][k] = v;
+  // Classes and functions ckpt does not know, kept as opaque objects (never called).
+  j["foreign_classes"] = nlohmann::ordered_json::object();
+  for (auto& [k, v] : f.foreign) j["foreign_classes"][k] = v;
+  j["top_level_values"] = f.top;
+  j["open_seconds"] = open_s;
+  std::printf("%s\n", j.dump(1).c_str());
+}
+
+void print_text(const InfoOptions& o, const Checkpoint& c, const InfoFacts& f, double open_s) {
+  std::printf("file:      %s (%s)\n", printable(o.file).c_str(),
+              human_bytes(c.source().size()).c_str());
+  std::printf("format:    %s\n", format_name(c.format()));
+  for (auto& [k, v] : c.properties())
+    std::printf("  %-16s %s\n", printable(k + ":").c_str(), printable(v).c_str());
+  std::printf("records:   %zu\n", c.records().size());
+  std::printf("tensors:   %zu (%s), storages: %zu (%s)\n", f.count,
+              human_bytes(f.tensor_bytes).c_str(), c.storages().size(),
+              human_bytes(f.storage_bytes).c_str());
+  for (auto& [k, v] : f.by_dtype)
+    std::printf("  %-16s %zu tensors, %s\n", printable(k).c_str(), v.first,
+                human_bytes(v.second).c_str());
+  if (!f.top_text.empty()) {
+    std::printf("top-level values:\n");
+    for (auto& [k, v] : f.top_text)
+      std::printf("  %-30s %s\n", printable(k + ":").c_str(), printable(v).c_str());
+  }
+  if (!f.kinds.empty()) {
+    std::printf("non-tensor values:\n");
+    for (auto& [k, v] : f.kinds) std::printf("  %-30s %zu\n", printable(k).c_str(), v);
+  }
+  if (!f.foreign.empty()) {
+    std::printf("foreign classes (kept as opaque objects, never called):\n");
+    for (auto& [k, v] : f.foreign) std::printf("  %-30s %zu\n", printable(k).c_str(), v);
+  }
+  std::printf("opened in %.3f ms\n", open_s * 1e3);
+}
+
+void run_info(InfoOptions& o) {
+  o.file = files_name(o.files);
+  double t0 = now_seconds();
+  Checkpoint c = open_checkpoint(o.files, o.common);
+  double open_s = now_seconds() - t0;
+  const InfoFacts f = gather(c);
+  if (o.json) return print_json(o, c, f, open_s);
+  print_text(o, c, f, open_s);
+}
+
 }  // namespace
 
 void add_info(CLI::App& app) {
-  struct Opts {
-    std::vector<std::string> files;  // one checkpoint, an index, or shards
-    std::string file;
-    bool json = false;
-    Common common;
-  };
-  auto o = std::make_shared<Opts>();
+  auto o = std::make_shared<InfoOptions>();
   auto* cmd = app.add_subcommand("info", "format, version, records, tensor totals");
   cmd->add_option("FILE", o->files, "checkpoint, shard index, or shard files")->required();
   cmd->add_flag("--json", o->json, "machine-readable output");
   add_common(*cmd, o->common);
-  cmd->callback([o] {
-    o->file = files_name(o->files);
-    double t0 = now_seconds();
-    Checkpoint c = open_checkpoint(o->files, o->common);
-    double open_s = now_seconds() - t0;
-    uint64_t tensor_bytes = 0, storage_bytes = 0;
-    size_t count = 0;
-    std::map<std::string, std::pair<size_t, uint64_t>> by_dtype;
-    for (const TensorInfo& t : c.tensors()) {
-      if (!listed(t)) continue;
-      ++count;
-      tensor_bytes += t.nbytes();
-      auto& d = by_dtype[std::string(dtype_name(t.dtype))];
-      d.first++;
-      d.second += t.nbytes();
-    }
-    for (const StorageInfo& s : c.storages()) storage_bytes += s.nbytes;
-    std::map<std::string, size_t> kinds, foreign;
-    std::set<const Value*> seen;
-    count_values(c.root(), kinds, foreign, seen, 0);
-    nlohmann::ordered_json j;
-    j["file"] = o->file;
-    j["format"] = format_name(c.format());
-    j["file_bytes"] = c.source().size();
-    for (auto& [k, v] : c.properties()) j["properties"][k] = v;
-    j["records"] = c.records().size();
-    j["tensors"] = count;
-    j["tensor_bytes"] = tensor_bytes;
-    j["storages"] = c.storages().size();
-    j["storage_bytes"] = storage_bytes;
-    for (auto& [k, v] : by_dtype) j["dtypes"][k] = {{"tensors", v.first}, {"bytes", v.second}};
-    for (auto& [k, v] : kinds) j["values"][k] = v;
-    // Classes and functions ckpt does not know, kept as opaque objects (never called).
-    j["foreign_classes"] = nlohmann::ordered_json::object();
-    for (auto& [k, v] : foreign) j["foreign_classes"][k] = v;
-    // The top level's scalars (a training checkpoint's epoch, step, best metric...), as values.
-    nlohmann::ordered_json top = nlohmann::ordered_json::object();
-    std::vector<std::pair<std::string, std::string>> top_text;
-    if (c.root() && c.root()->kind() == Value::Kind::kDict) {
-      for (const auto& [k, val] : c.root()->entries()) {
-        if (!k || (val && val->kind() == Value::Kind::kTensor)) continue;
-        if (auto x = top_level_scalar(val)) {
-          const std::string name = path_component(*k);
-          top[name] = *x;
-          top_text.emplace_back(name, val ? val->repr(100) : "None");
-        }
-      }
-    }
-    j["top_level_values"] = top;
-    j["open_seconds"] = open_s;
-    if (o->json) {
-      std::printf("%s\n", j.dump(1).c_str());
-      return;
-    }
-    std::printf("file:      %s (%s)\n", printable(o->file).c_str(),
-                human_bytes(c.source().size()).c_str());
-    std::printf("format:    %s\n", format_name(c.format()));
-    for (auto& [k, v] : c.properties())
-      std::printf("  %-16s %s\n", printable(k + ":").c_str(), printable(v).c_str());
-    std::printf("records:   %zu\n", c.records().size());
-    std::printf("tensors:   %zu (%s), storages: %zu (%s)\n", count,
-                human_bytes(tensor_bytes).c_str(), c.storages().size(),
-                human_bytes(storage_bytes).c_str());
-    for (auto& [k, v] : by_dtype)
-      std::printf("  %-16s %zu tensors, %s\n", printable(k).c_str(), v.first,
-                  human_bytes(v.second).c_str());
-    if (!top_text.empty()) {
-      std::printf("top-level values:\n");
-      for (auto& [k, v] : top_text)
-        std::printf("  %-30s %s\n", printable(k + ":").c_str(), printable(v).c_str());
-    }
-    if (!kinds.empty()) {
-      std::printf("non-tensor values:\n");
-      for (auto& [k, v] : kinds) std::printf("  %-30s %zu\n", printable(k).c_str(), v);
-    }
-    if (!foreign.empty()) {
-      std::printf("foreign classes (kept as opaque objects, never called):\n");
-      for (auto& [k, v] : foreign) std::printf("  %-30s %zu\n", printable(k).c_str(), v);
-    }
-    std::printf("opened in %.3f ms\n", open_s * 1e3);
-  });
+  cmd->callback([o] { run_info(*o); });
 }
 
 }  // namespace ckpt::cli

@@ -81,6 +81,27 @@ std::vector<Spec> transformer(uint64_t budget, int64_t hidden, uint64_t es) {
   return specs;
 }
 
+struct SampleOptions {
+  std::string out, dtype = "float32", to;
+  double size_mb = 256;
+  int hidden = 768;
+  int tensors = 0;
+  uint32_t align = 0;
+  ProgressMode progress = ProgressMode::kAuto;
+};
+
+// The tensors to generate: --tensors equal blocks, else a transformer of --hidden.
+std::vector<Spec> sample_specs(const SampleOptions& o, uint64_t budget, uint64_t es) {
+  if (o.tensors <= 0) return transformer(budget, o.hidden, es);
+  std::vector<Spec> specs;
+  const uint64_t per = std::max<uint64_t>(1, budget / static_cast<uint64_t>(o.tensors) / es);
+  const int64_t cols = static_cast<int64_t>(std::min<uint64_t>(256, per));
+  const int64_t rows = static_cast<int64_t>(per / static_cast<uint64_t>(cols));
+  for (int i = 0; i < o.tensors; ++i)
+    specs.push_back({"blocks." + std::to_string(i) + ".weight", {rows, cols}});
+  return specs;
+}
+
 // The tensors with the save function of the target's format.
 void save_sample(ByteSink& sink, const std::vector<Tensor>& tensors, const ConvertTarget& target) {
   struct Save {
@@ -103,24 +124,64 @@ void save_sample(ByteSink& sink, const std::vector<Tensor>& tensors, const Conve
       save_tensorizer(sink, entries);
     }
     void operator()(const DcpTarget&) const {
-      throw Error(ErrorCode::kInvalidArgument, "sample writes one file: pt, safetensors or tensorizer");
+      throw Error(ErrorCode::kInvalidArgument,
+                  "sample writes one file: pt, safetensors or tensorizer");
     }
   };
   std::visit(Save{sink, tensors}, target);
 }
 
+void run_sample(const SampleOptions& o) {
+  auto dt = dtype_from_name(o.dtype);
+  if (!dt || (*dt != DType::kFloat32 && *dt != DType::kBFloat16 && *dt != DType::kFloat16))
+    throw Error(ErrorCode::kInvalidArgument, "--dtype must be float32, bfloat16 or float16");
+  // The library's table says which format OUT names and refuses --align for tensorizer.
+  TargetSettings settings;
+  settings.alignment = o.align;
+  const ConvertTarget target = parse_target(o.to.empty() ? o.out : o.to, settings);
+  const uint64_t es = dtype_size(*dt);
+  const uint64_t budget = std::max<uint64_t>(static_cast<uint64_t>(o.size_mb * 1048576.0), es);
+  std::vector<Spec> specs = sample_specs(o, budget, es);
+  uint64_t total = 0;
+  for (const auto& sp : specs) {
+    uint64_t numel = 1;
+    for (int64_t d : sp.second) numel *= static_cast<uint64_t>(d);
+    total += numel * es;
+  }
+  ProgressLine line(o.progress, "generating");
+  double t0 = now_seconds();
+  std::vector<Tensor> tensors;
+  uint64_t made = 0;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    uint64_t numel = 1;
+    for (int64_t d : specs[i].second) numel *= static_cast<uint64_t>(d);
+    auto buf = std::make_shared<std::vector<std::byte>>(numel * es);
+    fill(buf->data(), numel, *dt, i + 1);
+    made += buf->size();
+    line.update(made, total);
+    tensors.push_back(Tensor::from_bytes(specs[i].first, *dt, specs[i].second,
+                                         std::span<const std::byte>(*buf), buf));
+  }
+  double t1 = now_seconds();
+  line.set_label("writing");
+  auto file = create_file_sink(o.out);
+  ProgressSink sink(*file, total, [&line](uint64_t done, uint64_t all) { line.update(done, all); },
+                    std::chrono::steady_clock::duration::zero());
+  save_sample(sink, tensors, target);
+  sink.commit();
+  line.finish(file->position());
+  double t2 = now_seconds();
+  std::printf("wrote %s (%s): %zu tensors, %s of data, %s file (generated in %.2f s, saved in "
+              "%.2f s: %.2f GB/s)\n",
+              o.out.c_str(), convert_format_name(target_format(target)), tensors.size(),
+              human_bytes(total).c_str(), human_bytes(file->position()).c_str(), t1 - t0, t2 - t1,
+              static_cast<double>(total) / (t2 - t1) / 1e9);
+}
+
 }  // namespace
 
 void add_sample(CLI::App& app) {
-  struct Opts {
-    std::string out, dtype = "float32", to;
-    double size_mb = 256;
-    int hidden = 768;
-    int tensors = 0;
-    uint32_t align = 0;
-    ProgressMode progress = ProgressMode::kAuto;
-  };
-  auto o = std::make_shared<Opts>();
+  auto o = std::make_shared<SampleOptions>();
   auto* cmd = app.add_subcommand("sample", "write a generated transformer-like checkpoint");
   cmd->add_option("OUT", o->out,
                   "output file; its extension names the format (.pt/.pth/.bin, .safetensors, "
@@ -140,61 +201,7 @@ void add_sample(CLI::App& app) {
   cmd->add_option("--align", o->align,
                   "record alignment (pt: default 64; safetensors: default 8; not for tensorizer)");
   add_progress_flags(*cmd, o->progress);
-  cmd->callback([o] {
-    auto dt = dtype_from_name(o->dtype);
-    if (!dt || (*dt != DType::kFloat32 && *dt != DType::kBFloat16 && *dt != DType::kFloat16))
-      throw Error(ErrorCode::kInvalidArgument, "--dtype must be float32, bfloat16 or float16");
-    // The library's table says which format OUT names and refuses --align for tensorizer.
-    TargetSettings settings;
-    settings.alignment = o->align;
-    const ConvertTarget target = parse_target(o->to.empty() ? o->out : o->to, settings);
-    const uint64_t es = dtype_size(*dt);
-    const uint64_t budget = std::max<uint64_t>(static_cast<uint64_t>(o->size_mb * 1048576.0), es);
-    std::vector<Spec> specs;
-    if (o->tensors > 0) {
-      const uint64_t per = std::max<uint64_t>(1, budget / static_cast<uint64_t>(o->tensors) / es);
-      const int64_t cols = static_cast<int64_t>(std::min<uint64_t>(256, per));
-      const int64_t rows = static_cast<int64_t>(per / static_cast<uint64_t>(cols));
-      for (int i = 0; i < o->tensors; ++i)
-        specs.push_back({"blocks." + std::to_string(i) + ".weight", {rows, cols}});
-    } else {
-      specs = transformer(budget, o->hidden, es);
-    }
-    uint64_t total = 0;
-    for (const auto& sp : specs) {
-      uint64_t numel = 1;
-      for (int64_t d : sp.second) numel *= static_cast<uint64_t>(d);
-      total += numel * es;
-    }
-    ProgressLine line(o->progress, "generating");
-    double t0 = now_seconds();
-    std::vector<Tensor> tensors;
-    uint64_t made = 0;
-    for (size_t i = 0; i < specs.size(); ++i) {
-      uint64_t numel = 1;
-      for (int64_t d : specs[i].second) numel *= static_cast<uint64_t>(d);
-      auto buf = std::make_shared<std::vector<std::byte>>(numel * es);
-      fill(buf->data(), numel, *dt, i + 1);
-      made += buf->size();
-      line.update(made, total);
-      tensors.push_back(Tensor::from_bytes(specs[i].first, *dt, specs[i].second,
-                                           std::span<const std::byte>(*buf), buf));
-    }
-    double t1 = now_seconds();
-    line.set_label("writing");
-    auto file = create_file_sink(o->out);
-    ProgressSink sink(*file, total, [&line](uint64_t done, uint64_t all) { line.update(done, all); },
-                      std::chrono::steady_clock::duration::zero());
-    save_sample(sink, tensors, target);
-    sink.commit();
-    line.finish(file->position());
-    double t2 = now_seconds();
-    std::printf("wrote %s (%s): %zu tensors, %s of data, %s file (generated in %.2f s, saved in "
-                "%.2f s: %.2f GB/s)\n",
-                o->out.c_str(), convert_format_name(target_format(target)), tensors.size(),
-                human_bytes(total).c_str(), human_bytes(file->position()).c_str(), t1 - t0, t2 - t1,
-                static_cast<double>(total) / (t2 - t1) / 1e9);
-  });
+  cmd->callback([o] { run_sample(*o); });
 }
 
 }  // namespace ckpt::cli

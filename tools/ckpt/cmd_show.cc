@@ -440,20 +440,13 @@ void show_name(const Checkpoint& c, std::string name, bool json) {
   print_values(c, t);
 }
 
-void print_values(const Checkpoint& c, const Tensor& t) {
-  (void)c;
-  const TensorInfo& info = t.info();
-  const std::string& name = info.name;
-  if (!listed(info))
-    throw Error(ErrorCode::kNotFound,
-                "is the scales or zero points of a per-channel quantized tensor (shown with it)",
-                {}, name);
-  auto bytes = t.contiguous_bytes();
+// The elements between "tensor(" and the dtype: torch's layout, edges only past 1000 elements.
+std::string elements_text(const TensorInfo& info, const std::vector<std::byte>& bytes) {
   size_t es = dtype_size(info.dtype);
   uint64_t n = info.numel();
   bool summarize = n > 1000;
   constexpr int64_t kEdge = 3;
-  std::string out = "tensor(";
+  std::string out;
   if (es == 0 && !info.shape.empty()) {
     out += "<" + std::to_string(bytes.size()) + " bytes of sub-byte data>";
   } else if (n == 0) {
@@ -520,6 +513,41 @@ void print_values(const Checkpoint& c, const Tensor& t) {
       rec(0, 0, 7);
     }
   }
+  return out;
+}
+
+// A per-channel quantized tensor's scales, zero points and axis, from their own tensors.
+std::string per_channel_text(const Checkpoint& c, const Quantization& q) {
+  auto list = [&](size_t index) {
+    Tensor t = c.tensor(index);
+    auto b = t.contiguous_bytes();
+    const size_t es = dtype_size(t.dtype());
+    std::string s = "[";
+    for (uint64_t i = 0; es && i < t.info().numel(); ++i) {
+      if (i) s += ", ";
+      if (i == 1000) {
+        s += "...";
+        break;
+      }
+      s += fmt_elem(t.dtype(), b.data() + i * es);
+    }
+    return s + "]";
+  };
+  return " (integer representation), quantization_scheme=torch." + q.scheme +
+         ", scales=" + list(*q.scales_tensor) + ", zero_points=" + list(*q.zero_points_tensor) +
+         ", axis=" + std::to_string(q.axis);
+}
+
+void print_values(const Checkpoint& c, const Tensor& t) {
+  const TensorInfo& info = t.info();
+  const std::string& name = info.name;
+  if (!listed(info))
+    throw Error(ErrorCode::kNotFound,
+                "is the scales or zero points of a per-channel quantized tensor (shown with it)",
+                {}, name);
+  auto bytes = t.contiguous_bytes();
+  uint64_t n = info.numel();
+  std::string out = "tensor(" + elements_text(info, bytes);
   bool default_dtype = info.dtype == DType::kFloat32 || info.dtype == DType::kInt64 ||
                        info.dtype == DType::kBool;
   if (!default_dtype || n == 0) {
@@ -533,28 +561,8 @@ void print_values(const Checkpoint& c, const Tensor& t) {
     out += " (integer representation)" + std::string(buf);
   }
   if (info.quantization && info.quantization->scales_tensor &&
-      info.quantization->zero_points_tensor) {
-    // Per channel: the scales and zero points along the axis, from their own tensors.
-    auto list = [&](size_t index) {
-      Tensor q = c.tensor(index);
-      auto b = q.contiguous_bytes();
-      const size_t es = dtype_size(q.dtype());
-      std::string s = "[";
-      for (uint64_t i = 0; es && i < q.info().numel(); ++i) {
-        if (i) s += ", ";
-        if (i == 1000) {
-          s += "...";
-          break;
-        }
-        s += fmt_elem(q.dtype(), b.data() + i * es);
-      }
-      return s + "]";
-    };
-    out += " (integer representation), quantization_scheme=torch." + info.quantization->scheme +
-           ", scales=" + list(*info.quantization->scales_tensor) +
-           ", zero_points=" + list(*info.quantization->zero_points_tensor) +
-           ", axis=" + std::to_string(info.quantization->axis);
-  }
+      info.quantization->zero_points_tensor)
+    out += per_channel_text(c, *info.quantization);
   if (info.requires_grad) out += ", requires_grad=True";
   out += ")";
   std::printf("%s\n", out.c_str());
@@ -630,42 +638,45 @@ void print_tree(const Checkpoint& c, const ConstValuePtr& v, const std::string& 
   if (v->state()) print_tree(c, v->state(), "state: ", indent + 1, seen);
 }
 
+struct ShowOptions {
+  std::vector<std::string> files;  // one checkpoint, an index, or shards
+  std::string file, name;
+  bool json = false;
+  Common common;
+};
+
+void run_show(ShowOptions& o) {
+  // FILE... NAME: a last argument that is no file is the tensor's name.
+  if (o.name.empty() && o.files.size() > 1 && !is_url(o.files.back()) &&
+      !std::filesystem::exists(o.files.back())) {
+    o.name = o.files.back();
+    o.files.pop_back();
+  }
+  o.file = files_name(o.files);
+  Checkpoint c = open_checkpoint(o.files, o.common);
+  if (!o.name.empty()) {
+    show_name(c, o.name, o.json);
+    return;
+  }
+  std::set<const Value*> seen;
+  if (o.json) {
+    std::printf("%s\n", value_json(c, c.root(), seen, 0).dump(1).c_str());
+    return;
+  }
+  print_tree(c, c.root(), "", 0, seen);
+}
+
 }  // namespace
 
 void add_show(CLI::App& app) {
-  struct Opts {
-    std::vector<std::string> files;  // one checkpoint, an index, or shards
-    std::string file, name;
-    bool json = false;
-    Common common;
-  };
-  auto o = std::make_shared<Opts>();
+  auto o = std::make_shared<ShowOptions>();
   auto* cmd = app.add_subcommand("show", "print the object tree, or one tensor's values");
   cmd->add_option("FILE", o->files, "checkpoint, shard index, or shard files")->required();
   cmd->add_option("NAME", o->name, "tensor, path of any value, or tensor[index] to print");
   cmd->add_flag("--json", o->json,
                 "JSON: the tree (tensors as references), a value, or a tensor with its values");
   add_common(*cmd, o->common);
-  cmd->callback([o] {
-    // FILE... NAME: a last argument that is no file is the tensor's name.
-    if (o->name.empty() && o->files.size() > 1 && !is_url(o->files.back()) &&
-        !std::filesystem::exists(o->files.back())) {
-      o->name = o->files.back();
-      o->files.pop_back();
-    }
-    o->file = files_name(o->files);
-    Checkpoint c = open_checkpoint(o->files, o->common);
-    if (!o->name.empty()) {
-      show_name(c, o->name, o->json);
-      return;
-    }
-    std::set<const Value*> seen;
-    if (o->json) {
-      std::printf("%s\n", value_json(c, c.root(), seen, 0).dump(1).c_str());
-      return;
-    }
-    print_tree(c, c.root(), "", 0, seen);
-  });
+  cmd->callback([o] { run_show(*o); });
 }
 
 }  // namespace ckpt::cli

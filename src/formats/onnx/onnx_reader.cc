@@ -26,6 +26,7 @@
 
 #include "ckpt/error.h"
 #include "formats/onnx/onnx_model.h"
+#include "formats/onnx/onnx_tensor_proto.h"
 #include "formats/onnx/onnx_typed.h"
 #include "formats/onnx/onnx_wire.h"
 #include "formats/open.h"
@@ -159,23 +160,6 @@ class OnnxDecoder final : public StorageDecoder {
   mutable std::unordered_map<std::string, SourcePtr> files_;
 };
 
-uint64_t parse_decimal(const std::string& s, const char* key, const std::string& tensor,
-                       uint64_t at) {
-  if (s.empty() || s.size() > 20)
-    throw Error(ErrorCode::kCorrupt, std::string("external data ") + key + " \"" + s +
-                                         "\" is not a decimal number",
-                {}, tensor, at);
-  uint64_t v = 0;
-  for (char c : s) {
-    if (c < '0' || c > '9' || v > (UINT64_MAX - 9) / 10)
-      throw Error(ErrorCode::kCorrupt, std::string("external data ") + key + " \"" + s +
-                                           "\" is not a decimal number below 2^64",
-                  {}, tensor, at);
-    v = v * 10 + static_cast<uint64_t>(c - '0');
-  }
-  return v;
-}
-
 std::string sha_hex(const EVP_MD* md, const ByteSource& f, uint64_t offset, uint64_t len) {
   std::unique_ptr<EVP_MD_CTX, void (*)(EVP_MD_CTX*)> ctx(EVP_MD_CTX_new(), EVP_MD_CTX_free);
   if (!ctx || EVP_DigestInit_ex(ctx.get(), md, nullptr) != 1)
@@ -193,6 +177,128 @@ std::string sha_hex(const EVP_MD* md, const ByteSource& f, uint64_t offset, uint
   return to_hex(std::span<const unsigned char>(out, n));
 }
 
+// What `verify` checks of an ONNX model: every external range inside its file, no overlaps
+// between tensors or pre-packed buffers in one file, SHA-1 `checksum`s of whole files, SHA-256
+// pre-pack checksums (ckpt's), and every typed storage decoded. Each step returns the number of
+// things it checked.
+struct VerifyRange {
+  uint64_t begin, end;
+  std::string what;
+};
+using RangesByFile = std::map<std::string, std::vector<VerifyRange>>;
+
+// The tensors' external ranges (collected into `by_file`, their files' checksums into
+// `checksums`) and typed storages, decoded.
+size_t verify_tensors(const CheckpointModel& m, const OnnxExtension& ext,
+                      const OnnxDecoder& decoder, RangesByFile& by_file,
+                      std::map<std::string, std::string>& checksums) {
+  size_t checked = 0;
+  const auto& slots = decoder.slots();
+  for (size_t i = 0; i < m.tensors.size(); ++i) {
+    const Slot& s = slots[i];
+    const auto& place = ext.places[i];
+    if (s.kind == Slot::kExternal) {
+      SourcePtr f = decoder.file(s.path, m.tensors[i].name);
+      uint64_t n = m.storages[i].nbytes;
+      if (s.offset > f->size() || n > f->size() - s.offset)
+        throw Error(ErrorCode::kTruncated,
+                    "external data (" + std::to_string(n) + " bytes at " +
+                        std::to_string(s.offset) + ") passes the end of " + s.location + " (" +
+                        std::to_string(f->size()) + " bytes)",
+                    f->name(), m.tensors[i].name, s.offset);
+      if (n) by_file[s.path].push_back({s.offset, s.offset + n, "tensor " + m.tensors[i].name});
+      if (!place.checksum.empty()) {
+        auto [it, fresh] = checksums.emplace(s.path, place.checksum);
+        if (!fresh && it->second != place.checksum)
+          throw Error(ErrorCode::kCorrupt,
+                      "two different checksums given for " + s.location, f->name(),
+                      m.tensors[i].name);
+      }
+      ++checked;
+    } else if (s.kind == Slot::kTyped) {
+      std::vector<std::byte> tmp(m.storages[i].nbytes);
+      decoder.read(i, tmp, true);
+      ++checked;
+    }
+    // raw_data: inside the .onnx by construction, with nothing to check it against (not
+    // counted: verify says "not verified" for a model that has only those)
+  }
+  return checked;
+}
+
+// onnxruntime's pre-packed buffers: inside their files (collected into `by_file`), SHA-256s.
+size_t verify_prepacked(const CheckpointModel& m, const OnnxExtension& ext,
+                        const OnnxDecoder& decoder, RangesByFile& by_file) {
+  size_t checked = 0;
+  std::string dir = onnx_model_dir(m.source->name());
+  if (dir.empty()) dir = ".";
+  for (const auto& p : ext.prepacked) {
+    std::string path = onnx_external_path(dir, p.location, p.tensor);
+    SourcePtr f = decoder.file(path, p.tensor);
+    for (const auto& b : p.buffers) {
+      if (b.offset > f->size() || b.length > f->size() - b.offset)
+        throw Error(ErrorCode::kTruncated,
+                    "pre-packed buffer " + p.key + " (" + std::to_string(b.length) +
+                        " bytes at " + std::to_string(b.offset) + ") passes the end of " +
+                        p.location + " (" + std::to_string(f->size()) + " bytes)",
+                    f->name(), p.tensor, b.offset);
+      if (b.length)
+        by_file[path].push_back({b.offset, b.offset + b.length, "pre-pack " + p.key + " of " +
+                                                                    p.tensor});
+      if (b.checksum.size() == 64) {
+        std::string got = sha_hex(EVP_sha256(), *f, b.offset, b.length);
+        if (got != b.checksum)
+          throw Error(ErrorCode::kCorrupt,
+                      "pre-packed buffer " + p.key + " has SHA-256 " + got + ", expected " +
+                          b.checksum,
+                      f->name(), p.tensor, b.offset);
+        ++checked;
+      }
+    }
+  }
+  return checked;
+}
+
+void refuse_overlapping_ranges(RangesByFile& by_file) {
+  for (auto& [path, ranges] : by_file) {
+    std::sort(ranges.begin(), ranges.end(),
+              [](const VerifyRange& a, const VerifyRange& b) { return a.begin < b.begin; });
+    for (size_t i = 1; i < ranges.size(); ++i)
+      if (ranges[i].begin < ranges[i - 1].end)
+        throw Error(ErrorCode::kCorrupt,
+                    ranges[i].what + " (at " + std::to_string(ranges[i].begin) +
+                        ") overlaps " + ranges[i - 1].what + " (ending at " +
+                        std::to_string(ranges[i - 1].end) + ")",
+                    path, {}, ranges[i].begin);
+  }
+}
+
+// Whole files against the SHA-1 the model gives them.
+size_t verify_file_checksums(const std::map<std::string, std::string>& checksums,
+                             const OnnxDecoder& decoder) {
+  size_t checked = 0;
+  for (const auto& [path, want] : checksums) {
+    SourcePtr f = decoder.file(path, {});
+    std::string got = sha_hex(EVP_sha1(), *f, 0, f->size());
+    std::string w = want;
+    std::transform(w.begin(), w.end(), w.begin(), [](unsigned char c) { return std::tolower(c); });
+    if (got != w)
+      throw Error(ErrorCode::kCorrupt, "SHA-1 of the file is " + got + ", the model says " + want,
+                  path);
+    ++checked;
+  }
+  return checked;
+}
+
+size_t verify_onnx(const CheckpointModel& m, const OnnxExtension& ext, const OnnxDecoder& decoder) {
+  RangesByFile by_file;
+  std::map<std::string, std::string> checksums;  // path → expected sha1
+  size_t checked = verify_tensors(m, ext, decoder, by_file, checksums);
+  checked += verify_prepacked(m, ext, decoder, by_file);
+  refuse_overlapping_ranges(by_file);
+  return checked + verify_file_checksums(checksums, decoder);
+}
+
 class Parser {
  public:
   Parser(SourcePtr src, const OpenOptions& opt) : src_(std::move(src)), opt_(opt) {}
@@ -206,8 +312,21 @@ class Parser {
   void node(std::span<const uint8_t> b, uint64_t base, int depth);
   void attribute(std::span<const uint8_t> b, uint64_t base, int depth, const std::string& op,
                  const std::string& out0);
+  // A TensorProto: its fields read, checked, placed (raw_data, external, typed fields) and
+  // appended to the model.
+  struct Checked {
+    DType dtype;
+    uint64_t numel, nbytes;
+  };
   void tensor(std::span<const uint8_t> b, uint64_t base, const std::string& kind,
               const std::string& fallback_name);
+  Checked check_tensor(const TensorProtoFields& f, const std::string& name,
+                       const std::string& kind, uint64_t base);
+  void place_external(const TensorProtoFields& f, const std::string& name, const Checked& c,
+                      uint64_t base, Slot& slot, OnnxTensorPlace& place);
+  void place_typed(std::span<const uint8_t> b, uint64_t base, const TensorProtoFields& f,
+                   const std::string& name, const Checked& c, Slot& slot,
+                   OnnxTensorPlace& place);
   [[noreturn]] void corrupt(const std::string& msg, uint64_t at, const std::string& t = {}) {
     throw Error(ErrorCode::kCorrupt, msg, src_->name(), t, at);
   }
@@ -357,93 +476,88 @@ void Parser::attribute(std::span<const uint8_t> b, uint64_t base, int depth,
 
 void Parser::tensor(std::span<const uint8_t> b, uint64_t base, const std::string& kind,
                     const std::string& fallback_name) {
-  std::vector<int64_t> dims;
-  int64_t data_type = 0;
-  std::string name;
-  std::optional<Field> raw;
-  std::map<uint32_t, uint64_t> typed_seen;  // field → first tag offset
-  bool external = false, has_strings = false, segment = false;
-  std::vector<std::pair<std::string, std::string>> ext;
-  uint64_t ext_at = base;
-  {
-    Reader r(b, base, file_end_, "a TensorProto");
-    Field f;
-    while (r.next(f)) {
-      switch (f.number) {
-        case 1:
-          if (f.wire == onnx::kLen) {
-            if (!onnx::for_each_packed_varint(f.bytes, [&](uint64_t v) {
-                  if (dims.size() <= opt_.limits.max_dims) dims.push_back(static_cast<int64_t>(v));
-                }))
-              corrupt("malformed packed dims", f.offset);
-          } else if (f.wire == onnx::kVarint) {
-            dims.push_back(static_cast<int64_t>(f.value));
-          }
-          if (dims.size() > opt_.limits.max_dims)
-            throw Error(ErrorCode::kLimitExceeded,
-                        "more than " + std::to_string(opt_.limits.max_dims) +
-                            " dims (Limits::max_dims)",
-                        src_->name(), {}, f.offset);
-          break;
-        case 2:
-          if (f.wire == onnx::kVarint) data_type = static_cast<int64_t>(f.value);
-          break;
-        case 3: segment = true; break;
-        case 6: has_strings = true; break;
-        case 8:
-          if (f.wire == onnx::kLen) name = std::string(f.str());
-          break;
-        case 9:
-          if (f.wire != onnx::kLen) corrupt("raw_data is not length-delimited", f.tag_offset);
-          if (raw) corrupt("a second raw_data field", f.tag_offset);
-          raw = f;
-          break;
-        case 4: case 5: case 7: case 10: case 11:
-          typed_seen.emplace(f.number, f.tag_offset);
-          break;
-        case 13: {
-          if (f.wire != onnx::kLen) corrupt("external_data is not a message", f.tag_offset);
-          Reader e(f.bytes, f.offset, file_end_, "a StringStringEntryProto");
-          Field g;
-          std::string k, v;
-          while (e.next(g)) {
-            if (g.wire != onnx::kLen) continue;
-            if (g.number == 1) k = std::string(g.str());
-            if (g.number == 2) v = std::string(g.str());
-          }
-          ext.emplace_back(std::move(k), std::move(v));
-          ext_at = f.offset;
-          break;
-        }
-        case 14:
-          if (f.wire == onnx::kVarint) external = f.value == 1;
-          break;
-        default:
-          break;
-      }
-    }
-  }
+  TensorProtoFields f = read_tensor_proto(b, base, file_end_, opt_.limits.max_dims, src_->name());
   // A Constant's value is known in the graph by the node's output name (its TensorProto's own
   // name, often empty or reused, is not a graph name).
+  std::string name = f.name;
   if (kind == "constant" && !fallback_name.empty()) name = fallback_name;
   if (name.empty()) name = fallback_name;
   if (name.empty()) corrupt("a " + kind + " without a name", base);
+  const Checked c = check_tensor(f, name, kind, base);
+
+  StorageInfo st;
+  st.key = name;
+  st.dtype = c.dtype;
+  st.nbytes = c.nbytes;
+  Slot slot;
+  OnnxTensorPlace place;
+  place.tensor = name;
+  int sources = (f.raw ? 1 : 0) + (f.external ? 1 : 0) + (f.typed_seen.empty() ? 0 : 1);
+  if (sources > 1)
+    throw Error(ErrorCode::kCorrupt,
+                "the tensor's data is in more than one place (raw_data, typed fields, external "
+                "data)",
+                src_->name(), name, base);
+  if (f.raw) {
+    if (f.raw->bytes.size() != c.nbytes)
+      throw Error(ErrorCode::kCorrupt,
+                  "raw_data holds " + std::to_string(f.raw->bytes.size()) + " bytes but " +
+                      std::to_string(c.numel) + " elements of " +
+                      std::string(dtype_name(c.dtype)) + " need " + std::to_string(c.nbytes),
+                  src_->name(), name, f.raw->offset);
+    st.offset = f.raw->offset;
+    place.how = "raw_data";
+    place.offset = f.raw->offset;
+    place.length = c.nbytes;
+  } else if (f.external) {
+    place_external(f, name, c, base, slot, place);
+  } else if (!f.typed_seen.empty()) {
+    place_typed(b, base, f, name, c, slot, place);
+  } else if (c.nbytes != 0) {
+    throw Error(ErrorCode::kCorrupt,
+                "the tensor has " + std::to_string(c.numel) +
+                    " elements but no data (no raw_data, typed field or external data)",
+                src_->name(), name, base);
+  } else {
+    place.how = "empty";
+    st.offset = base;  // nothing to read
+  }
+
+  TensorInfo t;
+  t.name = name;
+  t.dtype = c.dtype;
+  t.strides = contiguous_strides(f.dims);
+  t.shape = std::move(f.dims);
+  t.storage = m_->storages.size();
+  t.type = kind;
+  t.is_parameter = kind != "constant";
+  m_->root->entries().emplace_back(Value::string(name), Value::tensor(m_->tensors.size()));
+  m_->storages.push_back(std::move(st));
+  m_->tensors.push_back(std::move(t));
+  slots_.push_back(std::move(slot));
+  ext_->places.push_back(std::move(place));
+}
+
+// The tensor's dtype and size: refuses segments, strings, dtypes ckpt lacks, bad dims, a second
+// tensor of the name and more than Limits::max_tensors tensors.
+Parser::Checked Parser::check_tensor(const TensorProtoFields& f, const std::string& name,
+                                     const std::string& kind, uint64_t base) {
   auto fail = [&](ErrorCode c, const std::string& msg) -> void {
     throw Error(c, msg, src_->name(), name, base);
   };
-  if (segment) fail(ErrorCode::kUnsupported, "segmented tensors are not supported");
-  if (data_type == 8 || has_strings)
+  if (f.segment) fail(ErrorCode::kUnsupported, "segmented tensors are not supported");
+  if (f.data_type == 8 || f.has_strings)
     fail(ErrorCode::kUnsupported, "string tensors are not supported (ckpt reads numeric tensors)");
-  auto dt = dtype_from_onnx(data_type);
+  auto dt = dtype_from_onnx(f.data_type);
   if (!dt)
-    fail(ErrorCode::kUnsupported, std::string("ONNX data type ") + std::to_string(data_type) +
-                                      " (" + onnx_type_name(data_type) +
+    fail(ErrorCode::kUnsupported, std::string("ONNX data type ") + std::to_string(f.data_type) +
+                                      " (" + onnx_type_name(f.data_type) +
                                       ") has no ckpt dtype");
   uint64_t numel = 1;
   // The product of the non-zero dims bounds every contiguous stride (int64): a zero dim makes
   // the tensor empty but its strides still multiply the others.
   uint64_t extent = 1;
-  for (int64_t d : dims) {
+  for (int64_t d : f.dims) {
     if (d < 0) fail(ErrorCode::kCorrupt, "negative dimension " + std::to_string(d));
     if (d != 0 && extent > static_cast<uint64_t>(INT64_MAX) / static_cast<uint64_t>(d))
       fail(ErrorCode::kCorrupt, "element count overflows");
@@ -461,140 +575,82 @@ void Parser::tensor(std::span<const uint8_t> b, uint64_t base, const std::string
                 "more than " + std::to_string(opt_.limits.max_tensors) +
                     " tensors (Limits::max_tensors)",
                 src_->name(), name, base);
+  return {*dt, numel, *nb};
+}
 
-  StorageInfo st;
-  st.key = name;
-  st.dtype = *dt;
-  st.nbytes = *nb;
-  Slot slot;
-  OnnxTensorPlace place;
-  place.tensor = name;
-  int sources = (raw ? 1 : 0) + (external ? 1 : 0) + (typed_seen.empty() ? 0 : 1);
-  if (sources > 1)
-    fail(ErrorCode::kCorrupt, "the tensor's data is in more than one place (raw_data, typed "
-                              "fields, external data)");
-  if (raw) {
-    if (raw->bytes.size() != *nb)
-      throw Error(ErrorCode::kCorrupt,
-                  "raw_data holds " + std::to_string(raw->bytes.size()) + " bytes but " +
-                      std::to_string(numel) + " elements of " + std::string(dtype_name(*dt)) +
-                      " need " + std::to_string(*nb),
-                  src_->name(), name, raw->offset);
-    st.offset = raw->offset;
-    place.how = "raw_data";
-    place.offset = raw->offset;
-    place.length = *nb;
-  } else if (external) {
-    std::string location;
-    std::optional<uint64_t> offset, length;
-    for (auto& [k, v] : ext) {
-      if (k == "location") location = v;
-      else if (k == "offset") offset = parse_decimal(v, "offset", name, ext_at);
-      else if (k == "length") length = parse_decimal(v, "length", name, ext_at);
-      else if (k == "checksum") place.checksum = v;
-    }
-    slot.kind = Slot::kExternal;
-    slot.path = onnx_external_path(dir_, location, name);
-    slot.location = location;
-    slot.offset = offset.value_or(0);
-    if (length && *length != *nb)
-      throw Error(ErrorCode::kCorrupt,
-                  "external data length " + std::to_string(*length) + " but " +
-                      std::to_string(numel) + " elements of " + std::string(dtype_name(*dt)) +
-                      " need " + std::to_string(*nb),
-                  src_->name(), name, ext_at);
-    // A range past the end of an existing file is refused now (a load would first allocate
-    // the tensor's bytes); a missing file is reported when its bytes are read.
-    if (!onnx_model_dir(src_->name()).empty()) {
-      std::error_code ec;
-      uint64_t fsize = std::filesystem::file_size(slot.path, ec);
-      if (!ec && (slot.offset > fsize || *nb > fsize - slot.offset))
-        throw Error(ErrorCode::kTruncated,
-                    "external data (" + std::to_string(*nb) + " bytes at " +
-                        std::to_string(slot.offset) + ") passes the end of " + location + " (" +
-                        std::to_string(fsize) + " bytes)",
-                    src_->name(), name, ext_at);
-    }
-    place.how = "external";
-    place.location = location;
-    place.offset = slot.offset;
-    place.length = *nb;
-    for (auto& [k, v] : ext) {
-      if (k.rfind("prepacked", 0) != 0) continue;
-      OnnxPrepacked p;
-      p.tensor = name;
-      p.entry = k;
-      p.location = location;
-      // KEY|off;len;ck|off;len;ck...
-      size_t bar = v.find('|');
-      if (bar == std::string::npos || bar == 0)
-        fail(ErrorCode::kCorrupt, "pre-packed entry \"" + k + "\" = \"" + v +
-                                      "\" is not KEY|offset;length;checksum");
-      p.key = v.substr(0, bar);
-      size_t at = bar + 1;
-      while (at <= v.size()) {
-        size_t next = v.find('|', at);
-        std::string grp = v.substr(at, next == std::string::npos ? std::string::npos : next - at);
-        size_t s1 = grp.find(';'), s2 = s1 == std::string::npos ? s1 : grp.find(';', s1 + 1);
-        if (s2 == std::string::npos)
-          fail(ErrorCode::kCorrupt, "pre-packed entry \"" + k + "\" has a buffer \"" + grp +
-                                        "\" that is not offset;length;checksum");
-        OnnxPrepackedBuffer buf;
-        buf.offset = parse_decimal(grp.substr(0, s1), "pre-pack offset", name, ext_at);
-        buf.length = parse_decimal(grp.substr(s1 + 1, s2 - s1 - 1), "pre-pack length", name,
-                                   ext_at);
-        buf.checksum = grp.substr(s2 + 1);
-        p.buffers.push_back(std::move(buf));
-        if (next == std::string::npos) break;
-        at = next + 1;
-      }
-      ext_->prepacked.push_back(std::move(p));
-    }
-  } else if (!typed_seen.empty()) {
-    TypedField tf = typed_field(*dt);
-    for (auto& [field, at] : typed_seen)
-      if (field != tf.number)
-        throw Error(ErrorCode::kCorrupt,
-                    std::string("a ") + std::string(dtype_name(*dt)) + " tensor's values must be in " +
-                        tf.name + " (field " + std::to_string(tf.number) + "), not field " +
-                        std::to_string(field),
-                    src_->name(), name, at);
-    uint64_t count = 0;
-    if (!for_each_typed(b, base, file_end_, tf, [&](uint64_t) { ++count; }))
-      fail(ErrorCode::kCorrupt, std::string("malformed ") + tf.name);
-    if (count * tf.width != *nb)
-      fail(ErrorCode::kCorrupt, std::string(tf.name) + " holds " + std::to_string(count) +
-                                    " values but the tensor needs " +
-                                    std::to_string(*nb / tf.width));
-    slot.kind = Slot::kTyped;
-    slot.msg_offset = base;
-    slot.msg_size = b.size();
-    slot.dtype = *dt;
-    place.how = tf.name;
-    place.offset = base;
-    place.length = b.size();
-  } else if (*nb != 0) {
-    fail(ErrorCode::kCorrupt, "the tensor has " + std::to_string(numel) +
-                                  " elements but no data (no raw_data, typed field or external "
-                                  "data)");
-  } else {
-    place.how = "empty";
-    st.offset = base;  // nothing to read
+// data_location = EXTERNAL: the file, offset and length of its bytes, checked against the file
+// when it exists; onnxruntime's pre-packed entries.
+void Parser::place_external(const TensorProtoFields& f, const std::string& name, const Checked& c,
+                            uint64_t base, Slot& slot, OnnxTensorPlace& place) {
+  const uint64_t ext_at = f.ext_at;
+  std::string location;
+  std::optional<uint64_t> offset, length;
+  for (auto& [k, v] : f.ext) {
+    if (k == "location") location = v;
+    else if (k == "offset") offset = parse_decimal(v, "offset", name, ext_at);
+    else if (k == "length") length = parse_decimal(v, "length", name, ext_at);
+    else if (k == "checksum") place.checksum = v;
   }
+  slot.kind = Slot::kExternal;
+  slot.path = onnx_external_path(dir_, location, name);
+  slot.location = location;
+  slot.offset = offset.value_or(0);
+  if (length && *length != c.nbytes)
+    throw Error(ErrorCode::kCorrupt,
+                "external data length " + std::to_string(*length) + " but " +
+                    std::to_string(c.numel) + " elements of " + std::string(dtype_name(c.dtype)) +
+                    " need " + std::to_string(c.nbytes),
+                src_->name(), name, ext_at);
+  // A range past the end of an existing file is refused now (a load would first allocate
+  // the tensor's bytes); a missing file is reported when its bytes are read.
+  if (!onnx_model_dir(src_->name()).empty()) {
+    std::error_code ec;
+    uint64_t fsize = std::filesystem::file_size(slot.path, ec);
+    if (!ec && (slot.offset > fsize || c.nbytes > fsize - slot.offset))
+      throw Error(ErrorCode::kTruncated,
+                  "external data (" + std::to_string(c.nbytes) + " bytes at " +
+                      std::to_string(slot.offset) + ") passes the end of " + location + " (" +
+                      std::to_string(fsize) + " bytes)",
+                  src_->name(), name, ext_at);
+  }
+  place.how = "external";
+  place.location = location;
+  place.offset = slot.offset;
+  place.length = c.nbytes;
+  for (auto& [k, v] : f.ext)
+    if (k.rfind("prepacked", 0) == 0)
+      ext_->prepacked.push_back(parse_prepacked(name, location, k, v, base, ext_at, src_->name()));
+}
 
-  TensorInfo t;
-  t.name = name;
-  t.dtype = *dt;
-  t.strides = contiguous_strides(dims);
-  t.shape = std::move(dims);
-  t.storage = m_->storages.size();
-  t.type = kind;
-  t.is_parameter = kind != "constant";
-  m_->root->entries().emplace_back(Value::string(name), Value::tensor(m_->tensors.size()));
-  m_->storages.push_back(std::move(st));
-  m_->tensors.push_back(std::move(t));
-  slots_.push_back(std::move(slot));
-  ext_->places.push_back(std::move(place));
+// Values in typed fields (float_data, int32_data...): only the dtype's field, as many values as
+// the tensor needs; decoded at load.
+void Parser::place_typed(std::span<const uint8_t> b, uint64_t base, const TensorProtoFields& f,
+                         const std::string& name, const Checked& c, Slot& slot,
+                         OnnxTensorPlace& place) {
+  TypedField tf = typed_field(c.dtype);
+  for (auto& [field, at] : f.typed_seen)
+    if (field != tf.number)
+      throw Error(ErrorCode::kCorrupt,
+                  std::string("a ") + std::string(dtype_name(c.dtype)) +
+                      " tensor's values must be in " + tf.name + " (field " +
+                      std::to_string(tf.number) + "), not field " + std::to_string(field),
+                  src_->name(), name, at);
+  uint64_t count = 0;
+  if (!for_each_typed(b, base, file_end_, tf, [&](uint64_t) { ++count; }))
+    throw Error(ErrorCode::kCorrupt, std::string("malformed ") + tf.name, src_->name(), name,
+                base);
+  if (count * tf.width != c.nbytes)
+    throw Error(ErrorCode::kCorrupt,
+                std::string(tf.name) + " holds " + std::to_string(count) +
+                    " values but the tensor needs " + std::to_string(c.nbytes / tf.width),
+                src_->name(), name, base);
+  slot.kind = Slot::kTyped;
+  slot.msg_offset = base;
+  slot.msg_size = b.size();
+  slot.dtype = c.dtype;
+  place.how = tf.name;
+  place.offset = base;
+  place.length = b.size();
 }
 
 // Two initializers whose external ranges in one file overlap would each load (and convert) their
@@ -671,99 +727,12 @@ std::shared_ptr<CheckpointModel> Parser::run() {
   if (any_decoded) m_->decoder = decoder;
   m_->extension = ext_;
 
-  // verify: every external range inside its file, no overlaps between tensors or pre-packed
-  // buffers in one file, SHA-1 `checksum`s of whole files, SHA-256 pre-pack checksums (ckpt's),
-  // and every storage decoded.
+  // verify: verify_onnx, while the model lives.
   std::weak_ptr<CheckpointModel> weak = m_;
   std::shared_ptr<OnnxExtension> ext = ext_;
   m_->verify = [weak, ext, decoder](const ProgressFn&) -> size_t {
     auto m = weak.lock();
-    if (!m) return 0;
-    size_t checked = 0;
-    struct Range {
-      uint64_t begin, end;
-      std::string what;
-    };
-    std::map<std::string, std::vector<Range>> by_file;
-    std::map<std::string, std::string> checksums;  // path → expected sha1
-    const auto& slots = decoder->slots();
-    for (size_t i = 0; i < m->tensors.size(); ++i) {
-      const Slot& s = slots[i];
-      const auto& place = ext->places[i];
-      if (s.kind == Slot::kExternal) {
-        SourcePtr f = decoder->file(s.path, m->tensors[i].name);
-        uint64_t n = m->storages[i].nbytes;
-        if (s.offset > f->size() || n > f->size() - s.offset)
-          throw Error(ErrorCode::kTruncated,
-                      "external data (" + std::to_string(n) + " bytes at " +
-                          std::to_string(s.offset) + ") passes the end of " + s.location + " (" +
-                          std::to_string(f->size()) + " bytes)",
-                      f->name(), m->tensors[i].name, s.offset);
-        if (n) by_file[s.path].push_back({s.offset, s.offset + n, "tensor " + m->tensors[i].name});
-        if (!place.checksum.empty()) {
-          auto [it, fresh] = checksums.emplace(s.path, place.checksum);
-          if (!fresh && it->second != place.checksum)
-            throw Error(ErrorCode::kCorrupt,
-                        "two different checksums given for " + s.location, f->name(),
-                        m->tensors[i].name);
-        }
-        ++checked;
-      } else if (s.kind == Slot::kTyped) {
-        std::vector<std::byte> tmp(m->storages[i].nbytes);
-        decoder->read(i, tmp, true);
-        ++checked;
-      }
-      // raw_data: inside the .onnx by construction, with nothing to check it against (not
-      // counted: verify says "not verified" for a model that has only those)
-    }
-    std::string dir = onnx_model_dir(m->source->name());
-    if (dir.empty()) dir = ".";
-    for (const auto& p : ext->prepacked) {
-      std::string path = onnx_external_path(dir, p.location, p.tensor);
-      SourcePtr f = decoder->file(path, p.tensor);
-      for (const auto& b : p.buffers) {
-        if (b.offset > f->size() || b.length > f->size() - b.offset)
-          throw Error(ErrorCode::kTruncated,
-                      "pre-packed buffer " + p.key + " (" + std::to_string(b.length) +
-                          " bytes at " + std::to_string(b.offset) + ") passes the end of " +
-                          p.location + " (" + std::to_string(f->size()) + " bytes)",
-                      f->name(), p.tensor, b.offset);
-        if (b.length)
-          by_file[path].push_back({b.offset, b.offset + b.length, "pre-pack " + p.key + " of " +
-                                                                      p.tensor});
-        if (b.checksum.size() == 64) {
-          std::string got = sha_hex(EVP_sha256(), *f, b.offset, b.length);
-          if (got != b.checksum)
-            throw Error(ErrorCode::kCorrupt,
-                        "pre-packed buffer " + p.key + " has SHA-256 " + got + ", expected " +
-                            b.checksum,
-                        f->name(), p.tensor, b.offset);
-          ++checked;
-        }
-      }
-    }
-    for (auto& [path, ranges] : by_file) {
-      std::sort(ranges.begin(), ranges.end(),
-                [](const Range& a, const Range& b) { return a.begin < b.begin; });
-      for (size_t i = 1; i < ranges.size(); ++i)
-        if (ranges[i].begin < ranges[i - 1].end)
-          throw Error(ErrorCode::kCorrupt,
-                      ranges[i].what + " (at " + std::to_string(ranges[i].begin) +
-                          ") overlaps " + ranges[i - 1].what + " (ending at " +
-                          std::to_string(ranges[i - 1].end) + ")",
-                      path, {}, ranges[i].begin);
-    }
-    for (auto& [path, want] : checksums) {
-      SourcePtr f = decoder->file(path, {});
-      std::string got = sha_hex(EVP_sha1(), *f, 0, f->size());
-      std::string w = want;
-      std::transform(w.begin(), w.end(), w.begin(), [](unsigned char c) { return std::tolower(c); });
-      if (got != w)
-        throw Error(ErrorCode::kCorrupt, "SHA-1 of the file is " + got + ", the model says " + want,
-                    path);
-      ++checked;
-    }
-    return checked;
+    return m ? verify_onnx(*m, *ext, *decoder) : 0;
   };
   return m_;
 }

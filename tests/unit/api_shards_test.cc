@@ -21,24 +21,14 @@ namespace {
 
 using test::TempDir;
 
-Tensor make(const std::string& name, DType dtype, std::vector<int64_t> shape, uint32_t seed) {
-  uint64_t n = dtype_size(dtype);
-  for (auto d : shape) n *= static_cast<uint64_t>(d);
-  std::vector<std::byte> v(n);
-  uint32_t x = seed * 2654435761u + 1;
-  for (auto& b : v) {
-    x = x * 1664525u + 1013904223u;
-    b = static_cast<std::byte>(x >> 24);
-  }
-  return Tensor::copy_of(name, dtype, std::move(shape), v);
-}
+using test::make_tensor;
 
 std::vector<Tensor> part(int k) {
   // In the order a safetensors file stores them (wider dtypes first).
   if (k == 0)
-    return {make("a.bias", DType::kInt64, {8}, 2), make("a.weight", DType::kFloat32, {16, 8}, 1)};
-  if (k == 1) return {make("b.weight", DType::kFloat16, {32, 4}, 3)};
-  return {make("c.step", DType::kInt64, {}, 5), make("c.weight", DType::kBFloat16, {5, 5}, 4)};
+    return {make_tensor("a.bias", DType::kInt64, {8}, 2), make_tensor("a.weight", DType::kFloat32, {16, 8}, 1)};
+  if (k == 1) return {make_tensor("b.weight", DType::kFloat16, {32, 4}, 3)};
+  return {make_tensor("c.step", DType::kInt64, {}, 5), make_tensor("c.weight", DType::kBFloat16, {5, 5}, 4)};
 }
 
 void write_text(const std::string& path, const std::string& text) {
@@ -309,8 +299,8 @@ TEST(Shards, ProgressOfASetIsTheSumOfItsFiles) {
 
 TEST(Shards, DuplicateNameNamesBothShards) {
   TempDir d;
-  save_safetensors(d.file("x.safetensors"), {make("w", DType::kFloat32, {2}, 1)});
-  save_safetensors(d.file("y.safetensors"), {make("w", DType::kFloat32, {2}, 2)});
+  save_safetensors(d.file("x.safetensors"), {make_tensor("w", DType::kFloat32, {2}, 1)});
+  save_safetensors(d.file("y.safetensors"), {make_tensor("w", DType::kFloat32, {2}, 2)});
   Error e = test::capture_error(
       [&] { Checkpoint::open_set({d.file("x.safetensors"), d.file("y.safetensors")}); });
   EXPECT_EQ(e.code(), ErrorCode::kCorrupt);
@@ -394,10 +384,10 @@ TEST(Shards, ParseByteSize) {
 
 TEST(Shards, ConvertWritesShardsAndIndex) {
   TempDir d;
-  std::vector<Tensor> ts = {make("t0", DType::kFloat32, {10}, 1),   // 40 B
-                            make("big", DType::kFloat32, {100}, 2),  // 400 B: alone
-                            make("t1", DType::kFloat32, {5}, 3),     // 20 B
-                            make("t2", DType::kFloat32, {5}, 4)};    // 20 B
+  std::vector<Tensor> ts = {make_tensor("t0", DType::kFloat32, {10}, 1),   // 40 B
+                            make_tensor("big", DType::kFloat32, {100}, 2),  // 400 B: alone
+                            make_tensor("t1", DType::kFloat32, {5}, 3),     // 20 B
+                            make_tensor("t2", DType::kFloat32, {5}, 4)};    // 20 B
   SaveOptions so;
   so.fsync = false;
   save_torch(d.file("in.pt"), state_dict_value(ts), ts, so);

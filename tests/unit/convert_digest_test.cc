@@ -17,29 +17,16 @@ namespace {
 
 using test::TempDir;
 
-std::vector<std::byte> pattern(size_t n, uint32_t seed) {
-  std::vector<std::byte> v(n);
-  uint32_t x = seed * 2654435761u + 1;
-  for (auto& b : v) {
-    x = x * 1664525u + 1013904223u;
-    b = static_cast<std::byte>(x >> 24);
-  }
-  return v;
-}
-
-Tensor make(const std::string& name, DType dtype, std::vector<int64_t> shape, uint32_t seed) {
-  uint64_t n = dtype_size(dtype);
-  for (auto d : shape) n *= static_cast<uint64_t>(d);
-  return Tensor::copy_of(name, dtype, std::move(shape), pattern(n, seed));
-}
+using test::make_tensor;
+using test::pattern;
 
 std::vector<Tensor> sample_tensors() {
-  return {make("model.embed.weight", DType::kFloat32, {64, 48}, 1),
-          make("model.layers.0.bias", DType::kBFloat16, {48}, 2),
-          make("model.layers.0.steps", DType::kInt64, {}, 3),
-          make("model.layers.0.mask", DType::kBool, {7}, 4),
-          make("model.empty", DType::kFloat16, {0, 3}, 5),
-          make("model.big", DType::kFloat32, {3, 1 << 18}, 6)};
+  return {make_tensor("model.embed.weight", DType::kFloat32, {64, 48}, 1),
+          make_tensor("model.layers.0.bias", DType::kBFloat16, {48}, 2),
+          make_tensor("model.layers.0.steps", DType::kInt64, {}, 3),
+          make_tensor("model.layers.0.mask", DType::kBool, {7}, 4),
+          make_tensor("model.empty", DType::kFloat16, {0, 3}, 5),
+          make_tensor("model.big", DType::kFloat32, {3, 1 << 18}, 6)};
 }
 
 std::string hex_of(std::string_view s) {
@@ -67,7 +54,7 @@ TEST(Digest, Sha256KnownVectorsAndHex) {
 
 TEST(Digest, StridedTensorsHashTheirRowMajorElements) {
   // A 3x4 float32 storage; its transpose (4x3, strides 1,4), a column slice and an expanded row.
-  Tensor base = make("m", DType::kFloat32, {3, 4}, 9);
+  Tensor base = make_tensor("m", DType::kFloat32, {3, 4}, 9);
   auto view = [&](std::vector<int64_t> shape, std::vector<int64_t> strides, int64_t off) {
     TensorInfo i = base.info();
     i.shape = std::move(shape);
@@ -82,7 +69,7 @@ TEST(Digest, StridedTensorsHashTheirRowMajorElements) {
   }
   EXPECT_EQ(tensor_sha256(base), sha256(base.bytes()));
   // A large transposed tensor: many one-element blocks through the gather buffer.
-  Tensor big = make("b", DType::kFloat16, {300, 500}, 3);
+  Tensor big = make_tensor("b", DType::kFloat16, {300, 500}, 3);
   TensorInfo ti = big.info();
   ti.shape = {500, 300};
   ti.strides = {1, 500};
@@ -131,7 +118,7 @@ TEST(Digest, SameDigestsInEveryFormat) {
 
 TEST(Digest, TiedNamesAndMetaTensors) {
   TempDir dir;
-  Tensor w = make("enc.weight", DType::kFloat32, {4, 4}, 1);
+  Tensor w = make_tensor("enc.weight", DType::kFloat32, {4, 4}, 1);
   Tensor tied = w;
   tied.info().name = "dec.weight";
   std::vector<Tensor> ts = {w, tied};
@@ -144,8 +131,8 @@ TEST(Digest, TiedNamesAndMetaTensors) {
   EXPECT_EQ(d["dec.weight"], d["enc.weight"]);
 
   std::vector<TensorizerEntry> es(2);
-  es[0].tensor = make("real", DType::kInt32, {5}, 2);
-  es[1].tensor = make("ghost", DType::kFloat32, {2, 3}, 3);
+  es[0].tensor = make_tensor("real", DType::kInt32, {5}, 2);
+  es[1].tensor = make_tensor("ghost", DType::kFloat32, {2, 3}, 3);
   es[1].meta = true;
   TensorizerSaveOptions zo;
   zo.fsync = false;
@@ -284,7 +271,7 @@ TEST(Digest, ConvertStoresDigestsInSafetensorsMetadata) {
 
 TEST(Digest, ConvertWithCopySharedStoresADigestPerName) {
   TempDir dir;
-  Tensor w = make("enc.weight", DType::kFloat32, {4, 4}, 1);
+  Tensor w = make_tensor("enc.weight", DType::kFloat32, {4, 4}, 1);
   Tensor tied = w;
   tied.info().name = "dec.weight";
   std::vector<Tensor> ts = {w, tied};

@@ -22,32 +22,18 @@ namespace {
 
 using test::TempDir;
 
-std::vector<std::byte> pattern(size_t n, uint32_t seed) {
-  std::vector<std::byte> v(n);
-  uint32_t x = seed * 2654435761u + 1;
-  for (auto& b : v) {
-    x = x * 1664525u + 1013904223u;
-    b = static_cast<std::byte>(x >> 24);
-  }
-  return v;
-}
-
-Tensor make(const std::string& name, DType dtype, std::vector<int64_t> shape, uint32_t seed) {
-  uint64_t n = dtype_size(dtype);
-  for (auto d : shape) n *= static_cast<uint64_t>(d);
-  return Tensor::copy_of(name, dtype, std::move(shape), pattern(n, seed));
-}
+using test::make_tensor;
 
 // Tensors every format holds: several dtypes, a 0-d and an empty tensor, one over 1 MiB (the
 // sliced write path) and one over 8 MiB (progress pieces).
 std::vector<Tensor> sample_tensors() {
-  return {make("model.embed.weight", DType::kFloat32, {64, 48}, 1),
-          make("model.layers.0.bias", DType::kBFloat16, {48}, 2),
-          make("model.layers.0.steps", DType::kInt64, {}, 3),
-          make("model.layers.0.mask", DType::kBool, {7}, 4),
-          make("model.empty", DType::kFloat16, {0, 3}, 5),
-          make("model.big", DType::kFloat32, {3, 1 << 20}, 6),
-          make("model.mid", DType::kUInt8, {(1 << 20) + 77}, 7)};
+  return {make_tensor("model.embed.weight", DType::kFloat32, {64, 48}, 1),
+          make_tensor("model.layers.0.bias", DType::kBFloat16, {48}, 2),
+          make_tensor("model.layers.0.steps", DType::kInt64, {}, 3),
+          make_tensor("model.layers.0.mask", DType::kBool, {7}, 4),
+          make_tensor("model.empty", DType::kFloat16, {0, 3}, 5),
+          make_tensor("model.big", DType::kFloat32, {3, 1 << 20}, 6),
+          make_tensor("model.mid", DType::kUInt8, {(1 << 20) + 77}, 7)};
 }
 
 void write_source(ConvertFormat f, const std::string& path, const std::vector<Tensor>& ts) {
@@ -238,8 +224,8 @@ TEST(Convert, ParseTargetTakesEachSettingForTheFormatsThatOwnItOnly) {
 // A state dict whose "encoder.weight" and "decoder.weight" are one tensor (torch.save writes it
 // once), plus a transposed view of another tensor's storage.
 std::string tied_checkpoint(const TempDir& dir) {
-  std::vector<Tensor> ts = {make("w", DType::kFloat32, {4, 3}, 1),
-                            make("b", DType::kFloat32, {3}, 2)};
+  std::vector<Tensor> ts = {make_tensor("w", DType::kFloat32, {4, 3}, 1),
+                            make_tensor("b", DType::kFloat32, {3}, 2)};
   TensorInfo tr = ts[0].info();
   tr.name = "w_t";
   tr.shape = {3, 4};
@@ -363,7 +349,7 @@ TEST(Convert, StreamedConversionWithABudgetBelowEveryTensorWritesTheSameBytes) {
 
 TEST(Convert, TreesDeeperThan200AreWalkedWholeOrRefusedPerLimits) {
   TempDir dir;
-  std::vector<Tensor> ts = {make("x", DType::kFloat32, {5}, 9)};
+  std::vector<Tensor> ts = {make_tensor("x", DType::kFloat32, {5}, 9)};
   constexpr int kDepth = 500;
   ValuePtr v = Value::list({Value::tensor(0), Value::real(1.5)});
   for (int i = 0; i < kDepth; ++i) v = Value::list({v});
@@ -416,7 +402,7 @@ TEST(Convert, TreesDeeperThan200AreWalkedWholeOrRefusedPerLimits) {
 
 TEST(Convert, NonTensorValuesAreReported) {
   TempDir dir;
-  std::vector<Tensor> ts = {make("w", DType::kFloat32, {2}, 1)};
+  std::vector<Tensor> ts = {make_tensor("w", DType::kFloat32, {2}, 1)};
   auto sd = Value::ordered_dict();
   sd->set("w", Value::tensor(0));
   auto root = Value::dict();
@@ -498,7 +484,7 @@ TEST(Convert, ProgressReachesTotalWithoutHidingTheSinksFastPaths) {
 
 TEST(Convert, FailuresLeaveNoFileAndKeepTheOldOne) {
   TempDir dir;
-  std::vector<Tensor> ts = {make("z", DType::kComplex128, {3}, 1)};
+  std::vector<Tensor> ts = {make_tensor("z", DType::kComplex128, {3}, 1)};
   const std::string src = dir.file("z.pt");
   save_torch(src, state_dict_value(ts), ts);
   Checkpoint c = Checkpoint::open(src);
@@ -512,7 +498,7 @@ TEST(Convert, FailuresLeaveNoFileAndKeepTheOldOne) {
   // A progress callback that throws aborts the write: the old output stays as it was.
   const std::string out = dir.file("out.pt");
   test::write_file(out, test::to_bytes("old"));
-  std::vector<Tensor> big = {make("big", DType::kFloat32, {1 << 22}, 2)};
+  std::vector<Tensor> big = {make_tensor("big", DType::kFloat32, {1 << 22}, 2)};
   save_torch(dir.file("big.pt"), state_dict_value(big), big);
   Checkpoint cb = Checkpoint::open(dir.file("big.pt"));
   ConvertOptions o = quick();
