@@ -50,6 +50,9 @@ struct TargetFormatInfo {
   std::span<const std::string_view> extensions;  // ".pt" ...; none for a folder (named only)
   bool folder;                                   // a folder of files (ConvertReport::files)
   bool shards;                                   // ConvertOptions::max_shard_size applies
+  // Its file in a model folder (an output path that is a folder): "model.safetensors" as
+  // save_pretrained names it, "pytorch_model.bin"; none for a folder format.
+  std::string_view folder_file;
 };
 // The rows, in the order pt, safetensors, tensorizer, dcp.
 std::span<const TargetFormatInfo> target_formats() noexcept;

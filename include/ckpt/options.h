@@ -81,9 +81,10 @@ struct RemoteOptions {
   // read is served from the file's mapping. For loads and conversions; it needs the object's
   // size in free space there.
   bool download_whole = false;
-  // Called with a sentence for the user about how a URL is read: the object cannot be pinned
-  // (the server sends neither ETag nor Last-Modified, so only its length shows a change), or it
-  // is downloaded whole (above). Null: no notes. Called on the thread that opens the URL.
+  // Called with a sentence for the user about how a path or URL is read: the object cannot be
+  // pinned (the server sends neither ETag nor Last-Modified, so only its length shows a change),
+  // it is downloaded whole (above), or a model folder holds several checkpoints and one was
+  // taken (Checkpoint::open). Null: no notes. Called on the thread that opens the path.
   std::function<void(const std::string&)> on_note;
 };
 

@@ -53,7 +53,7 @@ pyb::object result(const pyb::object& ck, pyb::list storages, pyb::list tensors,
     }
     return out;
   }
-  if (c.format() == Format::kTorchScript) {
+  if (format_traits(c.format()).script) {
     // Its state dict (torch.load would run the TorchScript module), quantized Linear modules'
     // packed parameters included (ckpt/_script.py).
     pyb::cpp_function tree([&c, tensors, &w] {

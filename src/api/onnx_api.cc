@@ -9,7 +9,7 @@ namespace ckpt {
 
 namespace {
 const internal::OnnxExtension* onnx_extension(const Checkpoint& c) {
-  if (c.format() != Format::kOnnx) return nullptr;
+  if (!format_traits(c.format()).graph) return nullptr;
   return dynamic_cast<const internal::OnnxExtension*>(
       internal::CheckpointAccess::model(c).extension.get());
 }

@@ -264,7 +264,7 @@ OnnxRewriteReport onnx_rewrite(const std::string& in, const std::string& out,
   OpenOptions oo;
   oo.mmap = false;  // the output may replace the input's files
   Checkpoint c = Checkpoint::open(in, oo);
-  if (c.format() != Format::kOnnx)
+  if (!format_traits(c.format()).graph)
     throw Error(ErrorCode::kInvalidArgument,
                 std::string("not an ONNX model (a ") + format_name(c.format()) + " file)", in);
   const auto* ext = dynamic_cast<const internal::OnnxExtension*>(

@@ -6,6 +6,8 @@
 #include <sys/stat.h>
 
 #include <filesystem>
+#include <optional>
+#include <vector>
 
 #include "api/checkpoint_impl.h"
 #include "ckpt/remote.h"
@@ -29,13 +31,52 @@ bool has_file(const std::string& dir, const char* name) {
   return ::stat(join(dir, name).c_str(), &st) == 0;
 }
 
+// A model folder's weights, in the order they are preferred: what save_pretrained writes (and a
+// transformers Trainer's checkpoint-N/ holds beside its training state).
+constexpr const char* kModelFiles[] = {"model.safetensors.index.json", "model.safetensors",
+                                       "pytorch_model.bin.index.json", "pytorch_model.bin"};
+// What else a training folder holds, named in the note so that the user knows what was not read.
+constexpr const char* kTrainingFiles[] = {"optimizer.pt", "scheduler.pt", "rng_state.pth",
+                                          "trainer_state.json", "training_args.bin"};
+
+// Says which checkpoint of a folder that holds several was taken, how to read another, and what
+// training state is beside it.
+void note_choice(const std::string& dir, const std::vector<std::string>& found,
+                 const OpenOptions& options) {
+  if (!options.remote.on_note) return;
+  std::vector<std::string> state;
+  for (const char* f : kTrainingFiles)
+    if (has_file(dir, f)) state.push_back(f);
+  if (found.size() < 2 && state.empty()) return;
+  std::string note = dir + ": read " + found[0];
+  if (found.size() > 1) {
+    note += "; also here:";
+    for (size_t i = 1; i < found.size(); ++i) note += " " + found[i];
+    note += " (name one to read it instead)";
+  }
+  if (!state.empty()) {
+    note += "; training state not read:";
+    for (const std::string& f : state) note += " " + f;
+    note += " (open each by its path)";
+  }
+  options.remote.on_note(note);
+}
+
 // A folder of a kind ckpt reads, or nothing (the path is then opened as a file, which says why
 // it cannot be).
 std::optional<Checkpoint> open_folder(const std::string& dir, const OpenOptions& options) {
-  // torch.distributed.checkpoint: `.metadata` and its data files (a URL prefix is one too).
-  if (is_url(dir) || has_file(dir, ".metadata"))
-    return CheckpointAccess::make(open_dcp(dir, options));
-  return std::nullopt;
+  std::vector<std::string> found;
+  // torch.distributed.checkpoint: `.metadata` and its data files (a URL prefix is one too;
+  // Megatron's torch_dist folders are DCP folders with common.pt and metadata.json beside).
+  if (is_url(dir) || has_file(dir, ".metadata")) found.push_back(".metadata");
+  // A model folder: the weights save_pretrained wrote (an index is the set of its shards).
+  if (!is_url(dir))
+    for (const char* f : kModelFiles)
+      if (has_file(dir, f)) found.push_back(f);
+  if (found.empty()) return std::nullopt;
+  note_choice(dir, found, options);
+  if (found[0] == ".metadata") return CheckpointAccess::make(open_dcp(dir, options));
+  return open_path(join(dir, found[0]), options);
 }
 
 }  // namespace
@@ -56,8 +97,15 @@ Checkpoint open_file(const SourcePtr& source, const OpenOptions& options,
 
 Checkpoint open_path(const std::string& path, const OpenOptions& options,
                      const OpenHooks& hooks) {
-  if (is_folder(path))
+  if (is_folder(path)) {
     if (auto c = open_folder(path, options)) return std::move(*c);
+    if (!is_url(path))
+      throw Error(ErrorCode::kInvalidArgument,
+                  "is a directory that holds no checkpoint ckpt reads (a DCP .metadata, "
+                  "model.safetensors[.index.json] or pytorch_model.bin[.index.json]): name a "
+                  "file in it",
+                  path);
+  }
   SourcePtr source = options.mmap && options.writable_views && !is_url(path)
                          ? open_mmap_source(path, true)
                          : open_source(path, options.mmap, options.remote);

@@ -59,7 +59,7 @@ TorchScriptArchive TorchScriptArchive::open(const std::string& path, const OpenO
 TorchScriptArchive TorchScriptArchive::from(const Checkpoint& c) {
   auto m = std::dynamic_pointer_cast<const TorchScriptModel>(
       internal::CheckpointAccess::model(c).extension);
-  if (c.format() != Format::kTorchScript || !m)
+  if (!format_traits(c.format()).script || !m)
     throw Error(ErrorCode::kInvalidArgument,
                 std::string("not a TorchScript archive (format ") + format_name(c.format()) +
                     "; TorchScript archives have constants.pkl and code/)",

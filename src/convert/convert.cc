@@ -4,6 +4,7 @@
 
 #include "ckpt/convert.h"
 
+#include <filesystem>
 #include <memory>
 #include <new>
 #include <optional>
@@ -32,6 +33,7 @@ using internal::ConvertOutput;
 struct Destination {
   std::string path;
   ByteSink* sink = nullptr;
+  bool make_folders = false;  // a model folder that may not exist yet
 };
 
 // The shard set of a sharded conversion, when it is more than one file.
@@ -57,7 +59,7 @@ std::unique_ptr<ConvertOutput> open_output(const Destination& d, const internal:
   // A set of one is the one file, in folders made for it as for a set.
   const bool one_of_set = o.max_shard_size != 0;
   return internal::file_output(one_of_set ? internal::shard_names(d.path, caps).one_file : d.path,
-                               total, o, one_of_set);
+                               total, o, one_of_set || d.make_folders);
 }
 
 // The local files the output will replace, each refused when it is one of the input's.
@@ -137,23 +139,37 @@ ConvertReport write(const Checkpoint& c, const ConvertOptions& o, const Destinat
               c.source().name());
 }
 
+
+// A model folder (an existing folder, or a path ending in '/') given as the output of a one-file
+// format: the file in it that save_pretrained would write (model.safetensors, pytorch_model.bin),
+// whose shards and index are then named as transformers names them.
+std::string in_model_folder(const std::string& out_path, ConvertFormat format) {
+  std::error_code ec;
+  const TargetFormatInfo& row = target_format_info(format);
+  if (out_path.empty() || is_url(out_path) || row.folder ||
+      (out_path.back() != '/' && !std::filesystem::is_directory(out_path, ec)))
+    return out_path;
+  return (std::filesystem::path(out_path) / std::string(row.folder_file)).string();
+}
+
 }  // namespace
 
-ConvertReport convert(const Checkpoint& c, const std::string& out_path,
+ConvertReport convert(const Checkpoint& c, const std::string& out_path_given,
                       const ConvertOptions& options) try {
   ConvertOptions o = options;
   if (std::holds_alternative<std::monostate>(o.target))
     o.target = default_target(convert_format_for_path(
-        o.max_shard_size ? internal::shard_names(out_path, {}).one_file : out_path));
+        o.max_shard_size ? internal::shard_names(out_path_given, {}).one_file : out_path_given));
+  const std::string out_path = in_model_folder(out_path_given, target_format(o.target));
   const bool folder = target_format_info(target_format(o.target)).folder;
   if (is_url(out_path) && (folder || o.max_shard_size))
     throw Error(ErrorCode::kInvalidArgument,
                 folder ? "a DCP folder is written to a local path only"
                        : "shards are written to local files only",
                 redact_url(out_path));
-  return write(c, o, Destination{out_path});
+  return write(c, o, Destination{out_path, nullptr, out_path != out_path_given});
 } catch (const std::bad_alloc&) {
-  out_of_memory(c, out_path);
+  out_of_memory(c, out_path_given);
 }
 
 ConvertReport convert(const Checkpoint& c, ByteSink& sink, const ConvertOptions& options) try {

@@ -498,7 +498,7 @@ std::optional<std::vector<TensorDigest>> stored_digests(const Checkpoint& c) {
     }
     return all;
   }
-  if (c.format() != Format::kSafetensors) return std::nullopt;
+  if (!format_traits(c.format()).metadata) return std::nullopt;
   auto it = c.properties().find(std::string("metadata.") + kSafetensorsDigestKey);
   if (it == c.properties().end()) return std::nullopt;
   auto bad = [&](const std::string& what, const std::string& tensor = {}) {

@@ -171,7 +171,7 @@ FlatStateDict flatten_state_dict(const Checkpoint& c, const FlattenOptions& opti
     out.entries.push_back(std::move(e));
   };
 
-  if (c.format() == Format::kTorchScript) {
+  if (format_traits(c.format()).script) {
     // The module's parameters and buffers by module path, tied ones under each of their names:
     // the __torch__ module objects are no state dict.
     TorchScriptArchive a = TorchScriptArchive::from(c);
@@ -183,7 +183,7 @@ FlatStateDict flatten_state_dict(const Checkpoint& c, const FlattenOptions& opti
     // torch.save writes a tied weight once and reaches it from several keys; the tensor's name
     // is the first path, the others are aliases, which a flat format (no references) must
     // store as names of their own.
-    const bool values = c.format() == Format::kTorchZip || c.format() == Format::kTorchLegacy;
+    const bool values = format_traits(c.format()).tree_values;
     const uint64_t max_depth =
         options.limits ? options.limits->max_pickle_depth : UINT64_MAX;
     std::vector<uint8_t> reached(tensors.size(), 0);

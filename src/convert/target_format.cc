@@ -8,6 +8,7 @@
 
 #include "ckpt/convert.h"
 #include "ckpt/error.h"
+#include "ckpt/remote.h"
 
 namespace ckpt {
 namespace {
@@ -54,14 +55,14 @@ struct Row {
 };
 
 const Row kRows[] = {
-    {{ConvertFormat::kTorch, "pt", kPtNames, kPtExt, false, true},
+    {{ConvertFormat::kTorch, "pt", kPtNames, kPtExt, false, true, "pytorch_model.bin"},
      kAlignment,
      [](const TargetSettings& s) -> ConvertTarget {
        PtTarget t;
        t.alignment = s.alignment;
        return t;
      }},
-    {{ConvertFormat::kSafetensors, "safetensors", kStNames, kStExt, false, true},
+    {{ConvertFormat::kSafetensors, "safetensors", kStNames, kStExt, false, true, "model.safetensors"},
      kAlignment | kCopyShared | kMeta | kDigests,
      [](const TargetSettings& s) -> ConvertTarget {
        SafetensorsTarget t;
@@ -71,10 +72,10 @@ const Row kRows[] = {
        t.store_digests = s.store_digests;
        return t;
      }},
-    {{ConvertFormat::kTensorizer, "tensorizer", kTzNames, kTzExt, false, false},
+    {{ConvertFormat::kTensorizer, "tensorizer", kTzNames, kTzExt, false, false, "model.tensors"},
      kEncryption,
      [](const TargetSettings& s) -> ConvertTarget { return TensorizerTarget{s.encryption}; }},
-    {{ConvertFormat::kDcp, "dcp", kDcpNames, {}, true, false},
+    {{ConvertFormat::kDcp, "dcp", kDcpNames, {}, true, false, {}},
      kDcpFiles,
      [](const TargetSettings& s) -> ConvertTarget {
        DcpTarget t;
@@ -174,6 +175,12 @@ ConvertTarget default_target(ConvertFormat format) noexcept {
 }
 
 ConvertFormat convert_format_for_path(const std::string& path) {
+  // A folder (an existing one, or a path ending in '/'): a model folder of safetensors, as
+  // save_pretrained writes it (convert() puts model.safetensors, or its shards, in it).
+  std::error_code ec;
+  if (!path.empty() && !is_url(path) &&
+      (path.back() == '/' || std::filesystem::is_directory(path, ec)))
+    return ConvertFormat::kSafetensors;
   const std::string ext = std::filesystem::path(path).extension().string();
   std::string known;
   for (const Row& r : kRows)

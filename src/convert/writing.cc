@@ -168,7 +168,7 @@ void refuse_own_input(const Checkpoint& c, const std::string& out) {
 
 std::vector<std::string> metadata_not_written(const Checkpoint& c, const Writer& w) {
   std::vector<std::string> keys;
-  if (c.format() == Format::kSafetensors && !w.caps().metadata)
+  if (format_traits(c.format()).metadata && !w.caps().metadata)
     for (const auto& [k, v] : c.properties())
       if (k.rfind("metadata.", 0) == 0 && k != "metadata.format") keys.push_back(k.substr(9));
   return keys;
@@ -279,7 +279,7 @@ WriteContent tree_content(const Checkpoint& c, const TensorSource& source, Conve
   std::vector<Tensor>& tensors = content.tensors;
   content.feed = source.feed();
   tensors.reserve(c.tensors().size());
-  if (c.format() == Format::kTorchScript) {
+  if (format_traits(c.format()).script) {
     // A TorchScript module becomes its state dict (parameters and buffers by module path),
     // which load_state_dict accepts: the __torch__ module objects would not torch.load.
     TorchScriptArchive a = TorchScriptArchive::from(c);
@@ -312,7 +312,7 @@ WriteContent tree_content(const Checkpoint& c, const TensorSource& source, Conve
     // A safetensors root is a flat dict whose state holds __metadata__ (the reader keeps it
     // apart from tensor names that way); a pickle cannot give a plain dict a state, so such a
     // file becomes a plain state dict (metadata_not_written says what is lost).
-    if (c.format() != Format::kSafetensors) content.root = c.root();
+    if (!format_traits(c.format()).metadata) content.root = c.root();
   }
   uint64_t bytes = 0;
   for (const auto& s : c.storages()) bytes += s.nbytes;

@@ -91,6 +91,23 @@ step "--gds: what really happened"
 $CKPT load "$DATA/m1.safetensors" --json --device cuda:0 --gds | $PY -c 'import json,sys; d=json.load(sys.stdin); print("gds:", d["gds"], "gds_bytes:", d["gds_bytes"], "of", d["bytes"])'
 step "bench/load_into.py on cuda (1 GiB, in place)"
 $PY bench/load_into.py --device cuda --size-mb 1024 --repeat 3 --out /tmp/ckpt-gpu-bench
+step "rank plan: one rank's Shard(0) rows of 1 GiB read straight into cuda"
+$PY - "$DATA/m1.safetensors" <<'PY'
+import sys, time, torch, ckpt
+from safetensors.torch import load_file
+p = sys.argv[1]
+torch.empty(1, device="cuda")
+for i in range(3):
+    t = time.perf_counter()
+    sd = ckpt.load(p, map_location="cuda", plan={"*": ckpt.Shard(0)})
+    torch.cuda.synchronize()
+    dt = time.perf_counter() - t
+    n = sum(v.numel() * v.element_size() for v in sd.values())
+    print("slice load: %d tensors on %s, %.2f GB in %.3f s: %.1f GB/s"
+          % (len(sd), next(iter(sd.values())).device, n / 1e9, dt, n / dt / 1e9))
+ref = load_file(p)
+print("equal to safetensors:", all(torch.equal(sd[k].cpu(), ref[k]) for k in ref))
+PY
 exit 0
 fi
 

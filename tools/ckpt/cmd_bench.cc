@@ -415,7 +415,7 @@ double measure_save_convert(HostBench& b, int lim_write) {
   auto tensors = c.load_all();
   std::string out = file + ".bench-save.pt";
   // Flat formats (safetensors, tensorizer) are saved as the state dict torch would write.
-  bool torch_tree = c.format() == Format::kTorchZip || c.format() == Format::kTorchLegacy;
+  bool torch_tree = format_traits(c.format()).tree_values;
   auto state_dict = state_dict_value(tensors);
   for (bool fsync : {false, true}) {
     SaveOptions so;

@@ -117,7 +117,7 @@ struct ExtractOptions {
 std::vector<std::pair<std::string, size_t>> items_to_extract(const ExtractOptions& o,
                                                              const Checkpoint& c, size_t& metas) {
   std::vector<std::pair<std::string, size_t>> items;
-  if (c.format() == Format::kTorchScript) {
+  if (format_traits(c.format()).script) {
     items = TorchScriptArchive::from(c).state_dict();
   } else {
     for (size_t i = 0; i < c.tensors().size(); ++i)

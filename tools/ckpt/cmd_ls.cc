@@ -18,7 +18,7 @@ struct LsOptions {
 
 // --prepacked: onnxruntime's pre-packed blobs of an ONNX model.
 void list_prepacked(const LsOptions& o, const Checkpoint& c) {
-  if (c.format() != Format::kOnnx)
+  if (!format_traits(c.format()).graph)
     throw Error(ErrorCode::kUnsupported,
                 std::string("--prepacked lists ONNX models' pre-packed blobs; this is a ") +
                     format_name(c.format()) + " file",

@@ -82,7 +82,7 @@ void rewrite_torchscript(const RewriteOptions& o, Checkpoint in) {
 
 void run_rewrite(const RewriteOptions& o) {
   Checkpoint in = open_checkpoint(o.in, o.common);
-  if (in.format() == Format::kOnnx) return rewrite_onnx(o);
+  if (format_traits(in.format()).graph) return rewrite_onnx(o);
   if (!o.external_data.empty() || o.inline_all || o.drop_prepacked || !o.weights.empty())
     throw Error(ErrorCode::kInvalidArgument,
                 "--external-data, --inline, --drop-prepacked and --weights are for ONNX models",

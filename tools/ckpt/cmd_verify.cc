@@ -92,8 +92,7 @@ size_t check_records(const VerifyOptions& o, const Checkpoint& c, ProgressLine& 
                                          const char* what, double t0) {
   if (o.json) print_json(o.file, c, "not_verified", 0, total, what, t0);
   const bool has_checksums =
-      c.format() == Format::kTorchZip || c.format() == Format::kTorchScript ||
-      c.format() == Format::kTensorizer;
+format_traits(c.format()).stores_checksums;
   std::fprintf(stderr, "ckpt: not verified: %s: %s; 0 of %zu %s checked [not_verified]\n",
                o.file.c_str(),
                total == 0          ? "it holds nothing to check"
@@ -113,7 +112,7 @@ size_t check_records(const VerifyOptions& o, const Checkpoint& c, ProgressLine& 
 void refuse_unchecked_storages(const VerifyOptions& o, const Checkpoint& c, size_t n, size_t total,
                                const char* what, double t0) {
   size_t unchecked = 0, with_bytes = 0;
-  if (c.format() == Format::kTorchZip || c.format() == Format::kTorchScript)
+  if (format_traits(c.format()).zip_records)
     for (const StorageInfo& s : c.storages()) {
       if (s.meta || s.nbytes == 0) continue;
       ++with_bytes;
