@@ -41,9 +41,9 @@ macro(ckpt_optional_pkg prefix module)
   endif()
 endmacro()
 
-# ckpt_feature(name library on_or_off packages): the summary line.
-function(ckpt_feature name library on packages)
-  if(on)
+# ckpt_feature(name library enabled packages): the summary line.
+function(ckpt_feature name library enabled packages)
+  if(enabled)
     message(STATUS "ckpt feature ${name} (${library}): ON")
   else()
     message(STATUS "ckpt feature ${name} (${library}): OFF (${library} not found: install ${packages})")

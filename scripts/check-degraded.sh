@@ -76,6 +76,7 @@ with zipfile.ZipFile(sys.argv[1]) as a, zipfile.ZipFile(sys.argv[2], "w", zipfil
 EOF
 "$ref" convert "$in/model.safetensors" "$in/model.tensors" >/dev/null
 printf '%064d\n' 7 >"$in/key.hex"
+chmod 600 "$in/key.hex"
 "$ref" convert "$in/model.safetensors" "$in/enc.tensors" --encrypt-key "$in/key.hex" >/dev/null
 mkdir -p "$tmp/ref"
 for f in model.pt deflated.pt model.safetensors model.tensors; do
