@@ -43,8 +43,6 @@ struct Planned {
 // save_tensorizer, with the tensors' bytes from `feed` when it is set.
 std::string write_tensorizer(ByteSink& sink, const std::vector<TensorizerEntry>& tensors,
                              const TensorizerSaveOptions& opt, const internal::TensorFeed* feed) {
-  // Every header holds a SHA-256: without a provider, refuse before anything is written.
-  if (!sha256_available()) Sha256Hasher{};
   const bool enc = opt.encryption != TensorizerEncryption::kNone;
   Key key{};
   std::optional<KdfParams> kdf;
@@ -53,6 +51,8 @@ std::string write_tensorizer(ByteSink& sink, const std::vector<TensorizerEntry>&
     if (opt.crypt_chunk_size < 1024 || opt.crypt_chunk_size % 64 != 0)
       invalid(sink, {}, "crypt_chunk_size must be a multiple of 64 of at least 1024");
   }
+  // Every header holds a SHA-256: without a provider, refuse before anything is written.
+  if (!sha256_available()) Sha256Hasher{};
   switch (opt.encryption) {
     case TensorizerEncryption::kNone:
       break;
