@@ -21,7 +21,7 @@ constexpr uint64_t kPiece = 1 << 20;  // compressed bytes per read
 
 #if CKPT_HAVE_ISAL
 struct InflateStream::State {
-  ::inflate_state s;
+  ::inflate_state s{};  // zeroed: isal_inflate_init does not set every field
   State() {
     isal_inflate_init(&s);
     s.crc_flag = ISAL_DEFLATE;
