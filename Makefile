@@ -7,6 +7,7 @@
 #   make format-check  - check the tracked C++ files against .clang-format (changes nothing)
 #   make function-length - list CLI functions over 80 lines (scripts/check_function_length.py)
 #   make install-check - install into a temporary prefix and build consumers against it
+#   make degraded-check - build the CLI with each optional library missing (build-degraded-*/) and check it
 #   make python        - build the Python module (build/python) and run its tests (tests/python)
 #   make python-install - install the Python module and the ckpt command for /usr/bin/python3 (no index)
 #   make wheel-check   - build the wheel as pip does, install it where only torch and numpy are, use it
@@ -55,7 +56,7 @@ BENCH_PACKAGES := python3-boto3 python3-redis python3-libnacl python3-psutil pyt
 FUZZ_PACKAGES := clang libclang-rt-14-dev
 
 .PHONY: all deps peers build demo test unit interop interop-compat asan interop-asan tsan fuzz-build fuzz fuzz-smoke \
-  layers function-length format-check install-check python python-install python-asan wheel-check bench-peers gpu-pack clean
+  layers function-length format-check install-check degraded-check python python-install python-asan wheel-check bench-peers gpu-pack clean
 
 all: build
 
@@ -102,6 +103,11 @@ format-check:
 # pkg-config --static against it; ckpt as an add_subdirectory subproject (library only).
 install-check: build
 	./scripts/check-install.sh $(BUILD)
+
+# The CLI built with each optional library treated as missing (CKPT_PRETEND_MISSING): what works
+# is checked against the full build, what is missing is refused with exit 6 naming its package.
+degraded-check: build
+	./scripts/check-degraded.sh $(BUILD)
 
 unit: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)

@@ -2,8 +2,9 @@
 # stops the configuration at once with the packages that provide it on Debian/Ubuntu, Fedora and
 # conda-forge (not eight minutes into the build with "fatal error: CLI/CLI.hpp").
 
-# For the tests of this file (tests/interop/test_configure.py): the dependencies named here are
-# treated as not installed ("cli11;dlpack;libcurl;..."), whatever the machine has.
+# For the tests (tests/interop/test_configure.py, scripts/check-degraded.sh): the dependencies
+# named in CKPT_PRETEND_MISSING ("cli11;dlpack;libcurl;...") are treated as not installed,
+# whatever the machine has.
 set(CKPT_PRETEND_MISSING "" CACHE STRING "Treat these dependencies as missing (for tests)")
 
 function(ckpt_missing what debian fedora conda)
@@ -15,30 +16,14 @@ function(ckpt_missing what debian fedora conda)
     "(make deps installs every Debian package ckpt uses.)")
 endfunction()
 
-# pkg-config modules: NAME is the prefix of the imported target PkgConfig::NAME.
-macro(ckpt_pkg name module what debian fedora conda)
-  pkg_check_modules(${name} QUIET IMPORTED_TARGET ${module})
-  if(NOT ${name}_FOUND OR "${module}" IN_LIST CKPT_PRETEND_MISSING)
-    ckpt_missing("${what} (pkg-config module ${module})" "${debian}" "${fedora}" "${conda}")
-  endif()
-endmacro()
-
 find_package(PkgConfig QUIET)
 if(NOT PKG_CONFIG_FOUND)
   ckpt_missing("pkg-config" "pkg-config" "pkgconf-pkg-config" "pkg-config")
 endif()
-ckpt_pkg(CKPT_DEFLATE libdeflate "libdeflate" libdeflate-dev libdeflate-devel libdeflate)
-ckpt_pkg(CKPT_ISAL libisal "ISA-L (inflate and CRC32)" libisal-dev isa-l-devel isa-l)
-ckpt_pkg(CKPT_SODIUM libsodium "libsodium (tensorizer encryption)" libsodium-dev libsodium-devel
-         libsodium)
-ckpt_pkg(CKPT_CURL libcurl "libcurl (HTTP(S) and S3)" libcurl4-openssl-dev libcurl-devel libcurl)
-find_package(OpenSSL QUIET COMPONENTS Crypto)
-if(NOT OpenSSL_FOUND)
-  ckpt_missing("OpenSSL's libcrypto (SHA-256)" libssl-dev openssl-devel openssl)
-endif()
+# libdeflate, ISA-L, libsodium, libcurl and OpenSSL are optional: cmake/ckpt_features.cmake.
 find_package(Threads REQUIRED)
 find_package(ZLIB QUIET)
-if(NOT ZLIB_FOUND)
+if(NOT ZLIB_FOUND OR "zlib" IN_LIST CKPT_PRETEND_MISSING)
   ckpt_missing("zlib" zlib1g-dev zlib-devel zlib)
 endif()
 find_package(nlohmann_json QUIET)  # header-only: compile time only, consumers never need it

@@ -68,6 +68,7 @@ PUBLIC_HEADERS = {
     "format.h": 0,
     "memory.h": 0,  # kept load memory (src/util/arena.cc)
     "device.h": 0,  # where loaded bytes live (src/device)
+    "features.h": 0,  # build_features() (src/util/features.cc)
     # one format's entry points
     "safetensors.h": 4,
     "tensorizer.h": 4,
@@ -79,6 +80,9 @@ PUBLIC_HEADERS = {
     "digest.h": 6,  # implemented in src/convert (it names tensors as flatten_state_dict does)
 }
 DEFAULT_PUBLIC_RANK = 6
+
+# Headers written at configure time into the build folder (cmake/ckpt_features.cmake): no layer.
+GENERATED = {"ckpt_features.h"}
 
 # What is walked, and which files are read.
 ROOTS = ["src", "tools", "include/ckpt", "python", "capi"]
@@ -215,6 +219,8 @@ def main():
                 if not m:
                     continue
                 target = m.group(1) or m.group(2)
+                if target in GENERATED:
+                    continue
                 edges += 1
                 dst_rel, found = resolve(root, rel, target)
                 dst = classify(dst_rel)

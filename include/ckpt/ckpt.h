@@ -18,6 +18,7 @@
 //   onnx.h, onnx_types.h ONNX: initializer places, onnxruntime's pre-packed blobs, the rewrite
 //   prepack.h            the pre-pack cache (onnxruntime-style packed weights, any format)
 //   torchscript_types.h  TorchScript archive vocabulary (code, debug ranges, constants)
+//   features.h           build_features(): the optional features this build has
 //   error.h, dtype.h, format.h, options.h
 #include "ckpt/checkpoint.h"
 #include "ckpt/convert.h"
@@ -26,6 +27,7 @@
 #include "ckpt/digest.h"
 #include "ckpt/dtype.h"
 #include "ckpt/error.h"
+#include "ckpt/features.h"
 #include "ckpt/format.h"
 #include "ckpt/memory.h"
 #include "ckpt/onnx.h"

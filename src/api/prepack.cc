@@ -10,7 +10,6 @@
 
 #include <dirent.h>
 #include <fcntl.h>
-#include <openssl/evp.h>
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -26,6 +25,7 @@
 
 #include "io/temporaries.h"
 #include "util/crc32.h"
+#include "util/sha256.h"
 #include "util/text.h"
 
 namespace ckpt {
@@ -54,13 +54,7 @@ std::string cpu_features() {
 #endif
 }
 
-std::string sha256_hex(std::string_view s) {
-  unsigned char out[EVP_MAX_MD_SIZE];
-  unsigned int n = 0;
-  if (EVP_Digest(s.data(), s.size(), out, &n, EVP_sha256(), nullptr) != 1)
-    throw Error(ErrorCode::kIo, "SHA-256 failed");
-  return internal::to_hex(std::span<const unsigned char>(out, n));
-}
+using internal::sha256_hex;
 
 struct Fd {
   int fd = -1;

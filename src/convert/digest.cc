@@ -5,8 +5,6 @@
 // names a flat format stores, so that a manifest made from a .pt names the tensors of the
 // .safetensors converted from it the same way.
 
-#include <openssl/evp.h>
-
 #include <algorithm>
 #include <atomic>
 #include <cstring>
@@ -25,35 +23,13 @@
 #include "convert/digest_internal.h"
 #include "util/arena.h"
 #include "util/progress.h"
+#include "util/sha256.h"
 
 namespace ckpt {
 namespace {
 
-// One SHA-256 computation (OpenSSL EVP: SHA-NI or AVX2 where the CPU has them).
-class Hasher {
- public:
-  Hasher() : ctx_(EVP_MD_CTX_new()) {
-    if (!ctx_ || EVP_DigestInit_ex(ctx_.get(), EVP_sha256(), nullptr) != 1)
-      throw Error(ErrorCode::kIo, "OpenSSL could not start a SHA-256 digest");
-  }
-  void update(const void* p, size_t n) {
-    if (n && EVP_DigestUpdate(ctx_.get(), p, n) != 1)
-      throw Error(ErrorCode::kIo, "OpenSSL SHA-256 update failed");
-  }
-  Sha256 finish() {
-    Sha256 out{};
-    unsigned len = 0;
-    if (EVP_DigestFinal_ex(ctx_.get(), out.data(), &len) != 1 || len != out.size())
-      throw Error(ErrorCode::kIo, "OpenSSL SHA-256 final failed");
-    return out;
-  }
-
- private:
-  struct Free {
-    void operator()(EVP_MD_CTX* c) const { EVP_MD_CTX_free(c); }
-  };
-  std::unique_ptr<EVP_MD_CTX, Free> ctx_;
-};
+// One SHA-256 computation (util/sha256.h: OpenSSL, else libsodium; refused without either).
+using Hasher = internal::Sha256Stream;
 
 // Feeds the elements of a strided tensor in row-major order. The innermost dimensions that are
 // laid out contiguously form one block; blocks are gathered into a buffer so that small blocks

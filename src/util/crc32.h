@@ -1,7 +1,8 @@
 #pragma once
 // CRC32 (zip/IEEE polynomial) through ISA-L's carry-less-multiply kernels (crc32_gzip_refl picks
 // the widest the CPU has: VPCLMULQDQ/AVX-512 here, ~8 GB/s per core on cache-hot slices against
-// libdeflate 1.14's ~4.7 GB/s; see docs/benchmarks.md).
+// libdeflate 1.14's ~4.7 GB/s; see docs/benchmarks.md). A build without ISA-L uses libdeflate's
+// crc32, else zlib's crc32_z: the same values, slower.
 
 #include <cstddef>
 #include <cstdint>

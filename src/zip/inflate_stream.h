@@ -1,5 +1,5 @@
 #pragma once
-// Streaming inflate of one deflated zip entry (ISA-L): the compressed bytes are read a piece at a
+// Streaming inflate of one deflated zip entry (ISA-L, else zlib): the compressed bytes are read a piece at a
 // time and the output goes wherever the caller points it, so that neither side is ever held
 // whole. Used to inflate straight into a tensor, to check a CRC with a bounded buffer, and to see
 // a record's first bytes before the rest is inflated.
@@ -10,8 +10,6 @@
 #include <string>
 
 #include "ckpt/source.h"
-
-struct inflate_state;  // ISA-L
 
 namespace ckpt::internal {
 
@@ -41,7 +39,8 @@ class InflateStream {
   std::string record_;
   uint64_t offset_, end_, next_;  // compressed range, and where the next piece starts
   Bytes piece_;                   // the compressed piece being inflated
-  std::unique_ptr<::inflate_state> state_;
+  struct State;  // the inflater (inflate_stream.cc)
+  std::unique_ptr<State> state_;
   bool finished_ = false;
   uint64_t produced_ = 0;
 };

@@ -11,7 +11,13 @@
 
 #include "zip/zip_writer.h"
 
+// libdeflate compresses when it is found, else zlib (ckpt_features.h).
+#include "ckpt_features.h"
+#if CKPT_HAVE_LIBDEFLATE
 #include <libdeflate.h>
+#else
+#include <zlib.h>
+#endif
 
 #include <algorithm>
 #include <memory>
@@ -209,12 +215,11 @@ void ZipWriter::end() {
   end_record(open_crc_, open_size_);
 }
 
-void ZipWriter::add_deflated(std::string_view name, std::span<const std::byte> data, int level) {
-  if (level < 0) level = 6;  // miniz: a negative level means the default
-  // miniz stores records of 3 bytes or less, and everything at level 0.
-  if (data.size() <= 3 || level == 0) return add(name, data);
-  std::string full = full_name(name);
+namespace {
 
+// Raw deflate of `data` at `level` (libdeflate 1-12, zlib 1-9) into `out`; 0 when it fails.
+size_t deflate_raw(std::span<const std::byte> data, int level, std::unique_ptr<std::byte[]>& out) {
+#if CKPT_HAVE_LIBDEFLATE
   struct Free {
     void operator()(libdeflate_compressor* c) const { libdeflate_free_compressor(c); }
   };
@@ -222,9 +227,44 @@ void ZipWriter::add_deflated(std::string_view name, std::span<const std::byte> d
       libdeflate_alloc_compressor(std::clamp(level, 1, 12)));
   if (!comp) throw std::bad_alloc();
   const size_t bound = libdeflate_deflate_compress_bound(comp.get(), data.size());
-  std::unique_ptr<std::byte[]> out(new std::byte[bound]);
-  const size_t csize =
-      libdeflate_deflate_compress(comp.get(), data.data(), data.size(), out.get(), bound);
+  out.reset(new std::byte[bound]);
+  return libdeflate_deflate_compress(comp.get(), data.data(), data.size(), out.get(), bound);
+#else
+  z_stream z{};
+  if (deflateInit2(&z, std::clamp(level, 1, 9), Z_DEFLATED, -MAX_WBITS, 8, Z_DEFAULT_STRATEGY) !=
+      Z_OK)
+    throw std::bad_alloc();
+  const size_t bound = deflateBound(&z, data.size());
+  out.reset(new std::byte[bound]);
+  z.next_out = reinterpret_cast<Bytef*>(out.get());
+  size_t in_left = data.size(), out_left = bound;
+  z.next_in = reinterpret_cast<Bytef*>(const_cast<std::byte*>(data.data()));
+  int r = Z_OK;
+  // avail_in and avail_out are 32-bit: feed and drain at most 1 GiB a call.
+  while (r == Z_OK) {
+    const uInt in = static_cast<uInt>(std::min<size_t>(in_left, 1u << 30));
+    const uInt room = static_cast<uInt>(std::min<size_t>(out_left, 1u << 30));
+    z.avail_in = in;
+    z.avail_out = room;
+    r = deflate(&z, in == in_left ? Z_FINISH : Z_NO_FLUSH);
+    in_left -= in - z.avail_in;
+    out_left -= room - z.avail_out;
+  }
+  deflateEnd(&z);
+  return r == Z_STREAM_END ? bound - out_left : 0;
+#endif
+}
+
+}  // namespace
+
+void ZipWriter::add_deflated(std::string_view name, std::span<const std::byte> data, int level) {
+  if (level < 0) level = 6;  // miniz: a negative level means the default
+  // miniz stores records of 3 bytes or less, and everything at level 0.
+  if (data.size() <= 3 || level == 0) return add(name, data);
+  std::string full = full_name(name);
+
+  std::unique_ptr<std::byte[]> out;
+  const size_t csize = deflate_raw(data, level, out);
   if (csize == 0) throw Error(ErrorCode::kIo, "deflate failed", sink_.name(), full);
   // miniz decides on zip64 by the uncompressed size only; a compressed size that saturates
   // while the size does not cannot be written in its layout.

@@ -42,7 +42,8 @@ class ZipWriter {
   // two threads, calling `visit` on each just before (where the caller takes its CRC).
   void write_sliced(std::span<const std::byte> piece, size_t slice,
                     const ByteSink::SliceVisitor& visit);
-  // A deflated record (TorchScript code/ and debug_pkl records), compressed with libdeflate.
+  // A deflated record (TorchScript code/ and debug_pkl records), compressed with libdeflate
+  // (zlib in a build without it).
   void add_deflated(std::string_view name, std::span<const std::byte> data, int level = 6);
 
   // Data offset the next record of this name and size would get (for planning).

@@ -14,7 +14,7 @@ from conftest import REPO
 CASES = {
     "cli11": ["libcli11-dev", "cli11-devel", "conda-forge", "CLI/CLI.hpp"],
     "dlpack": ["libdlpack-dev", "Fedora has no package", "CKPT_DLPACK_INCLUDE_DIR"],
-    "libdeflate": ["libdeflate-dev", "libdeflate-devel"],
+    "zlib": ["zlib1g-dev", "zlib-devel"],
     "gtest": ["libgtest-dev", "gtest-devel"],
 }
 
@@ -34,3 +34,15 @@ def test_a_missing_dependency_stops_configure_with_its_packages(dep, tmp_path):
     assert "Debian/Ubuntu" in text and "Fedora" in text
     assert not (tmp_path / "b" / "build.ninja").exists()  # nothing was generated, nothing built
     assert took < 120
+
+
+@pytest.mark.skipif(shutil.which("cmake") is None, reason="no cmake")
+def test_a_missing_optional_library_is_a_feature_turned_off(tmp_path):
+    r = subprocess.run(["cmake", "-S", REPO, "-B", str(tmp_path / "b"), "-G", "Ninja",
+                        "-DCKPT_BUILD_PYTHON=OFF", "-DCKPT_BUILD_TESTS=OFF",
+                        "-DCKPT_PRETEND_MISSING=libcurl;libsodium"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    text = r.stdout + r.stderr
+    assert "HTTP/S3 (libcurl): OFF" in text and "libcurl4-openssl-dev" in text
+    assert "libsodium): OFF" in text and "libsodium-dev" in text

@@ -57,7 +57,7 @@ int main(int argc, char** argv) {
   CLI::App app{"ckpt: read, verify, convert and load model checkpoints (torch, safetensors, "
                "tensorizer) without Python"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", "ckpt 0.1.0");
+  app.set_version_flag("--version", std::string("ckpt 0.1.0\nfeatures: ") + ckpt::build_features());
   ckpt::cli::add_ls(app);
   ckpt::cli::add_info(app);
   ckpt::cli::add_show(app);

@@ -14,7 +14,6 @@
 // Refused with Error naming the tensor: string tensors, dtypes ckpt has no type for (int4,
 // uint4, int2, uint2), segments, sparse initializers and sparse Constant values.
 
-#include <openssl/evp.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -31,6 +30,7 @@
 #include "formats/onnx/onnx_wire.h"
 #include "formats/open.h"
 #include "io/inside.h"
+#include "util/sha256.h"
 #include "util/text.h"
 
 namespace ckpt::internal {
@@ -160,21 +160,18 @@ class OnnxDecoder final : public StorageDecoder {
   mutable std::unordered_map<std::string, SourcePtr> files_;
 };
 
-std::string sha_hex(const EVP_MD* md, const ByteSource& f, uint64_t offset, uint64_t len) {
-  std::unique_ptr<EVP_MD_CTX, void (*)(EVP_MD_CTX*)> ctx(EVP_MD_CTX_new(), EVP_MD_CTX_free);
-  if (!ctx || EVP_DigestInit_ex(ctx.get(), md, nullptr) != 1)
-    throw Error(ErrorCode::kIo, "cannot start a digest", f.name());
+// The digest (util/sha256.h: Sha256Stream or Sha1Stream) of [offset, offset + len) of `f`.
+template <class Stream>
+std::string sha_hex(const ByteSource& f, uint64_t offset, uint64_t len) {
+  Stream h;
   std::vector<std::byte> buf(std::min<uint64_t>(len, 4u << 20));
   for (uint64_t at = 0; at < len;) {
     size_t n = static_cast<size_t>(std::min<uint64_t>(buf.size(), len - at));
     f.read_into(offset + at, std::span(buf.data(), n));
-    EVP_DigestUpdate(ctx.get(), buf.data(), n);
+    h.update(buf.data(), n);
     at += n;
   }
-  unsigned char out[EVP_MAX_MD_SIZE];
-  unsigned int n = 0;
-  EVP_DigestFinal_ex(ctx.get(), out, &n);
-  return to_hex(std::span<const unsigned char>(out, n));
+  return to_hex(h.finish());
 }
 
 // What `verify` checks of an ONNX model: every external range inside its file, no overlaps
@@ -246,7 +243,7 @@ size_t verify_prepacked(const CheckpointModel& m, const OnnxExtension& ext,
         by_file[path].push_back({b.offset, b.offset + b.length, "pre-pack " + p.key + " of " +
                                                                     p.tensor});
       if (b.checksum.size() == 64) {
-        std::string got = sha_hex(EVP_sha256(), *f, b.offset, b.length);
+        std::string got = sha_hex<Sha256Stream>(*f, b.offset, b.length);
         if (got != b.checksum)
           throw Error(ErrorCode::kCorrupt,
                       "pre-packed buffer " + p.key + " has SHA-256 " + got + ", expected " +
@@ -279,7 +276,7 @@ size_t verify_file_checksums(const std::map<std::string, std::string>& checksums
   size_t checked = 0;
   for (const auto& [path, want] : checksums) {
     SourcePtr f = decoder.file(path, {});
-    std::string got = sha_hex(EVP_sha1(), *f, 0, f->size());
+    std::string got = sha_hex<Sha1Stream>(*f, 0, f->size());
     std::string w = want;
     std::transform(w.begin(), w.end(), w.begin(), [](unsigned char c) { return std::tolower(c); });
     if (got != w)

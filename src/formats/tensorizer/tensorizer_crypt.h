@@ -2,6 +2,9 @@
 // tensorizer encryption (docs/formats.md "tensorizer", **Encryption**): libsodium XSalsa20-Poly1305
 // (crypto_secretbox, detached MACs) over chunks, nonces incremented per chunk, keys raw or
 // derived from a password with crypto_pwhash (Argon2id).
+// The libsodium parts (tensorizer_sodium.cc) are compiled only when libsodium is found; in a
+// build without it (tensorizer_sodium_missing.cc) ensure_sodium(), derive_key(),
+// decrypt_in_place(), encrypt_chunk() and random_bytes() throw Error{kUnsupported} naming it.
 
 #include <cstddef>
 #include <optional>
@@ -10,10 +13,18 @@
 #include <string_view>
 
 #include "formats/tensorizer/tensorizer_format.h"
+#include "util/sha256.h"
 
 namespace ckpt::internal::tzr {
 
-// Initialises libsodium once. Throws Error{kIo} if it cannot start.
+// libsodium's crypto_pwhash algorithm numbers and salt size (checked against sodium.h where
+// libsodium is built in).
+inline constexpr int kPwhashArgon2i13 = 1;
+inline constexpr int kPwhashArgon2id13 = 2;
+inline constexpr size_t kPwhashSaltBytes = 16;
+
+// Initialises libsodium once. Throws Error{kIo} if it cannot start, Error{kUnsupported} in a
+// build without libsodium.
 void ensure_sodium();
 
 // A key given as 32 raw bytes or 64 hex digits (surrounding whitespace ignored); nullopt else.
@@ -40,22 +51,14 @@ bool decrypt_in_place(const Key& key, const CipherParams& cipher, std::span<std:
 Mac encrypt_chunk(const Key& key, const Nonce& nonce, const std::byte* src, std::byte* dst,
                   size_t n);
 
-// Incremental SHA-256 (OpenSSL EVP).
-class Sha256Hasher {
- public:
-  Sha256Hasher();
-  ~Sha256Hasher();
-  Sha256Hasher(const Sha256Hasher&) = delete;
-  Sha256Hasher& operator=(const Sha256Hasher&) = delete;
-  void update(std::span<const std::byte> bytes);
-  void update(std::string_view bytes);
-  Sha256 finish();
-
- private:
-  void* ctx_;
-};
+// Incremental SHA-256 (util/sha256.h): refused with Error{kUnsupported} in a build without a
+// SHA-256 provider.
+using Sha256Hasher = internal::Sha256Stream;
 
 // Random bytes from libsodium.
 void random_bytes(std::span<unsigned char> out);
+
+// Zeroes `n` bytes at `p` in a way the compiler cannot drop (sodium_memzero).
+void wipe(void* p, size_t n);
 
 }  // namespace ckpt::internal::tzr

@@ -284,18 +284,18 @@ struct TzrState {
     const TzrHeader& th = headers().tensors[i];
     constexpr uint64_t kBlock = 16 << 20;
     uint32_t c = crc32(as_bytes(th.hashable));
-    Sha256Hasher h;
-    h.update(th.hashable);
+    std::optional<Sha256Hasher> h;  // only when there is a SHA-256 to check
+    if (th.sha) h.emplace().update(th.hashable);
     for (uint64_t done = 0; done < t.data_len;) {
       uint64_t n = std::min(kBlock, t.data_len - done);
       Bytes b = src->read(t.data_off + done, n);
       if (th.crc) c = crc32_update(c, b.data);
-      if (th.sha) h.update(b.data);
+      if (h) h->update(b.data);
       done += n;
       meter.add(n);
     }
     if (th.crc && c != *th.crc) throw crc_mismatch(source, names[i], t.data_off, *th.crc, c);
-    if (th.sha && h.finish() != *th.sha)
+    if (h && h->finish() != *th.sha)
       fail(ErrorCode::kCorrupt, i, "SHA-256 mismatch", t.data_off);
   }
 

@@ -5,8 +5,6 @@
 // index are written first and each header is complete before its data, except for encrypted
 // tensors, whose MACs are known only after the data is written: their headers are patched.
 
-#include <sodium.h>
-
 #include <cstring>
 #include <unordered_set>
 
@@ -54,6 +52,8 @@ std::string write_tensorizer(ByteSink& sink, const std::vector<TensorizerEntry>&
     if (opt.crypt_chunk_size < 1024 || opt.crypt_chunk_size % 64 != 0)
       invalid(sink, {}, "crypt_chunk_size must be a multiple of 64 of at least 1024");
   }
+  // Every header holds a SHA-256: without a provider, refuse before anything is written.
+  if (!sha256_available()) Sha256Hasher{};
   switch (opt.encryption) {
     case TensorizerEncryption::kNone:
       break;
@@ -71,8 +71,8 @@ std::string write_tensorizer(ByteSink& sink, const std::vector<TensorizerEntry>&
       KdfParams p;
       p.opslimit = opt.pwhash_opslimit;
       p.memlimit = opt.pwhash_memlimit;
-      p.alg = crypto_pwhash_ALG_ARGON2ID13;
-      p.salt.resize(crypto_pwhash_SALTBYTES);
+      p.alg = kPwhashArgon2id13;
+      p.salt.resize(kPwhashSaltBytes);
       random_bytes({reinterpret_cast<unsigned char*>(p.salt.data()), p.salt.size()});
       key = derive_key(opt.password, p);
       kdf = std::move(p);
@@ -231,7 +231,7 @@ std::string write_tensorizer(ByteSink& sink, const std::vector<TensorizerEntry>&
   append_le<uint64_t>(end, 0);
   out.write(end);
   out.flush();
-  sodium_memzero(chunk.data(), chunk.size());
+  wipe(chunk.data(), chunk.size());
   return enc ? std::string(reinterpret_cast<const char*>(key.data()), key.size()) : std::string();
 }
 

@@ -746,9 +746,4 @@ SourcePtr open_url_source(const std::string& url, const RemoteOptions& options) 
   return s;
 }
 
-SourcePtr open_source(const std::string& path, bool mmap, const RemoteOptions& options) {
-  if (is_url(path)) return open_url_source(path, options);
-  return mmap ? open_mmap_source(path) : open_file_source(path);
-}
-
 }  // namespace ckpt
