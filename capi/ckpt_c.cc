@@ -173,18 +173,30 @@ int ckpt_abi_version(void) { return CKPT_C_ABI_VERSION; }
 
 const char* ckpt_status_name(int status) {
   switch (status) {
-    case CKPT_OK: return "ok";
-    case CKPT_ERR_UNEXPECTED: return "unexpected";
-    case CKPT_ERR_NOT_FOUND: return "not_found";
-    case CKPT_ERR_IO: return "io";
-    case CKPT_ERR_TRUNCATED: return "truncated";
-    case CKPT_ERR_CORRUPT: return "corrupt";
-    case CKPT_ERR_UNSUPPORTED: return "unsupported";
-    case CKPT_ERR_LIMIT_EXCEEDED: return "limit_exceeded";
-    case CKPT_ERR_INVALID_ARGUMENT: return "invalid_argument";
-    case CKPT_ERR_AUTH: return "auth";
-    case CKPT_ERR_NOT_VERIFIED: return "not_verified";
-    default: return "unknown";
+    case CKPT_OK:
+      return "ok";
+    case CKPT_ERR_UNEXPECTED:
+      return "unexpected";
+    case CKPT_ERR_NOT_FOUND:
+      return "not_found";
+    case CKPT_ERR_IO:
+      return "io";
+    case CKPT_ERR_TRUNCATED:
+      return "truncated";
+    case CKPT_ERR_CORRUPT:
+      return "corrupt";
+    case CKPT_ERR_UNSUPPORTED:
+      return "unsupported";
+    case CKPT_ERR_LIMIT_EXCEEDED:
+      return "limit_exceeded";
+    case CKPT_ERR_INVALID_ARGUMENT:
+      return "invalid_argument";
+    case CKPT_ERR_AUTH:
+      return "auth";
+    case CKPT_ERR_NOT_VERIFIED:
+      return "not_verified";
+    default:
+      return "unknown";
   }
 }
 
@@ -214,11 +226,20 @@ ckpt_status ckpt_options_set(ckpt_options* options, const char* key, const char*
     bool ok = true, b = false;
     long long n = 0;
     switch (it->second) {
-      case Kind::kBool: ok = parse_bool(v, b); break;
-      case Kind::kInt: ok = parse_int(v, n) && n >= 0; break;
-      case Kind::kSize: ckpt::parse_byte_size(v); break;        // throws kInvalidArgument
-      case Kind::kFormat: ckpt::parse_convert_format(v); break;  // throws kInvalidArgument
-      case Kind::kText: break;
+      case Kind::kBool:
+        ok = parse_bool(v, b);
+        break;
+      case Kind::kInt:
+        ok = parse_int(v, n) && n >= 0;
+        break;
+      case Kind::kSize:
+        ckpt::parse_byte_size(v);
+        break;  // throws kInvalidArgument
+      case Kind::kFormat:
+        ckpt::parse_convert_format(v);
+        break;  // throws kInvalidArgument
+      case Kind::kText:
+        break;
     }
     if (!ok)
       return fail(CKPT_ERR_INVALID_ARGUMENT, std::string("option \"") + key + "\": \"" + v +
@@ -272,8 +293,8 @@ ckpt_status ckpt_tensor_info_at(const ckpt_checkpoint* checkpoint, size_t index,
                   "[invalid_argument]");
     const ckpt::Checkpoint& c = checkpoint->checkpoint;
     if (index >= c.tensors().size())
-      return fail(CKPT_ERR_NOT_FOUND, "tensor index " + std::to_string(index) +
-                                          " is past the last tensor [not_found]");
+      return fail(CKPT_ERR_NOT_FOUND,
+                  "tensor index " + std::to_string(index) + " is past the last tensor [not_found]");
     const ckpt::TensorInfo& t = c.tensors()[index];
     const ckpt::StorageInfo& s = c.storages()[t.storage];
     info->name = t.name.c_str();
@@ -292,15 +313,14 @@ ckpt_status ckpt_tensor_info_at(const ckpt_checkpoint* checkpoint, size_t index,
   });
 }
 
-ckpt_status ckpt_find_tensor(const ckpt_checkpoint* checkpoint, const char* name,
-                             size_t* index) {
+ckpt_status ckpt_find_tensor(const ckpt_checkpoint* checkpoint, const char* name, size_t* index) {
   return guarded([&]() -> ckpt_status {
     if (!checkpoint) return null_argument("checkpoint");
     if (!name) return null_argument("name");
     if (!index) return null_argument("index");
     std::optional<size_t> i = checkpoint->checkpoint.find(name);
-    if (!i) return fail(CKPT_ERR_NOT_FOUND, std::string("no tensor named \"") + name +
-                                                "\" [not_found]");
+    if (!i)
+      return fail(CKPT_ERR_NOT_FOUND, std::string("no tensor named \"") + name + "\" [not_found]");
     *index = *i;
     return CKPT_OK;
   });
@@ -317,9 +337,9 @@ ckpt_status ckpt_read_tensor(const ckpt_checkpoint* checkpoint, size_t index, vo
   });
 }
 
-ckpt_status ckpt_read_slice(const ckpt_checkpoint* checkpoint, size_t index,
-                            const int64_t* begin, const int64_t* end, size_t ndim, void* dst,
-                            size_t dst_bytes, const ckpt_options* options) {
+ckpt_status ckpt_read_slice(const ckpt_checkpoint* checkpoint, size_t index, const int64_t* begin,
+                            const int64_t* end, size_t ndim, void* dst, size_t dst_bytes,
+                            const ckpt_options* options) {
   return guarded([&]() -> ckpt_status {
     if (!checkpoint) return null_argument("checkpoint");
     if (ndim && (!begin || !end)) return null_argument("begin/end");
@@ -331,16 +351,15 @@ ckpt_status ckpt_read_slice(const ckpt_checkpoint* checkpoint, size_t index,
   });
 }
 
-ckpt_status ckpt_tensor_data(const ckpt_checkpoint* checkpoint, size_t index,
-                             const void** data) {
+ckpt_status ckpt_tensor_data(const ckpt_checkpoint* checkpoint, size_t index, const void** data) {
   if (data) *data = nullptr;
   return guarded([&]() -> ckpt_status {
     if (!checkpoint) return null_argument("checkpoint");
     if (!data) return null_argument("data");
     const ckpt::Checkpoint& c = checkpoint->checkpoint;
     if (index >= c.tensors().size())
-      return fail(CKPT_ERR_NOT_FOUND, "tensor index " + std::to_string(index) +
-                                          " is past the last tensor [not_found]");
+      return fail(CKPT_ERR_NOT_FOUND,
+                  "tensor index " + std::to_string(index) + " is past the last tensor [not_found]");
     const ckpt::TensorInfo& t = c.tensors()[index];
     const std::byte* base = t.is_contiguous() ? c.view(t.storage) : nullptr;
     if (!base)
@@ -365,14 +384,15 @@ ckpt_status ckpt_load_into(const ckpt_checkpoint* checkpoint, void* const* dst,
     if (n && (!dst || !dst_bytes)) return null_argument("dst/dst_bytes");
     for (size_t i = 0; i < n; ++i)  // every size first: nothing is read on a mistake
       if (dst[i] && dst_bytes[i] != c.tensors()[i].nbytes())
-        return fail(CKPT_ERR_INVALID_ARGUMENT,
-                    "tensor \"" + c.tensors()[i].name + "\" has " +
-                        std::to_string(c.tensors()[i].nbytes()) + " bytes, dst_bytes[" +
-                        std::to_string(i) + "] is " + std::to_string(dst_bytes[i]) +
-                        " [invalid_argument]");
+        return fail(CKPT_ERR_INVALID_ARGUMENT, "tensor \"" + c.tensors()[i].name + "\" has " +
+                                                   std::to_string(c.tensors()[i].nbytes()) +
+                                                   " bytes, dst_bytes[" + std::to_string(i) +
+                                                   "] is " + std::to_string(dst_bytes[i]) +
+                                                   " [invalid_argument]");
     ckpt::LoadOptions lo = load_options(options);
-    unsigned workers = lo.threads > 0 ? static_cast<unsigned>(lo.threads)
-                                      : std::max(1u, std::min(8u, std::thread::hardware_concurrency()));
+    unsigned workers = lo.threads > 0
+                           ? static_cast<unsigned>(lo.threads)
+                           : std::max(1u, std::min(8u, std::thread::hardware_concurrency()));
     workers = static_cast<unsigned>(std::min<size_t>(workers, std::max<size_t>(n, 1)));
     lo.threads = 1;
     std::atomic<size_t> next{0};

@@ -9,7 +9,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   Limits limits = fuzz::fuzz_limits();
   limits.max_pickle_depth = 200;
   try {
-    internal::DcpMetadata md = internal::read_dcp_metadata(fuzz::as_span(data, size), "<fuzz>", limits);
+    internal::DcpMetadata md =
+        internal::read_dcp_metadata(fuzz::as_span(data, size), "<fuzz>", limits);
     // Every chunk read has its dimensions; the reader promised non-negative ints.
     for (const auto& e : md.entries)
       for (const auto& c : e.chunks)

@@ -154,8 +154,7 @@ class Checkpoint {
   // when one storage is larger than the budget, and whatever `fn` or a read throws. Peak
   // memory: budget + a small constant. `progress` counts against the whole selection's bytes.
   void stream(uint64_t budget_bytes, const std::function<void(const Tensor&)>& fn,
-              const LoadOptions& options = {},
-              const TensorFilter& filter = {}) const;
+              const LoadOptions& options = {}, const TensorFilter& filter = {}) const;
 
   // Asks the kernel to read ahead the bytes of these tensors (all when empty), for zero-copy use
   // of a mapped file: madvise(MADV_WILLNEED) over their storages. With `populate`, also faults

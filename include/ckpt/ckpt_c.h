@@ -59,16 +59,16 @@ typedef struct ckpt_loaded ckpt_loaded;
  * the checkpoint is open. */
 typedef struct ckpt_tensor_info {
   size_t struct_size;
-  const char* name;      /* the tensor's name (a state dict key) */
-  const char* dtype;     /* torch's name without "torch.": "float32", "bfloat16", "int64"... */
-  size_t element_size;   /* bytes per element (0 for sub-byte types) */
+  const char* name;    /* the tensor's name (a state dict key) */
+  const char* dtype;   /* torch's name without "torch.": "float32", "bfloat16", "int64"... */
+  size_t element_size; /* bytes per element (0 for sub-byte types) */
   size_t ndim;
-  const int64_t* shape;  /* ndim entries (never NULL, also when ndim is 0) */
+  const int64_t* shape;   /* ndim entries (never NULL, also when ndim is 0) */
   const int64_t* strides; /* ndim entries, in elements, as stored (never NULL) */
-  uint64_t nbytes;       /* the bytes of its elements, row-major and contiguous */
-  uint64_t file_offset;  /* where its first byte is in its file; UINT64_MAX if not stored raw */
-  size_t file_index;     /* the file that holds it: ckpt_file_name(checkpoint, file_index) */
-  int contiguous;        /* 1 when its stored layout is row-major contiguous */
+  uint64_t nbytes;        /* the bytes of its elements, row-major and contiguous */
+  uint64_t file_offset;   /* where its first byte is in its file; UINT64_MAX if not stored raw */
+  size_t file_index;      /* the file that holds it: ckpt_file_name(checkpoint, file_index) */
+  int contiguous;         /* 1 when its stored layout is row-major contiguous */
 } ckpt_tensor_info;
 
 /* ---- library ---------------------------------------------------------------------------- */
@@ -103,7 +103,7 @@ CKPT_C_EXPORT uint64_t ckpt_last_error_offset(void);
  *   "max_shard_size"   SIZE     convert: shards of at most SIZE ("5GB", "500MB", bytes)
  *   "memory_budget"    SIZE     convert: bytes held at once when streaming
  * Unset keys take the library's defaults. */
-CKPT_C_EXPORT ckpt_options* ckpt_options_new(void); /* NULL only when out of memory */
+CKPT_C_EXPORT ckpt_options* ckpt_options_new(void);          /* NULL only when out of memory */
 CKPT_C_EXPORT void ckpt_options_free(ckpt_options* options); /* NULL is fine */
 /* Copies key and value. CKPT_ERR_INVALID_ARGUMENT for an unknown key or a value that does not
  * parse (the message names both); the options are then unchanged. */
@@ -143,8 +143,7 @@ CKPT_C_EXPORT ckpt_status ckpt_read_tensor(const ckpt_checkpoint* checkpoint, si
  * it (the chunks of a DCP folder that meet the box). Thread-safe. */
 CKPT_C_EXPORT ckpt_status ckpt_read_slice(const ckpt_checkpoint* checkpoint, size_t index,
                                           const int64_t* begin, const int64_t* end, size_t ndim,
-                                          void* dst, size_t dst_bytes,
-                                          const ckpt_options* options);
+                                          void* dst, size_t dst_bytes, const ckpt_options* options);
 /* Zero copy: where the checkpoint is a mapped local file and tensor `index` is stored raw,
  * contiguous and in native byte order, *data points at its first element in the mapping
  * (read-only) and CKPT_OK is returned; the pointer stays valid until ckpt_close. Otherwise *data

@@ -33,11 +33,11 @@ namespace ckpt {
 // Target formats
 
 enum class ConvertFormat {
-  kAuto,         // from the output's name (see convert_format_for_path)
-  kTorch,        // a torch.save zip
+  kAuto,   // from the output's name (see convert_format_for_path)
+  kTorch,  // a torch.save zip
   kSafetensors,
   kTensorizer,
-  kDcp,          // a torch.distributed.checkpoint folder (never from a path: name it)
+  kDcp,  // a torch.distributed.checkpoint folder (never from a path: name it)
 };
 
 // The table of target formats (src/convert/target_format.cc): one row per format. Every answer
@@ -155,7 +155,7 @@ MetaTensors parse_meta_tensors(std::string_view name);
 // A torch.save zip (.pt .pth .bin .ckpt).
 struct PtTarget {
   static constexpr ConvertFormat kFormat = ConvertFormat::kTorch;
-  uint32_t alignment = 0;    // payload alignment (0 = 64; a power of two below 64 KiB)
+  uint32_t alignment = 0;  // payload alignment (0 = 64; a power of two below 64 KiB)
   // The zip's folder name. Empty: the output file name up to its first dot (as torch.save);
   // "archive" for the sink overload.
   std::string archive_name;
@@ -339,13 +339,15 @@ struct ConvertReport {
 // To dcp: a folder at out_path (DcpTarget); `progress` is called once, at the end.
 //
 // Throws Error: kInvalidArgument (no format for the path, tensors sharing part of a storage to
-// safetensors without copy_shared, a transform that cannot apply (include/ckpt/transform.h), max_shard_size for tensorizer or dcp, dcp to a sink or a URL, a checkpoint that is one unnamed tensor to a flat
-// format), kUnsupported (a dtype the target cannot hold: quantized and sub-byte dtypes in a flat format, complex128/complex32 in safetensors; a meta tensor to
-// safetensors with MetaTensors::kRefuse), kLimitExceeded (a tree deeper than options.limits, see
-// flatten_state_dict; pt: save_torch's pickler refuses trees nested deeper than
-// Limits{}.max_pickle_depth), kNotFound (an encryption key_file/password_file that cannot be read),
-// and whatever reading the checkpoint or writing throws. On failure nothing is left under out_path
-// (with options.atomic; the key file of a new random key may remain).
+// safetensors without copy_shared, a transform that cannot apply (include/ckpt/transform.h),
+// max_shard_size for tensorizer or dcp, dcp to a sink or a URL, a checkpoint that is one unnamed
+// tensor to a flat format), kUnsupported (a dtype the target cannot hold: quantized and sub-byte
+// dtypes in a flat format, complex128/complex32 in safetensors; a meta tensor to safetensors with
+// MetaTensors::kRefuse), kLimitExceeded (a tree deeper than options.limits, see flatten_state_dict;
+// pt: save_torch's pickler refuses trees nested deeper than Limits{}.max_pickle_depth), kNotFound
+// (an encryption key_file/password_file that cannot be read), and whatever reading the checkpoint
+// or writing throws. On failure nothing is left under out_path (with options.atomic; the key file
+// of a new random key may remain).
 ConvertReport convert(const Checkpoint& checkpoint, const std::string& out_path,
                       const ConvertOptions& options = {});
 // Same, into a sink (format: options.target's, or the sink's name): the sink is committed at

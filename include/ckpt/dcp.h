@@ -45,7 +45,7 @@ struct DcpSaveOptions {
 // int, a bool or None), kLimitExceeded (a tree nested deeper than Limits{}.max_pickle_depth),
 // kIo, and what save_torch throws for a value it cannot pickle. On failure nothing is left at
 // `dir`.
-void save_dcp(const std::string& dir, const ConstValuePtr& root,
-              const std::vector<Tensor>& tensors, const DcpSaveOptions& options = {});
+void save_dcp(const std::string& dir, const ConstValuePtr& root, const std::vector<Tensor>& tensors,
+              const DcpSaveOptions& options = {});
 
 }  // namespace ckpt

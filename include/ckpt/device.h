@@ -20,8 +20,9 @@ struct Device {
   Kind kind = Kind::kCpu;
   int index = 0;  // the CUDA device ordinal (0 for the CPU); -1: the current CUDA device
 
-  // "cpu", "cuda" (the current device: current_cuda()) or "cuda:N". Throws Error{kInvalidArgument} for anything else,
-  // Error{kUnsupported} for a known kind ckpt does not load into ("mps", "xpu", "meta", ...).
+  // "cpu", "cuda" (the current device: current_cuda()) or "cuda:N". Throws Error{kInvalidArgument}
+  // for anything else, Error{kUnsupported} for a known kind ckpt does not load into ("mps", "xpu",
+  // "meta", ...).
   static Device parse(std::string_view text);
   static Device cuda(int index = 0) { return {Kind::kCuda, index}; }
   // The CUDA device current on the loading thread when a load starts (cudaGetDevice), as torch

@@ -123,7 +123,8 @@ struct DigestManifest {
 std::string manifest_to_json(const DigestManifest& manifest);
 // Parses a manifest. Throws Error{kInvalidArgument} naming `source_name` (and the tensor) for
 // anything that is not a version-1 manifest.
-DigestManifest manifest_from_json(std::string_view json, const std::string& source_name = "<manifest>");
+DigestManifest manifest_from_json(std::string_view json,
+                                  const std::string& source_name = "<manifest>");
 // Reads and parses a manifest file (at most limits.max_metadata_bytes). Throws Error{kNotFound,
 // kIo, kLimitExceeded, kInvalidArgument}.
 DigestManifest read_manifest(const std::string& path, const Limits& limits = {});

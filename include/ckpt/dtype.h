@@ -11,33 +11,58 @@
 namespace ckpt {
 
 enum class DType : uint8_t {
-  kFloat32, kFloat64, kFloat16, kBFloat16,
-  kFloat8_e5m2, kFloat8_e4m3fn, kFloat8_e5m2fnuz, kFloat8_e4m3fnuz, kFloat8_e8m0fnu,
+  kFloat32,
+  kFloat64,
+  kFloat16,
+  kBFloat16,
+  kFloat8_e5m2,
+  kFloat8_e4m3fn,
+  kFloat8_e5m2fnuz,
+  kFloat8_e4m3fnuz,
+  kFloat8_e8m0fnu,
   kFloat4_e2m1fn_x2,  // torch: two 4-bit floats packed per byte
-  kComplex32, kComplex64, kComplex128,
+  kComplex32,
+  kComplex64,
+  kComplex128,
   kBool,
-  kInt8, kInt16, kInt32, kInt64,
-  kUInt8, kUInt16, kUInt32, kUInt64,
-  kQInt8, kQUInt8, kQInt32, kQUInt4x2, kQUInt2x4,
-  kBits8, kBits16, kBits1x8, kBits2x4, kBits4x2,
+  kInt8,
+  kInt16,
+  kInt32,
+  kInt64,
+  kUInt8,
+  kUInt16,
+  kUInt32,
+  kUInt64,
+  kQInt8,
+  kQUInt8,
+  kQInt32,
+  kQUInt4x2,
+  kQUInt2x4,
+  kBits8,
+  kBits16,
+  kBits1x8,
+  kBits2x4,
+  kBits4x2,
   // Sub-byte kinds of safetensors without a torch dtype (bits per element 4 or 6).
-  kFloat4_e2m1, kFloat6_e2m3, kFloat6_e3m2,
+  kFloat4_e2m1,
+  kFloat6_e2m3,
+  kFloat6_e3m2,
   kBComplex32,  // torch 2.15: a complex of two bfloat16
 };
 inline constexpr int kNumDTypes = static_cast<int>(DType::kBComplex32) + 1;
 
 struct DTypeInfo {
   DType dtype;
-  const char* name;             // torch name: "float32", "bfloat16"; for sub-byte kinds a ckpt name
-  uint32_t bits;                // bits per element (8 * itemsize for byte-sized types)
-  const char* storage_class;    // torch legacy storage class ("FloatStorage"), nullptr if none
-  const char* scalar_type;      // c10 ScalarType name ("Float", "BFloat16"), nullptr if none
-  const char* safetensors;      // safetensors code ("F32"), nullptr if none
-  const char* numpy;            // numpy dtype.str ("<f4"), nullptr if numpy lacks it
+  const char* name;           // torch name: "float32", "bfloat16"; for sub-byte kinds a ckpt name
+  uint32_t bits;              // bits per element (8 * itemsize for byte-sized types)
+  const char* storage_class;  // torch legacy storage class ("FloatStorage"), nullptr if none
+  const char* scalar_type;    // c10 ScalarType name ("Float", "BFloat16"), nullptr if none
+  const char* safetensors;    // safetensors code ("F32"), nullptr if none
+  const char* numpy;          // numpy dtype.str ("<f4"), nullptr if numpy lacks it
   bool is_floating;
   bool is_complex;
   bool is_quantized;
-  bool is_signed;               // for integers
+  bool is_signed;  // for integers
 };
 
 // Facts about a dtype. Never throws.

@@ -11,21 +11,28 @@
 
 namespace ckpt {
 
-enum class Format { kTorchZip, kTorchLegacy, kTorchScript, kSafetensors, kTensorizer, kOnnx,
-                    kTorchDcp };  // a torch.distributed.checkpoint folder
+enum class Format {
+  kTorchZip,
+  kTorchLegacy,
+  kTorchScript,
+  kSafetensors,
+  kTensorizer,
+  kOnnx,
+  kTorchDcp
+};  // a torch.distributed.checkpoint folder
 // "torch-zip", "torch-legacy", "torchscript", "safetensors", "tensorizer", "onnx", "torch-dcp".
 const char* format_name(Format format) noexcept;
 
 // What the rest of the library and its tools ask of a format, answered by one table (one row per
 // format, src/util/format.cc): code asks for the capability, never for the format.
 struct FormatTraits {
-  const char* name;           // format_name()
-  bool tree_values;           // a pickled object tree whose non-tensor values are data (torch zip, legacy)
-  bool script;                // a TorchScript archive (code, constants, its module's state dict)
-  bool zip_records;           // a zip whose records carry CRC32s (torch zip, TorchScript)
-  bool stores_checksums;      // the file can store checksums of its tensor bytes
-  bool metadata;              // a string map beside the tensors (safetensors' __metadata__)
-  bool graph;                 // an ONNX graph (initializers, external data, pre-packed blobs)
+  const char* name;  // format_name()
+  bool tree_values;  // a pickled object tree whose non-tensor values are data (torch zip, legacy)
+  bool script;       // a TorchScript archive (code, constants, its module's state dict)
+  bool zip_records;  // a zip whose records carry CRC32s (torch zip, TorchScript)
+  bool stores_checksums;  // the file can store checksums of its tensor bytes
+  bool metadata;          // a string map beside the tensors (safetensors' __metadata__)
+  bool graph;             // an ONNX graph (initializers, external data, pre-packed blobs)
 };
 const FormatTraits& format_traits(Format format) noexcept;
 

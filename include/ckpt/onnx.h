@@ -29,11 +29,11 @@ struct OnnxRewriteOptions {
   // The external-data file; its name relative to OUT's folder becomes each initializer's
   // `location` (it must be inside that folder). Empty: OUT + ".data".
   std::string external_data;
-  bool inline_all = false;               // every initializer back into raw_data
-  uint64_t align = 4096;                 // offset alignment of large tensors and pre-packs
-  uint64_t align_threshold = 1ull << 20; // tensors of at least this many bytes are aligned
-  uint64_t size_threshold = 1024;        // smaller tensors stay inline (raw_data)
-  bool drop_prepacked = false;           // drop onnxruntime's pre-packed blobs
+  bool inline_all = false;                // every initializer back into raw_data
+  uint64_t align = 4096;                  // offset alignment of large tensors and pre-packs
+  uint64_t align_threshold = 1ull << 20;  // tensors of at least this many bytes are aligned
+  uint64_t size_threshold = 1024;         // smaller tensors stay inline (raw_data)
+  bool drop_prepacked = false;            // drop onnxruntime's pre-packed blobs
   // A checkpoint (any format) whose tensors replace initializers of the same name: dtype and
   // shape must match (Error{kInvalidArgument} naming the tensor). Replaced weights lose their
   // pre-packs (stale).
@@ -41,10 +41,10 @@ struct OnnxRewriteOptions {
 };
 
 struct OnnxRewriteReport {
-  size_t tensors = 0;       // initializers and Constant tensors seen
-  size_t external = 0;      // initializers written to the external-data file
-  size_t inlined = 0;       // initializers written as raw_data
-  size_t replaced = 0;      // initializers replaced from `weights`
+  size_t tensors = 0;   // initializers and Constant tensors seen
+  size_t external = 0;  // initializers written to the external-data file
+  size_t inlined = 0;   // initializers written as raw_data
+  size_t replaced = 0;  // initializers replaced from `weights`
   size_t prepacked_carried = 0;
   size_t prepacked_dropped = 0;
   uint64_t model_bytes = 0;

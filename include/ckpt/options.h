@@ -35,14 +35,16 @@ struct Limits {
   uint64_t object_bytes_per_byte = 256;
   // max_object_bytes + object_bytes_per_byte * file_size, saturating at UINT64_MAX.
   uint64_t object_bytes_for(uint64_t file_size) const noexcept {
-    if (object_bytes_per_byte != 0 && file_size > (UINT64_MAX - max_object_bytes) / object_bytes_per_byte)
+    if (object_bytes_per_byte != 0 &&
+        file_size > (UINT64_MAX - max_object_bytes) / object_bytes_per_byte)
       return UINT64_MAX;
     return max_object_bytes + object_bytes_per_byte * file_size;
   }
 };
 
 // Reading (and, for S3, writing) objects named by URL: http://, https://, s3://bucket/key
-// (include/ckpt/remote.h). Plain values; the defaults were measured on loopback (docs/benchmarks.md).
+// (include/ckpt/remote.h). Plain values; the defaults were measured on loopback
+// (docs/benchmarks.md).
 struct RemoteOptions {
   int connections = 8;                // ranged GETs in flight per read (and parts per upload)
   uint64_t chunk_size = 16ull << 20;  // bytes per ranged GET (and per multipart part, >= 5 MiB)
@@ -140,8 +142,8 @@ struct LoadOptions {
   // every storage where GDS is unavailable go through the pinned staging ring as without it:
   // the result is the same.
   bool gds = false;
-  int threads = 0;      // reader threads; 0 = pick for the machine
-  bool copy = false;    // with an mmap source: copy into owned memory instead of views
+  int threads = 0;    // reader threads; 0 = pick for the machine
+  bool copy = false;  // with an mmap source: copy into owned memory instead of views
   // Bytes of the loaded storages (load_all, open_and_load, stream; Checkpoint::verify(progress)
   // counts the bytes it checks). Not called for zero-copy views, which read nothing. For a set
   // of files, one count over all of them: the total is the sum of the files' totals.
@@ -159,8 +161,8 @@ struct LoadOptions {
 };
 
 struct SaveOptions {
-  uint32_t alignment = 64;   // torch zip: payload alignment (power of two < 65536)
-  bool atomic = true;        // temporary file + rename
+  uint32_t alignment = 64;  // torch zip: payload alignment (power of two < 65536)
+  bool atomic = true;       // temporary file + rename
   bool fsync = true;
   std::string archive_name;  // torch zip folder name; empty = derived from the file name
 };

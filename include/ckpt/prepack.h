@@ -47,7 +47,7 @@ struct PrepackCacheOptions {
 };
 
 struct PackedBlob {
-  std::span<const std::byte> bytes;  // mapped read-only, shared
+  std::span<const std::byte> bytes;   // mapped read-only, shared
   std::shared_ptr<const void> owner;  // keeps the mapping
   bool hit = false;                   // served from the cache (else packed now and stored)
   std::string path;                   // the cache file

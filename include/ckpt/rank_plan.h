@@ -30,7 +30,7 @@ struct Placement {
     kBox,        // [begin[d], end[d]) per dimension, the same on every rank
   };
   Kind kind = Kind::kReplicate;
-  int dim = 0;  // kShard; negative counts from the last dimension
+  int dim = 0;                      // kShard; negative counts from the last dimension
   std::vector<int64_t> begin, end;  // kBox
 
   static Placement replicate() { return {}; }

@@ -32,8 +32,7 @@ bool is_url(const std::string& path);
 SourcePtr open_url_source(const std::string& url, const RemoteOptions& options = {});
 
 // A URL source for a URL, else a file (mapped when `mmap`): what Checkpoint::open(path) uses.
-SourcePtr open_source(const std::string& path_or_url, bool mmap,
-                      const RemoteOptions& options = {});
+SourcePtr open_source(const std::string& path_or_url, bool mmap, const RemoteOptions& options = {});
 
 // An S3 multipart upload to "s3://bucket/key": parts of options.chunk_size (at least 5 MiB)
 // are sent as the bytes come, up to options.connections at once, so memory stays near

@@ -19,15 +19,15 @@ inline constexpr uint64_t kNoOffset = UINT64_MAX;
 // A storage as the checkpoint describes it: a run of bytes that tensors view.
 // StorageInfo, Quantization and TensorInfo are plain values: copies are independent.
 struct StorageInfo {
-  std::string key;       // torch record key ("0"), or the tensor name for one-storage-per-tensor formats
+  std::string key;  // torch record key ("0"), or the tensor name for one-storage-per-tensor formats
   DType dtype = DType::kUInt8;  // element type of the storage (uint8 for torch.UntypedStorage)
   uint64_t nbytes = 0;
   uint64_t offset = kNoOffset;  // absolute byte offset in the source; kNoOffset when not stored raw
-  std::string record;    // container record name ("archive/data/0"), if any
+  std::string record;           // container record name ("archive/data/0"), if any
   std::optional<uint32_t> crc32;  // expected CRC32 of the storage bytes, if the format stores one
   std::string device = "cpu";     // where it was saved from
-  bool byteswap = false;  // stored in the other byte order; loads swap elements of `dtype`
-  bool meta = false;      // no bytes in the file (meta tensors); loads as zeros
+  bool byteswap = false;          // stored in the other byte order; loads swap elements of `dtype`
+  bool meta = false;              // no bytes in the file (meta tensors); loads as zeros
 };
 
 // Quantization parameters of a quantized tensor.
@@ -44,9 +44,9 @@ struct TensorInfo {
   std::string name;  // dotted path in the object tree ("state.0.exp_avg", "model.layers.0.weight")
   DType dtype = DType::kFloat32;
   std::vector<int64_t> shape;
-  std::vector<int64_t> strides;   // in elements
-  int64_t storage_offset = 0;     // in elements
-  size_t storage = 0;             // index into Checkpoint::storages()
+  std::vector<int64_t> strides;  // in elements
+  int64_t storage_offset = 0;    // in elements
+  size_t storage = 0;            // index into Checkpoint::storages()
   bool requires_grad = false;
   bool is_parameter = false;
   std::optional<Quantization> quantization;
@@ -97,13 +97,15 @@ using StoragePtr = std::shared_ptr<Storage>;
 class Tensor {
  public:
   Tensor() = default;
-  Tensor(TensorInfo info, StoragePtr storage) : info_(std::move(info)), storage_(std::move(storage)) {}
+  Tensor(TensorInfo info, StoragePtr storage)
+      : info_(std::move(info)), storage_(std::move(storage)) {}
 
   // A contiguous tensor over caller memory (no copy). The bytes must stay valid while `owner`
   // (may be null: then the caller keeps them alive as long as the tensor is used).
   // Throws Error{kInvalidArgument} when bytes.size() != numel * element size.
   static Tensor from_bytes(std::string name, DType dtype, std::vector<int64_t> shape,
-                           std::span<const std::byte> bytes, std::shared_ptr<const void> owner = {});
+                           std::span<const std::byte> bytes,
+                           std::shared_ptr<const void> owner = {});
   // Same, with a copy of the bytes that the tensor owns.
   static Tensor copy_of(std::string name, DType dtype, std::vector<int64_t> shape,
                         std::span<const std::byte> bytes);

@@ -6,8 +6,8 @@
 // (streamed: the memory held is the conversion's budget plus the tensor being made).
 //
 //   ckpt::ConvertOptions o;
-//   o.transforms = ckpt::parse_transform_recipe(R"({"strip_prefix": ["module."], "cast": "bf16"})");
-//   ckpt::convert(ckpt::Checkpoint::open("ckpt.pt"), "model.safetensors", o);
+//   o.transforms = ckpt::parse_transform_recipe(R"({"strip_prefix": ["module."], "cast":
+//   "bf16"})"); ckpt::convert(ckpt::Checkpoint::open("ckpt.pt"), "model.safetensors", o);
 //
 // The steps run in this order, whatever order the rules were given in:
 //   1. dequantize (input names): "W" (float8_e4m3fn) with "W_scale_inv" (float32, one scale per
@@ -78,8 +78,8 @@ struct TransformRecipe {
   std::optional<DType> cast;           // float32, float16 or bfloat16
 
   bool empty() const noexcept {
-    return rename.empty() && keep.empty() && drop.empty() && dequantize.empty() &&
-           split.empty() && fuse.empty() && transpose.empty() && !cast;
+    return rename.empty() && keep.empty() && drop.empty() && dequantize.empty() && split.empty() &&
+           fuse.empty() && transpose.empty() && !cast;
   }
 };
 
@@ -108,7 +108,7 @@ FuseRule parse_fuse_rule(std::string_view text);
 // What each rule did (ConvertReport::transforms).
 struct TransformReport {
   struct Rule {
-    std::string rule;   // "rename ^h\.(\d+)\. -> layers.$1.", "cast bf16", "drop *.inv_freq"
+    std::string rule;    // "rename ^h\.(\d+)\. -> layers.$1.", "cast bf16", "drop *.inv_freq"
     size_t matched = 0;  // tensors it applied to
   };
   std::vector<Rule> rules;

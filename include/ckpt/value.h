@@ -21,8 +21,17 @@ using ConstValuePtr = std::shared_ptr<const Value>;
 class Value {
  public:
   enum class Kind : uint8_t {
-    kNone, kBool, kInt, kFloat, kComplex, kString, kBytes,
-    kList, kTuple, kSet, kDict,
+    kNone,
+    kBool,
+    kInt,
+    kFloat,
+    kComplex,
+    kString,
+    kBytes,
+    kList,
+    kTuple,
+    kSet,
+    kDict,
     kTensor,  // tensor_index() into the tensor table
     kGlobal,  // a class or function named module.name (e.g. torch.float32, a TorchScript class)
     kObject,  // an instance, or the result of calling a function: module()/name() = the
@@ -56,7 +65,7 @@ class Value {
   static ValuePtr set(std::vector<ValuePtr> items = {});
   // A kSet whose class is builtins.frozenset (module()/name() say so; a set's are empty).
   static ValuePtr frozenset(std::vector<ValuePtr> items = {});
-  static ValuePtr dict();  // plain dict
+  static ValuePtr dict();          // plain dict
   static ValuePtr ordered_dict();  // collections.OrderedDict
   // A dict of class module.name (e.g. collections.OrderedDict); empty names: a plain dict.
   static ValuePtr dict_of(std::string module, std::string name);
@@ -77,11 +86,11 @@ class Value {
   bool is_frozenset() const noexcept { return kind_ == Kind::kSet && rare().name == "frozenset"; }
 
   // Scalars: each is meaningful for its kind only (false / 0 / empty otherwise).
-  bool as_bool() const noexcept { return b_; }              // kBool
+  bool as_bool() const noexcept { return b_; }    // kBool
   int64_t as_int() const noexcept { return i_; }  // kInt (when !is_big_int()); kObject: its tag
   bool is_big_int() const noexcept { return kind_ == Kind::kInt && !s_.empty(); }
   double as_float() const noexcept { return kind_ == Kind::kFloat ? f_ : 0; }  // kFloat
-  std::complex<double> as_complex() const noexcept { return rare().c; }  // kComplex
+  std::complex<double> as_complex() const noexcept { return rare().c; }        // kComplex
   // kString: UTF-8 text; kBytes: the raw bytes; kInt: the decimal digits of a big int.
   const std::string& str() const noexcept { return s_; }
   bool is_bytearray() const noexcept { return bytearray_; }  // kBytes: was a bytearray

@@ -74,8 +74,8 @@ class SpanMaker {
 
 // The HandOff of a loaded storage (owner: the storage's owner, else the storage itself).
 inline HandOff hand_off(const StoragePtr& st) {
-  const DLDevice where = st->device.is_cuda() ? DLDevice{kDLCUDA, st->device.index}
-                                              : DLDevice{kDLCPU, 0};
+  const DLDevice where =
+      st->device.is_cuda() ? DLDevice{kDLCUDA, st->device.index} : DLDevice{kDLCPU, 0};
   return HandOff{st->data, static_cast<size_t>(st->info.nbytes),
                  st->owner ? st->owner : std::shared_ptr<const void>(st), where};
 }

@@ -255,59 +255,62 @@ void bind_checks(PyClass& c) {
              }
              return pyb::make_tuple(f.name, f.size, to_hex(f.sha256));
            })
-      .def("convert", [](const PyCheckpoint& p, const std::string& dst, const std::string& format,
-                         uint32_t alignment, bool copy_shared, const std::string& meta,
-                         const std::string& key, const std::string& key_file,
-                         const std::string& password, bool store_digests, uint64_t max_shard_size,
-                         bool fsync, const pyb::object& progress_fn, uint32_t dcp_files,
-                         uint64_t memory_budget, const std::string& recipe) {
-        ConvertOptions o;
-        if (!recipe.empty()) o.transforms = parse_transform_recipe(recipe);  // JSON, transform.h
-        o.fsync = fsync;
-        if (memory_budget) o.memory_budget = memory_budget;
-        PyProgress progress(progress_fn);
-        if (progress.active())  // on this thread; raising aborts the conversion
-          o.progress = [&progress](uint64_t done, uint64_t total) {
-            progress.report(done, total, done >= total);
-          };
-        // Keywords become settings; which format owns which, and the refusal of a keyword for
-        // a format without it, are the library's (parse_target).
-        TargetSettings ts;
-        ts.alignment = alignment;
-        ts.copy_shared = copy_shared;
-        if (meta != "refuse") ts.meta = parse_meta_tensors(meta);
-        ts.store_digests = store_digests;
-        ts.encryption.key = key;
-        ts.encryption.key_file = key_file;
-        ts.encryption.password = password;
-        ts.dcp_files = dcp_files;
-        o.target = parse_target(format.empty() ? dst : format, ts);
-        o.max_shard_size = max_shard_size;
-        ConvertReport r;
-        try {
-          pyb::gil_scoped_release nogil;
-          r = convert(p.c, dst, o);
-        } catch (const Error&) {
-          progress.rethrow();
-          throw;
-        }
-        return report_dict(r);
-      },
-      pyb::arg("dst"), pyb::arg("format"), pyb::arg("alignment"), pyb::arg("copy_shared"),
-      pyb::arg("meta"), pyb::arg("key"), pyb::arg("key_file"), pyb::arg("password"),
-      pyb::arg("store_digests"), pyb::arg("max_shard_size"), pyb::arg("fsync") = true,
-      pyb::arg("progress") = pyb::none(), pyb::arg("dcp_files") = 0,
-      pyb::arg("memory_budget") = 0, pyb::arg("recipe") = "");
+      .def(
+          "convert",
+          [](const PyCheckpoint& p, const std::string& dst, const std::string& format,
+             uint32_t alignment, bool copy_shared, const std::string& meta, const std::string& key,
+             const std::string& key_file, const std::string& password, bool store_digests,
+             uint64_t max_shard_size, bool fsync, const pyb::object& progress_fn,
+             uint32_t dcp_files, uint64_t memory_budget, const std::string& recipe) {
+            ConvertOptions o;
+            if (!recipe.empty())
+              o.transforms = parse_transform_recipe(recipe);  // JSON, transform.h
+            o.fsync = fsync;
+            if (memory_budget) o.memory_budget = memory_budget;
+            PyProgress progress(progress_fn);
+            if (progress.active())  // on this thread; raising aborts the conversion
+              o.progress = [&progress](uint64_t done, uint64_t total) {
+                progress.report(done, total, done >= total);
+              };
+            // Keywords become settings; which format owns which, and the refusal of a keyword for
+            // a format without it, are the library's (parse_target).
+            TargetSettings ts;
+            ts.alignment = alignment;
+            ts.copy_shared = copy_shared;
+            if (meta != "refuse") ts.meta = parse_meta_tensors(meta);
+            ts.store_digests = store_digests;
+            ts.encryption.key = key;
+            ts.encryption.key_file = key_file;
+            ts.encryption.password = password;
+            ts.dcp_files = dcp_files;
+            o.target = parse_target(format.empty() ? dst : format, ts);
+            o.max_shard_size = max_shard_size;
+            ConvertReport r;
+            try {
+              pyb::gil_scoped_release nogil;
+              r = convert(p.c, dst, o);
+            } catch (const Error&) {
+              progress.rethrow();
+              throw;
+            }
+            return report_dict(r);
+          },
+          pyb::arg("dst"), pyb::arg("format"), pyb::arg("alignment"), pyb::arg("copy_shared"),
+          pyb::arg("meta"), pyb::arg("key"), pyb::arg("key_file"), pyb::arg("password"),
+          pyb::arg("store_digests"), pyb::arg("max_shard_size"), pyb::arg("fsync") = true,
+          pyb::arg("progress") = pyb::none(), pyb::arg("dcp_files") = 0,
+          pyb::arg("memory_budget") = 0, pyb::arg("recipe") = "");
 }
 
 // Bytes for the Python builder: storages by index (safe_open), streamed tensors.
 void bind_bytes(PyClass& c) {
-  c.def("storages",
-        [](const PyCheckpoint& p, const std::vector<size_t>& which, bool verify,
-           const std::string& device) {
-          return storage_spans(p.c, which, load_options(verify, 0, device));
-        },
-        pyb::arg("which"), pyb::arg("verify"), pyb::arg("device") = "cpu")
+  c.def(
+       "storages",
+       [](const PyCheckpoint& p, const std::vector<size_t>& which, bool verify,
+          const std::string& device) {
+         return storage_spans(p.c, which, load_options(verify, 0, device));
+       },
+       pyb::arg("which"), pyb::arg("verify"), pyb::arg("device") = "cpu")
       // The box [begin, end) of tensor i, row-major (safe_open's get_slice: of a folder of chunks,
       // only the chunks that meet the box are read).
       .def("read_slice",
@@ -324,23 +327,23 @@ void bind_bytes(PyClass& c) {
              }
              return pyb::bytes(out);
            })
-      .def("stream", [](const PyCheckpoint& p, uint64_t budget, const pyb::function& fn,
-                        bool verify) {
-        pyb::gil_scoped_release nogil;
-        p.c.stream(
-            budget,
-            [&](const Tensor& t) {
-              pyb::gil_scoped_acquire gil;
-              // The slot is reused after the call: the Span is read-only and the Python side
-              // copies what it keeps before returning.
-              SpanMaker spans;
-              HandOff h = hand_off(t.storage());
-              h.owner = t.storage();
-              auto span = pyb::reinterpret_steal<pyb::object>(spans.make(h, false));
-              fn(info_tuple(t.info()), span);
-            },
-            load_options(verify, 0));
-      });
+      .def("stream",
+           [](const PyCheckpoint& p, uint64_t budget, const pyb::function& fn, bool verify) {
+             pyb::gil_scoped_release nogil;
+             p.c.stream(
+                 budget,
+                 [&](const Tensor& t) {
+                   pyb::gil_scoped_acquire gil;
+                   // The slot is reused after the call: the Span is read-only and the Python side
+                   // copies what it keeps before returning.
+                   SpanMaker spans;
+                   HandOff h = hand_off(t.storage());
+                   h.owner = t.storage();
+                   auto span = pyb::reinterpret_steal<pyb::object>(spans.make(h, false));
+                   fn(info_tuple(t.info()), span);
+                 },
+                 load_options(verify, 0));
+           });
 }
 
 }  // namespace

@@ -40,8 +40,7 @@ void drop_capsule(PyObject* cap) {
 // --- Span -------------------------------------------------------------------------------------
 
 struct SpanObject {
-  PyObject_HEAD
-  PyObject* owner;  // capsule of a std::shared_ptr<const void>
+  PyObject_HEAD PyObject* owner;  // capsule of a std::shared_ptr<const void>
   const std::byte* data;
   Py_ssize_t size;
   int writable;
@@ -126,8 +125,7 @@ PyType_Slot span_slots[] = {
     {Py_tp_doc, const_cast<char*>("Bytes of one storage (DLPack; buffer protocol on the CPU).")},
     {0, nullptr}};
 
-PyType_Spec span_spec = {"ckpt._ckpt.Span", sizeof(SpanObject), 0, Py_TPFLAGS_DEFAULT,
-                         span_slots};
+PyType_Spec span_spec = {"ckpt._ckpt.Span", sizeof(SpanObject), 0, Py_TPFLAGS_DEFAULT, span_slots};
 
 PyTypeObject* span_type_ = nullptr;
 
@@ -141,16 +139,22 @@ bool dl_type(DType d, DLDataType* out) {
   const DTypeInfo& i = dtype_info(d);
   uint8_t code;
   switch (d) {
-    case DType::kFloat16: case DType::kFloat32: case DType::kFloat64:
+    case DType::kFloat16:
+    case DType::kFloat32:
+    case DType::kFloat64:
       code = kDLFloat;
       break;
     case DType::kBFloat16:
       code = kDLBfloat;
       break;
-    case DType::kComplex64: case DType::kComplex128:
+    case DType::kComplex64:
+    case DType::kComplex128:
       code = kDLComplex;
       break;
-    case DType::kInt8: case DType::kInt16: case DType::kInt32: case DType::kInt64:
+    case DType::kInt8:
+    case DType::kInt16:
+    case DType::kInt32:
+    case DType::kInt64:
       code = kDLInt;
       break;
     case DType::kUInt8:

@@ -40,8 +40,7 @@ pyb::object new_list(size_t n) {
 // the result. Reads no tensor byte: may run while reader threads still fill the memory.
 // `ck` is the _ckpt.Checkpoint (one Python object per load: it is freed, in the background when
 // large, once, when the load drops it).
-pyb::object result(const pyb::object& ck, pyb::list storages, pyb::list tensors,
-                   const Want& w) {
+pyb::object result(const pyb::object& ck, pyb::list storages, pyb::list tensors, const Want& w) {
   const Checkpoint& c = ck.cast<const PyCheckpoint&>().c;
   size_t made = w.torch ? plain_tensors(c, storages, tensors, w.from_dlpack.ptr()) : 0;
   if (made < c.tensors().size()) w.build.attr("finish")(ck, storages, tensors);
@@ -56,9 +55,8 @@ pyb::object result(const pyb::object& ck, pyb::list storages, pyb::list tensors,
   if (format_traits(c.format()).script) {
     // Its state dict (torch.load would run the TorchScript module), quantized Linear modules'
     // packed parameters included (ckpt/_script.py).
-    pyb::cpp_function tree([&c, tensors, &w] {
-      return tree_to_python(*c.root(), tensors, w.tree, kMaxDepth);
-    });
+    pyb::cpp_function tree(
+        [&c, tensors, &w] { return tree_to_python(*c.root(), tensors, w.tree, kMaxDepth); });
     return w.script.attr("state_dict")(ck, tensors, tree, w.torch);
   }
   try {
@@ -211,9 +209,9 @@ void bind_load(pyb::module_& m) {
         }
         return load_eager(path, oo, verify, device, w, progress);
       },
-      pyb::arg("source"), pyb::arg("mmap"), pyb::arg("verify"), pyb::arg("strict"),
-      pyb::arg("key"), pyb::arg("password"), pyb::arg("flat"), pyb::arg("from_dlpack"),
-      pyb::arg("build"), pyb::arg("tree"), pyb::arg("script"), pyb::arg("device") = "cpu",
+      pyb::arg("source"), pyb::arg("mmap"), pyb::arg("verify"), pyb::arg("strict"), pyb::arg("key"),
+      pyb::arg("password"), pyb::arg("flat"), pyb::arg("from_dlpack"), pyb::arg("build"),
+      pyb::arg("tree"), pyb::arg("script"), pyb::arg("device") = "cpu",
       pyb::arg("progress") = pyb::none(),
       "A whole load: the object tree (flat: the flattened state dict) of a path, URL or "
       "(bytes, name), its tensors made through from_dlpack (None: numpy, by build.finish).");

@@ -1,10 +1,11 @@
 // _ckpt.load_into: one call that copies a checkpoint's tensors into memory Python owns (the
 // data_ptr of existing torch tensors), through ckpt::load_into (include/ckpt/load_into.h).
 
+#include "ckpt/load_into.h"
+
 #include <map>
 
 #include "binding.h"
-#include "ckpt/load_into.h"
 
 namespace ckpt::py {
 
@@ -21,11 +22,13 @@ void bind_load_into(pyb::module_& m) {
           auto t = item.cast<pyb::tuple>();
           const auto index = t[0].cast<size_t>();
           if (index >= infos.size())
-            throw Error(ErrorCode::kInvalidArgument, "load_into: no tensor " + std::to_string(index));
+            throw Error(ErrorCode::kInvalidArgument,
+                        "load_into: no tensor " + std::to_string(index));
           const auto dtype = dtype_from_name(t[3].cast<std::string>());
           if (!dtype)
             throw Error(ErrorCode::kInvalidArgument,
-                        "load_into: unknown dtype " + t[3].cast<std::string>(), {}, infos[index].name);
+                        "load_into: unknown dtype " + t[3].cast<std::string>(), {},
+                        infos[index].name);
           Destination d;
           d.data = reinterpret_cast<void*>(t[1].cast<uintptr_t>());
           d.bytes = t[2].cast<uint64_t>();

@@ -43,9 +43,8 @@ void raise_error(const Error& e) {
     pyb::object cls =
         errors.attr("class_for")(error_code_name(e.code()), text(python_words(e.message())));
     pyb::object offset = e.offset() ? pyb::object(pyb::int_(*e.offset())) : pyb::none();
-    pyb::object exc = cls(text(python_words(e.what())), error_code_name(e.code()),
-                          text(e.source()), text(e.record()), offset,
-                          text(python_words(e.message())));
+    pyb::object exc = cls(text(python_words(e.what())), error_code_name(e.code()), text(e.source()),
+                          text(e.record()), offset, text(python_words(e.message())));
     PyErr_SetObject(cls.ptr(), exc.ptr());
   } catch (pyb::error_already_set& err) {
     err.restore();
@@ -55,12 +54,13 @@ void raise_error(const Error& e) {
 }  // namespace
 
 void bind_process(pyb::module_& m) {
-  m.def("set_reap_threshold", [](size_t n) { reap_threshold() = n; },
-        "Checkpoints of at least n tensors are freed on a thread of their own (0: never).");
+  m.def(
+      "set_reap_threshold", [](size_t n) { reap_threshold() = n; },
+      "Checkpoints of at least n tensors are freed on a thread of their own (0: never).");
   m.def("drain_reaped", &drain_reaped,
         "Waits (up to 30 s) until checkpoints freed on background threads are gone (atexit).");
-  m.def("set_kept_memory_limit", [](uint64_t b) { set_kept_memory_limit(b); },
-        pyb::arg("max_bytes"));
+  m.def(
+      "set_kept_memory_limit", [](uint64_t b) { set_kept_memory_limit(b); }, pyb::arg("max_bytes"));
   m.def("kept_memory_limit", [] { return kept_memory_limit(); });
   m.def("release_kept_memory", [] {
     pyb::gil_scoped_release nogil;

@@ -50,7 +50,8 @@ RankPlan plan_of(const std::vector<PyRule>& rules, const std::optional<PyPlaceme
 // Python exception becomes a C++ one carrying its text (load_group names the tensors).
 class PyExchange final : public RankExchange {
  public:
-  PyExchange(int rank, int world, pyb::function fn) : rank_(rank), world_(world), fn_(std::move(fn)) {}
+  PyExchange(int rank, int world, pyb::function fn)
+      : rank_(rank), world_(world), fn_(std::move(fn)) {}
   int rank() const override { return rank_; }
   int world() const override { return world_; }
   void all_gather(std::span<const std::byte> mine, std::span<std::byte> all) override {
@@ -88,37 +89,36 @@ pyb::list tensors_out(const Checkpoint& c, const std::vector<Tensor>& loaded) {
 }  // namespace
 
 void bind_ranks(pyb::module_& m) {
-  m.def("resolve_ranks",
-        [](const PyCheckpoint& p, const std::vector<PyRule>& rules,
-           const std::optional<PyPlacement>& dflt, int rank, int world) {
-          RankLoadPlan plan = resolve(p.c, plan_of(rules, dflt), rank, world);
-          pyb::list out;
-          for (const RankTensor& t : plan.tensors)
-            out.append(pyb::make_tuple(p.c.tensors()[t.tensor].name, t.placement.str(), t.begin,
-                                       t.end, t.nbytes, t.exact));
-          return pyb::make_tuple(out, plan.read_bytes());
-        });
+  m.def("resolve_ranks", [](const PyCheckpoint& p, const std::vector<PyRule>& rules,
+                            const std::optional<PyPlacement>& dflt, int rank, int world) {
+    RankLoadPlan plan = resolve(p.c, plan_of(rules, dflt), rank, world);
+    pyb::list out;
+    for (const RankTensor& t : plan.tensors)
+      out.append(pyb::make_tuple(p.c.tensors()[t.tensor].name, t.placement.str(), t.begin, t.end,
+                                 t.nbytes, t.exact));
+    return pyb::make_tuple(out, plan.read_bytes());
+  });
   // Every tensor's box for this rank: a list of (name, dtype, shape, Span). With `gather`
   // (a callable fn(mine, all)), Replicate tensors are read once across the group (load_group).
-  m.def("load_ranks",
-        [](const PyCheckpoint& p, const std::vector<PyRule>& rules,
-           const std::optional<PyPlacement>& dflt, int rank, int world,
-           const std::optional<pyb::function>& gather, uint64_t budget, bool verify) {
-          RankLoadPlan plan = resolve(p.c, plan_of(rules, dflt), rank, world);
-          LoadOptions lo = load_options(verify, 0);
-          std::vector<Tensor> loaded;
-          if (gather) {
-            PyExchange ex(rank, world, *gather);
-            pyb::gil_scoped_release nogil;
-            loaded = load_group(p.c, plan, ex, budget, lo);
-          } else {
-            pyb::gil_scoped_release nogil;
-            loaded = load_rank(p.c, plan, lo);
-          }
-          return tensors_out(p.c, loaded);
-        });
-  m.def("process_bytes_read", [] { return process_bytes_read(); },
-        "Bytes read through every source of this process so far (tests, benchmarks).");
+  m.def("load_ranks", [](const PyCheckpoint& p, const std::vector<PyRule>& rules,
+                         const std::optional<PyPlacement>& dflt, int rank, int world,
+                         const std::optional<pyb::function>& gather, uint64_t budget, bool verify) {
+    RankLoadPlan plan = resolve(p.c, plan_of(rules, dflt), rank, world);
+    LoadOptions lo = load_options(verify, 0);
+    std::vector<Tensor> loaded;
+    if (gather) {
+      PyExchange ex(rank, world, *gather);
+      pyb::gil_scoped_release nogil;
+      loaded = load_group(p.c, plan, ex, budget, lo);
+    } else {
+      pyb::gil_scoped_release nogil;
+      loaded = load_rank(p.c, plan, lo);
+    }
+    return tensors_out(p.c, loaded);
+  });
+  m.def(
+      "process_bytes_read", [] { return process_bytes_read(); },
+      "Bytes read through every source of this process so far (tests, benchmarks).");
 }
 
 }  // namespace ckpt::py

@@ -1,5 +1,5 @@
-// _ckpt.save_torch / save_safetensors / save_tensorizer / save_dcp: Python objects -> the object tree
-// (tree.cc, PyToValue) -> the library's writers, the bytes written with the GIL released.
+// _ckpt.save_torch / save_safetensors / save_tensorizer / save_dcp: Python objects -> the object
+// tree (tree.cc, PyToValue) -> the library's writers, the bytes written with the GIL released.
 
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -114,9 +114,9 @@ void save_dcp_py(const std::string& path, pyb::handle obj, const pyb::module_& h
 }
 
 void save_safetensors_py(const std::string& path, const pyb::list& items,
-                         std::map<std::string, std::string> metadata,
-                         const pyb::module_& helpers, uint64_t alignment, bool fsync,
-                         const pyb::object& progress_fn, bool copy_shared, bool store_digests) {
+                         std::map<std::string, std::string> metadata, const pyb::module_& helpers,
+                         uint64_t alignment, bool fsync, const pyb::object& progress_fn,
+                         bool copy_shared, bool store_digests) {
   PyToValue conv(helpers, true);
   std::vector<Tensor> tensors = named_tensors(conv, items);
   SafetensorsSaveOptions o;

@@ -13,14 +13,16 @@ class TorchAllocator : public DeviceAllocator {
  public:
   void* allocate(uint64_t bytes, const Device& device) override {
     pyb::gil_scoped_acquire gil;
-    pyb::object p = pyb::module_::import("torch.cuda").attr("caching_allocator_alloc")(bytes, device.index);
+    pyb::object p =
+        pyb::module_::import("torch.cuda").attr("caching_allocator_alloc")(bytes, device.index);
     return reinterpret_cast<void*>(p.cast<uintptr_t>());
   }
   void free(void* p, uint64_t, const Device&) noexcept override {
     if (!Py_IsInitialized()) return;  // the process is ending: the runtime frees everything
     pyb::gil_scoped_acquire gil;
     try {
-      pyb::module_::import("torch.cuda").attr("caching_allocator_delete")(reinterpret_cast<uintptr_t>(p));
+      pyb::module_::import("torch.cuda")
+          .attr("caching_allocator_delete")(reinterpret_cast<uintptr_t>(p));
     } catch (pyb::error_already_set& e) {
       e.discard_as_unraisable("ckpt: freeing device memory");
     }

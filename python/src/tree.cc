@@ -241,8 +241,8 @@ void PyToValue::convert_items(pyb::handle seq, std::vector<ValuePtr>& out, uint3
   }
 }
 
-void PyToValue::convert_entries(pyb::handle pairs,
-                                std::vector<std::pair<ValuePtr, ValuePtr>>& out, uint32_t depth) {
+void PyToValue::convert_entries(pyb::handle pairs, std::vector<std::pair<ValuePtr, ValuePtr>>& out,
+                                uint32_t depth) {
   pyb::handle at;
   try {
     for (auto x : pairs) {

@@ -95,8 +95,7 @@ StoragePtr Checkpoint::storage(size_t index, const LoadOptions& options) const {
     if (c.cache.empty()) c.cache.resize(c.kind->model().storages.size());
     if (auto st = c.cache[index].lock()) return st;
   }
-  StoragePtr st =
-      naming_oom(c.kind->model(), [&] { return c.kind->load_storage(index, options); });
+  StoragePtr st = naming_oom(c.kind->model(), [&] { return c.kind->load_storage(index, options); });
   std::lock_guard<std::mutex> lock(c.mu);
   if (auto other = c.cache[index].lock()) return other;
   c.cache[index] = st;
@@ -151,9 +150,10 @@ void Checkpoint::read_into(size_t index, std::span<std::byte> dst,
                            const LoadOptions& options) const {
   check_tensor(impl_->kind->model(), index);
   if (!options.device.is_cpu())
-    throw Error(ErrorCode::kUnsupported, "read_into() fills host memory; load into " +
-                                             options.device.str() + " with load_all()",
-                impl_->kind->model().source->name());
+    throw Error(
+        ErrorCode::kUnsupported,
+        "read_into() fills host memory; load into " + options.device.str() + " with load_all()",
+        impl_->kind->model().source->name());
   naming_oom(impl_->kind->model(), [&] { impl_->kind->read_into(index, dst, options); });
 }
 

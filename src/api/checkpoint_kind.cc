@@ -12,8 +12,8 @@ const std::vector<Checkpoint>& CheckpointKind::parts() const {
   return none;
 }
 
-void CheckpointKind::stream_storages(uint64_t, std::span<const uint32_t> order,
-                                     const StorageFn& fn, const LoadOptions& options) const {
+void CheckpointKind::stream_storages(uint64_t, std::span<const uint32_t> order, const StorageFn& fn,
+                                     const LoadOptions& options) const {
   for (size_t k = 0; k < order.size(); ++k) fn(k, load_storage(order[k], options));
 }
 

@@ -12,8 +12,8 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include "ckpt/remote.h"
 #include "api/checkpoint_impl.h"
+#include "ckpt/remote.h"
 #include "formats/open.h"
 #include "io/inside.h"
 
@@ -34,15 +34,15 @@ Checkpoint open_shard(const std::string& path, const OpenOptions& options, size_
     return CheckpointAccess::make(open_model(std::move(s), options));
   } catch (Error& e) {
     e.with_source(redact_url(path));
-    e.add_context("opening shard " + std::to_string(k + 1) + " of " + std::to_string(n) +
-                  " of " + set_name);
+    e.add_context("opening shard " + std::to_string(k + 1) + " of " + std::to_string(n) + " of " +
+                  set_name);
     throw;
   }
 }
 
 // The merged checkpoint. `weight_map` (name -> shard index) is checked when given.
-Checkpoint merge(std::vector<Checkpoint> shards, std::vector<std::string> paths,
-                 SourcePtr source, const OpenOptions& options,
+Checkpoint merge(std::vector<Checkpoint> shards, std::vector<std::string> paths, SourcePtr source,
+                 const OpenOptions& options,
                  const std::vector<std::pair<std::string, size_t>>* weight_map,
                  std::map<std::string, std::string> extra_properties) {
   auto model = std::make_shared<CheckpointModel>();
@@ -193,8 +193,7 @@ bool looks_like_json(const ByteSource& source) {
   return false;
 }
 
-Checkpoint open_index(const SourcePtr& source, const std::string& dir,
-                      const OpenOptions& options) {
+Checkpoint open_index(const SourcePtr& source, const std::string& dir, const OpenOptions& options) {
   const std::string& index = source->name();
   if (source->size() > options.limits.max_metadata_bytes)
     throw Error(ErrorCode::kLimitExceeded,
@@ -234,8 +233,7 @@ Checkpoint open_index(const SourcePtr& source, const std::string& dir,
     k = paths.size();
     paths.push_back(dir.empty() ? name : (std::filesystem::path(dir) / name).string());
     // A local shard, or a folder on its way, may be a symbolic link that leads out.
-    if (!remote)
-      check_inside(paths.back(), dir, "shard file", "the index's folder", index, {});
+    if (!remote) check_inside(paths.back(), dir, "shard file", "the index's folder", index, {});
   }
   std::vector<std::pair<std::string, size_t>> weight_map;
   weight_map.reserve(wm.size());
@@ -251,8 +249,7 @@ Checkpoint open_index(const SourcePtr& source, const std::string& dir,
   shards.reserve(paths.size());
   for (size_t k = 0; k < paths.size(); ++k)
     shards.push_back(open_shard(paths[k], options, k, paths.size(), "index " + index));
-  return merge(std::move(shards), std::move(paths), source, options, &weight_map,
-               std::move(extra));
+  return merge(std::move(shards), std::move(paths), source, options, &weight_map, std::move(extra));
 }
 
 Checkpoint open_files(const std::vector<std::string>& paths, const OpenOptions& options) {

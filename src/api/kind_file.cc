@@ -19,10 +19,9 @@ namespace {
 
 class FileKind final : public CheckpointKind {
  public:
-  explicit FileKind(std::shared_ptr<const CheckpointModel> m)
-      : CheckpointKind(std::move(m)) {
-    files_ = model().files.empty() ? std::vector<std::string>{model().source->name()}
-                                   : model().files;
+  explicit FileKind(std::shared_ptr<const CheckpointModel> m) : CheckpointKind(std::move(m)) {
+    files_ =
+        model().files.empty() ? std::vector<std::string>{model().source->name()} : model().files;
     copy_ = model().source->pread_twin();
     if (!copy_) copy_ = model().source;
   }
@@ -70,8 +69,7 @@ class FileKind final : public CheckpointKind {
                            const PlacedFn& placed) const override {
     LoadPlan plan = make_plan(model(), copy_, options, filter, false);
     if (!options.device.is_cpu()) {
-      std::vector<Tensor> out = plan_tensors(
-          plan, execute_device(plan, options.device, options));
+      std::vector<Tensor> out = plan_tensors(plan, execute_device(plan, options.device, options));
       if (placed) placed(out);  // the bytes are there already: a later call keeps the contract
       return out;
     }

@@ -49,8 +49,8 @@ class SetKind final : public CheckpointKind {
       for (end = begin; end < order.size() && set_.storage_part[order[end]] == part; ++end)
         local.push_back(static_cast<uint32_t>(set_.local_storage(order[end])));
       CheckpointAccess::kind(set_.parts[part])
-          .stream_storages(budget, local, [&](size_t k, const StoragePtr& st) { fn(begin + k, st); },
-                           options);
+          .stream_storages(
+              budget, local, [&](size_t k, const StoragePtr& st) { fn(begin + k, st); }, options);
     }
   }
   size_t verify(const ProgressFn& progress) const override;

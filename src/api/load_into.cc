@@ -28,11 +28,14 @@ std::vector<Job> check_all(const Checkpoint& c, const std::map<std::string, Dest
   jobs.reserve(into.size());
   for (const auto& [name, d] : into) {
     std::optional<size_t> i = c.find(name);
-    if (!i) throw Error(ErrorCode::kNotFound, "no tensor named \"" + name + "\"", c.source().name(), name);
+    if (!i)
+      throw Error(ErrorCode::kNotFound, "no tensor named \"" + name + "\"", c.source().name(),
+                  name);
     const TensorInfo& t = c.tensors()[*i];
     auto refuse = [&](const std::string& why) {
-      throw Error(ErrorCode::kInvalidArgument, "cannot load into the destination of " + name + ": " + why,
-                  c.source().name(), name);
+      throw Error(ErrorCode::kInvalidArgument,
+                  "cannot load into the destination of " + name + ": " + why, c.source().name(),
+                  name);
     };
     if (d.dtype != t.dtype)
       refuse("the tensor is " + std::string(dtype_name(t.dtype)) + ", the destination " +
@@ -60,9 +63,10 @@ void into_host(const Checkpoint& c, const std::vector<Job>& jobs, const LoadOpti
   auto work = [&] {
     try {
       for (size_t k; !stop && (k = next++) < jobs.size();)
-        c.read_into(jobs[k].tensor,
-                    std::span<std::byte>(static_cast<std::byte*>(jobs[k].dst->data), jobs[k].dst->bytes),
-                    options);
+        c.read_into(
+            jobs[k].tensor,
+            std::span<std::byte>(static_cast<std::byte*>(jobs[k].dst->data), jobs[k].dst->bytes),
+            options);
     } catch (...) {
       std::lock_guard<std::mutex> lock(mu);
       if (!failure) failure = std::current_exception();
@@ -95,7 +99,8 @@ void into_device_file(const Checkpoint& c, const SourcePtr& copy, const std::vec
                   "a device destination takes a contiguous tensor; " + t.name + " is strided",
                   m.source->name(), t.name);
     const uint64_t from = static_cast<uint64_t>(t.storage_offset) * dtype_size(t.dtype);
-    targets.push_back({position[t.storage], from, t.nbytes(), static_cast<std::byte*>(j.dst->data)});
+    targets.push_back(
+        {position[t.storage], from, t.nbytes(), static_cast<std::byte*>(j.dst->data)});
   }
   // The plan covers every storage; only the targets' are read.
   internal::fill_device(plan, internal::engine_for(device), targets, options);

@@ -32,8 +32,7 @@ class Rewriter {
   Rewriter(const Checkpoint& c, const OnnxRewriteOptions& o, const internal::OnnxExtension& ext,
            std::string location, ByteSink* data, const Checkpoint* weights)
       : c_(c), o_(o), ext_(ext), location_(std::move(location)), data_(data), weights_(weights) {
-    for (size_t i = 0; i < ext.prepacked.size(); ++i)
-      packs_[ext.prepacked[i].tensor].push_back(i);
+    for (size_t i = 0; i < ext.prepacked.size(); ++i) packs_[ext.prepacked[i].tensor].push_back(i);
     file_end_ = c.source().size();
   }
 
@@ -42,8 +41,10 @@ class Rewriter {
     Reader r(b, base, file_end_, "the ModelProto");
     Field f;
     while (r.next(f)) {
-      if (f.number == 7 && f.wire == w::kLen) w::put_len(out, 7, graph(f.bytes, f.offset, 0));
-      else copy(out, f, b, base);
+      if (f.number == 7 && f.wire == w::kLen)
+        w::put_len(out, 7, graph(f.bytes, f.offset, 0));
+      else
+        copy(out, f, b, base);
     }
     return out;
   }
@@ -61,9 +62,12 @@ class Rewriter {
     Reader r(b, base, file_end_, "a GraphProto");
     Field f;
     while (r.next(f)) {
-      if (f.number == 5 && f.wire == w::kLen) w::put_len(out, 5, tensor(f, b, base));
-      else if (f.number == 1 && f.wire == w::kLen) w::put_len(out, 1, node(f.bytes, f.offset, depth));
-      else copy(out, f, b, base);
+      if (f.number == 5 && f.wire == w::kLen)
+        w::put_len(out, 5, tensor(f, b, base));
+      else if (f.number == 1 && f.wire == w::kLen)
+        w::put_len(out, 1, node(f.bytes, f.offset, depth));
+      else
+        copy(out, f, b, base);
     }
     return out;
   }
@@ -80,13 +84,16 @@ class Rewriter {
     Reader r(b, base, file_end_, "a NodeProto");
     Field f;
     while (r.next(f)) {
-      if (f.number == 5 && f.wire == w::kLen) w::put_len(out, 5, attribute(f.bytes, f.offset, depth, op));
-      else copy(out, f, b, base);
+      if (f.number == 5 && f.wire == w::kLen)
+        w::put_len(out, 5, attribute(f.bytes, f.offset, depth, op));
+      else
+        copy(out, f, b, base);
     }
     return out;
   }
 
-  std::string attribute(std::span<const uint8_t> b, uint64_t base, int depth, const std::string& op) {
+  std::string attribute(std::span<const uint8_t> b, uint64_t base, int depth,
+                        const std::string& op) {
     std::string name;
     {
       Reader r(b, base, file_end_, "an AttributeProto");
@@ -148,7 +155,14 @@ class Rewriter {
     Field f;
     while (r.next(f)) {
       switch (f.number) {
-        case 4: case 5: case 7: case 9: case 10: case 11: case 13: case 14:
+        case 4:
+        case 5:
+        case 7:
+        case 9:
+        case 10:
+        case 11:
+        case 13:
+        case 14:
           break;  // the data: written below
         default:
           copy(out, f, pb, pbase);
@@ -211,11 +225,11 @@ class Rewriter {
     if (dir.empty()) dir = ".";
     std::string path = internal::onnx_external_path(dir, p.location, p.tensor);
     std::error_code ec;
-    auto rel = std::filesystem::weakly_canonical(path, ec)
-                   .lexically_relative(std::filesystem::weakly_canonical(dir, ec));
+    auto rel = std::filesystem::weakly_canonical(path, ec).lexically_relative(
+        std::filesystem::weakly_canonical(dir, ec));
     if (!ec && (rel.empty() || *rel.begin() == ".."))
-      throw Error(ErrorCode::kCorrupt, "pre-packed data resolves outside the model's folder",
-                  path, p.tensor);
+      throw Error(ErrorCode::kCorrupt, "pre-packed data resolves outside the model's folder", path,
+                  p.tensor);
     auto& src = blob_files_[path];
     if (!src) src = open_file_source(path);
     if (b.offset > src->size() || b.length > src->size() - b.offset)
@@ -278,7 +292,8 @@ OnnxRewriteReport onnx_rewrite(const std::string& in, const std::string& out,
     if (e.code() != ErrorCode::kCorrupt) throw;
     throw Error(ErrorCode::kCorrupt,
                 "refusing to rewrite a model that fails verification (the output would carry no "
-                "checksum to show it): " + e.message(),
+                "checksum to show it): " +
+                    e.message(),
                 e.source(), e.record(), e.offset());
   }
   std::optional<Checkpoint> weights;
@@ -293,9 +308,9 @@ OnnxRewriteReport onnx_rewrite(const std::string& in, const std::string& out,
     auto dp = std::filesystem::absolute(std::filesystem::path(data_path));
     auto rel = dp.lexically_normal().lexically_relative(out_dir.lexically_normal());
     if (rel.empty() || *rel.begin() == ".." || rel.is_absolute())
-      throw Error(ErrorCode::kInvalidArgument,
-                  "the external-data file " + data_path +
-                      " must be inside the output model's folder (" + out_dir.string() + ")");
+      throw Error(ErrorCode::kInvalidArgument, "the external-data file " + data_path +
+                                                   " must be inside the output model's folder (" +
+                                                   out_dir.string() + ")");
     location = rel.generic_string();
     if (std::filesystem::absolute(out).lexically_normal() == dp.lexically_normal())
       throw Error(ErrorCode::kInvalidArgument, "the external-data file is the model file itself");

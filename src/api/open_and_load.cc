@@ -12,9 +12,9 @@
 #include <algorithm>
 #include <new>
 
-#include "ckpt/remote.h"
 #include "api/checkpoint_impl.h"
 #include "api/opener.h"
+#include "ckpt/remote.h"
 #include "load/plan.h"
 #include "load/preload.h"
 #include "util/arena.h"
@@ -57,8 +57,8 @@ LoadedCheckpoint Checkpoint::open_and_load(const std::string& path, const OpenOp
     std::vector<Tensor> tensors = c.load_all(load_options);
     return {std::move(c), std::move(tensors)};
   }
-  internal::LoadPlan plan = internal::make_plan(internal::CheckpointAccess::model(c), copy,
-                                                load_options, {}, false);
+  internal::LoadPlan plan =
+      internal::make_plan(internal::CheckpointAccess::model(c), copy, load_options, {}, false);
   internal::PlacedFn placed;
   if (load_options.on_placed)
     placed = [&](const std::vector<Tensor>& t) { load_options.on_placed(c, t); };

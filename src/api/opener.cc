@@ -81,8 +81,7 @@ std::optional<Checkpoint> open_folder(const std::string& dir, const OpenOptions&
 
 }  // namespace
 
-Checkpoint open_file(const SourcePtr& source, const OpenOptions& options,
-                     const OpenHooks& hooks) {
+Checkpoint open_file(const SourcePtr& source, const OpenOptions& options, const OpenHooks& hooks) {
   try {
     return CheckpointAccess::make(open_model(source, options, hooks));
   } catch (const Error& e) {
@@ -91,12 +90,10 @@ Checkpoint open_file(const SourcePtr& source, const OpenOptions& options,
     if (e.code() == ErrorCode::kIo || e.code() == ErrorCode::kAuth) throw;
     if (!looks_like_json(*source)) throw;
   }
-  return open_index(source, std::filesystem::path(source->name()).parent_path().string(),
-                    options);
+  return open_index(source, std::filesystem::path(source->name()).parent_path().string(), options);
 }
 
-Checkpoint open_path(const std::string& path, const OpenOptions& options,
-                     const OpenHooks& hooks) {
+Checkpoint open_path(const std::string& path, const OpenOptions& options, const OpenHooks& hooks) {
   if (is_folder(path)) {
     if (auto c = open_folder(path, options)) return std::move(*c);
     if (!is_url(path))

@@ -87,7 +87,7 @@ std::optional<PackedBlob> map_entry(const std::string& path, const std::string& 
     if (errno == ENOENT) return std::nullopt;
     io_error("cannot open the cache entry", path);
   }
-  struct stat st{};
+  struct stat st {};
   if (::fstat(f.fd, &st) != 0) io_error("cannot stat the cache entry", path);
   const uint64_t size = static_cast<uint64_t>(st.st_size);
   if (size < kFixedHeader + key.size()) return std::nullopt;
@@ -206,10 +206,18 @@ Packer transpose_blocks_packer() {
     }
     std::vector<std::byte> out(((C + B - 1) / B) * B * R * es);
     switch (es) {
-      case 1: transpose_blocks<1>(src, out.data(), R, C, B); break;
-      case 2: transpose_blocks<2>(src, out.data(), R, C, B); break;
-      case 4: transpose_blocks<4>(src, out.data(), R, C, B); break;
-      default: transpose_blocks<8>(src, out.data(), R, C, B); break;
+      case 1:
+        transpose_blocks<1>(src, out.data(), R, C, B);
+        break;
+      case 2:
+        transpose_blocks<2>(src, out.data(), R, C, B);
+        break;
+      case 4:
+        transpose_blocks<4>(src, out.data(), R, C, B);
+        break;
+      default:
+        transpose_blocks<8>(src, out.data(), R, C, B);
+        break;
     }
     return out;
   };
@@ -223,8 +231,7 @@ Packer int8_rows_packer() {
   p.pack = [](const Tensor& t) {
     const auto& s = t.shape();
     if (s.size() != 2 || t.dtype() != DType::kFloat32)
-      throw Error(ErrorCode::kInvalidArgument, "int8-rows packs 2-D float32 tensors", {},
-                  t.name());
+      throw Error(ErrorCode::kInvalidArgument, "int8-rows packs 2-D float32 tensors", {}, t.name());
     const size_t R = static_cast<size_t>(s[0]), C = static_cast<size_t>(s[1]);
     std::vector<std::byte> in;
     const float* x = reinterpret_cast<const float*>(t.data());
@@ -271,7 +278,8 @@ PackedBlob prepack(const Checkpoint& c, const std::string& name, const Packer& p
     throw Error(ErrorCode::kInvalidArgument,
                 "the cache alignment must be a power of two of at least 64");
   auto idx = c.find(name);
-  if (!idx) throw Error(ErrorCode::kNotFound, "no tensor named \"" + name + "\"", c.source().name());
+  if (!idx)
+    throw Error(ErrorCode::kNotFound, "no tensor named \"" + name + "\"", c.source().name());
   const TensorInfo& info = c.tensors()[*idx];
   const StorageInfo& si = c.storages()[info.storage];
   // The digest: the format's CRC32 of the storage when the tensor is all of it, else computed.
@@ -286,12 +294,11 @@ PackedBlob prepack(const Checkpoint& c, const std::string& name, const Packer& p
   }
   std::string shape;
   for (int64_t d : info.shape) shape += std::to_string(d) + ",";
-  const std::string key = "ckpt-prepack 1\ntensor=" + name + "\ndtype=" +
-                          std::string(dtype_name(info.dtype)) + "\nshape=" + shape +
-                          "\nnbytes=" + std::to_string(info.nbytes()) + "\ndigest=" + digest +
-                          "\npacker=" + packer.id + "@" + std::to_string(packer.version) +
-                          "\ncpu=" + cpu_features() + "\nalign=" + std::to_string(o.alignment) +
-                          "\n";
+  const std::string key =
+      "ckpt-prepack 1\ntensor=" + name + "\ndtype=" + std::string(dtype_name(info.dtype)) +
+      "\nshape=" + shape + "\nnbytes=" + std::to_string(info.nbytes()) + "\ndigest=" + digest +
+      "\npacker=" + packer.id + "@" + std::to_string(packer.version) + "\ncpu=" + cpu_features() +
+      "\nalign=" + std::to_string(o.alignment) + "\n";
   const std::string dir = prepack_cache_dir(c, o);
   const std::string path = dir + "/" + sha256_hex(key) + ".blob";
   if (auto hit = map_entry(path, key)) {
@@ -340,7 +347,7 @@ PrepackGcReport prepack_gc(const std::string& dir, uint64_t max_bytes) {
     if (!e) break;
     std::string name = e->d_name;
     std::string p = dir + "/" + name;
-    struct stat st{};
+    struct stat st {};
     if (::lstat(p.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
     if (name.size() > 5 && name.compare(name.size() - 5, 5, ".blob") == 0) {
       entries.push_back({p, static_cast<uint64_t>(st.st_size), st.st_atim});

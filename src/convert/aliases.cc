@@ -47,11 +47,13 @@ void drop_aliases(const Checkpoint& c, FlatStateDict& flat, ConvertReport& r) {
   }
   for (auto& e : kept) {
     // An entry whose first name was left out is now the tensor's only name.
-    if (e.alias_of) e.alias_of = new_index[*e.alias_of] == SIZE_MAX ? std::nullopt
-                                                                     : std::optional(new_index[*e.alias_of]);
+    if (e.alias_of)
+      e.alias_of =
+          new_index[*e.alias_of] == SIZE_MAX ? std::nullopt : std::optional(new_index[*e.alias_of]);
     if (e.shares_with)
-      e.shares_with = new_index[*e.shares_with] == SIZE_MAX ? std::nullopt
-                                                            : std::optional(new_index[*e.shares_with]);
+      e.shares_with = new_index[*e.shares_with] == SIZE_MAX
+                          ? std::nullopt
+                          : std::optional(new_index[*e.shares_with]);
   }
   flat.entries = std::move(kept);
 }

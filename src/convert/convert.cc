@@ -21,7 +21,6 @@
 #include "convert/shard_files.h"
 #include "convert/shards.h"
 #include "convert/transform.h"
-#include "convert/transform.h"
 #include "convert/writing.h"
 
 namespace ckpt {
@@ -138,7 +137,6 @@ ConvertReport write(const Checkpoint& c, const ConvertOptions& o, const Destinat
               "out of memory converting it to " + (is_url(out) ? redact_url(out) : out),
               c.source().name());
 }
-
 
 // A model folder (an existing folder, or a path ending in '/') given as the output of a one-file
 // format: the file in it that save_pretrained would write (model.safetensors, pytorch_model.bin),

@@ -5,6 +5,8 @@
 // names a flat format stores, so that a manifest made from a .pt names the tensors of the
 // .safetensors converted from it the same way.
 
+#include "ckpt/digest.h"
+
 #include <algorithm>
 #include <atomic>
 #include <cstring>
@@ -16,10 +18,9 @@
 #include <thread>
 #include <unordered_map>
 
-#include "ckpt/remote.h"
 #include "ckpt/convert.h"
-#include "ckpt/digest.h"
 #include "ckpt/error.h"
+#include "ckpt/remote.h"
 #include "convert/digest_internal.h"
 #include "util/arena.h"
 #include "util/progress.h"
@@ -174,8 +175,8 @@ Sha256 tensor_sha256(const Tensor& t) {
   } else {
     const size_t es = dtype_size(info.dtype);
     if (es == 0)
-      throw Error(ErrorCode::kUnsupported, "a non-contiguous sub-byte tensor cannot be hashed",
-                  {}, info.name);
+      throw Error(ErrorCode::kUnsupported, "a non-contiguous sub-byte tensor cannot be hashed", {},
+                  info.name);
     hash_strided(h, info, t.data(), es);
   }
   return h.finish();
@@ -231,7 +232,8 @@ std::vector<TensorDigest> tensor_digests(const Checkpoint& c, const DigestOption
   // Progress: the bytes of the storages hashed (LoadOptions::progress).
   uint64_t total = 0;
   if (options.load.progress)
-    for (const auto& group : by_storage) total += storages.at(infos[tensor_of_slot[group[0]]].storage).nbytes;
+    for (const auto& group : by_storage)
+      total += storages.at(infos[tensor_of_slot[group[0]]].storage).nbytes;
   internal::ProgressMeter meter(options.load.progress, total);
   parallel_for(by_storage.size(), threads, [&](size_t g) {
     const size_t s = infos[tensor_of_slot[by_storage[g][0]]].storage;

@@ -22,8 +22,8 @@ std::string read_text(const std::string& path) {
 }  // namespace
 
 ConvertCrypt resolve_encryption(const ConvertEncryption& e) {
-  const int set = !e.key.empty() + !e.key_file.empty() + !e.password.empty() +
-                  !e.password_file.empty();
+  const int set =
+      !e.key.empty() + !e.key_file.empty() + !e.password.empty() + !e.password_file.empty();
   if (set > 1)
     throw Error(ErrorCode::kInvalidArgument,
                 "encryption: set only one of key, key_file, password and password_file");
@@ -57,8 +57,7 @@ ConvertCrypt resolve_encryption(const ConvertEncryption& e) {
   return c;
 }
 
-void write_key_file(const std::string& path, const std::string& raw_key, bool atomic,
-                    bool fsync) {
+void write_key_file(const std::string& path, const std::string& raw_key, bool atomic, bool fsync) {
   FileSinkOptions fo;
   fo.atomic = atomic;
   fo.fsync = fsync;

@@ -94,10 +94,10 @@ class TreeWalk {
   void visit(const Value* v, size_t depth) {
     if (!v) return;
     if (depth > max_depth_)
-      throw Error(ErrorCode::kLimitExceeded,
-                  "object tree deeper than Limits::max_pickle_depth (" +
-                      std::to_string(max_depth_) + ")",
-                  source_);
+      throw Error(
+          ErrorCode::kLimitExceeded,
+          "object tree deeper than Limits::max_pickle_depth (" + std::to_string(max_depth_) + ")",
+          source_);
     switch (v->kind()) {
       case Value::Kind::kTensor:
         if (v->as_int() >= 0) (*on_tensor_)(path_, static_cast<size_t>(v->as_int()));
@@ -184,8 +184,7 @@ FlatStateDict flatten_state_dict(const Checkpoint& c, const FlattenOptions& opti
     // is the first path, the others are aliases, which a flat format (no references) must
     // store as names of their own.
     const bool values = format_traits(c.format()).tree_values;
-    const uint64_t max_depth =
-        options.limits ? options.limits->max_pickle_depth : UINT64_MAX;
+    const uint64_t max_depth = options.limits ? options.limits->max_pickle_depth : UINT64_MAX;
     std::vector<uint8_t> reached(tensors.size(), 0);
     TreeWalk walk(max_depth, values ? &out.non_tensors : nullptr, c.source().name());
     walk.run(c.root().get(), [&](const std::string& path, size_t index) {

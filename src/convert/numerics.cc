@@ -39,13 +39,20 @@ void store(std::byte* p, T v) {
 // Any castable element as float32 bits.
 uint32_t to_f32_bits(DType d, const std::byte* p) {
   switch (d) {
-    case DType::kFloat32: return load<uint32_t>(p);
-    case DType::kFloat64: return f32_bits(static_cast<float>(load<double>(p)));
-    case DType::kFloat16: return f16_to_f32_bits(load<uint16_t>(p));
-    case DType::kBFloat16: return static_cast<uint32_t>(load<uint16_t>(p)) << 16;
-    case DType::kFloat8_e4m3fn: return e4m3fn_to_f32_bits(load<uint8_t>(p));
-    case DType::kFloat8_e5m2: return e5m2_to_f32_bits(load<uint8_t>(p));
-    default: return 0;
+    case DType::kFloat32:
+      return load<uint32_t>(p);
+    case DType::kFloat64:
+      return f32_bits(static_cast<float>(load<double>(p)));
+    case DType::kFloat16:
+      return f16_to_f32_bits(load<uint16_t>(p));
+    case DType::kBFloat16:
+      return static_cast<uint32_t>(load<uint16_t>(p)) << 16;
+    case DType::kFloat8_e4m3fn:
+      return e4m3fn_to_f32_bits(load<uint8_t>(p));
+    case DType::kFloat8_e5m2:
+      return e5m2_to_f32_bits(load<uint8_t>(p));
+    default:
+      return 0;
   }
 }
 
@@ -111,8 +118,10 @@ bool castable_from(DType d) noexcept {
     case DType::kFloat16:
     case DType::kBFloat16:
     case DType::kFloat8_e4m3fn:
-    case DType::kFloat8_e5m2: return true;
-    default: return false;
+    case DType::kFloat8_e5m2:
+      return true;
+    default:
+      return false;
   }
 }
 

@@ -62,7 +62,8 @@ const Row kRows[] = {
        t.alignment = s.alignment;
        return t;
      }},
-    {{ConvertFormat::kSafetensors, "safetensors", kStNames, kStExt, false, true, "model.safetensors"},
+    {{ConvertFormat::kSafetensors, "safetensors", kStNames, kStExt, false, true,
+      "model.safetensors"},
      kAlignment | kCopyShared | kMeta | kDigests,
      [](const TargetSettings& s) -> ConvertTarget {
        SafetensorsTarget t;

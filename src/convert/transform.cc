@@ -86,8 +86,9 @@ class Planner {
     std::unordered_set<std::string> names;
     for (const Item& it : items_)
       if (!names.insert(it.info.name).second)
-        refuse(in_, it.info.name, "two tensors would be written under this name (check the "
-                                  "rename, split and fuse rules)");
+        refuse(in_, it.info.name,
+               "two tensors would be written under this name (check the "
+               "rename, split and fuse rules)");
     return std::move(items_);
   }
 
@@ -133,8 +134,9 @@ class Planner {
         auto base = find(name.substr(0, name.size() - 10));
         if (!base || (items_[*base].info.dtype != DType::kFloat8_e4m3fn &&
                       items_[*base].src != Source::kFp8))
-          refuse(in_, name, "a block scale without a float8_e4m3fn tensor '" +
-                                name.substr(0, name.size() - 10) + "' to dequantize");
+          refuse(in_, name,
+                 "a block scale without a float8_e4m3fn tensor '" +
+                     name.substr(0, name.size() - 10) + "' to dequantize");
         continue;
       }
       if (w.info.dtype != DType::kFloat8_e4m3fn) continue;
@@ -266,23 +268,24 @@ class Planner {
     const auto& shape = src.info.shape;
     const int64_t nd = static_cast<int64_t>(shape.size());
     const int64_t dim = s.dim < 0 ? s.dim + nd : s.dim;
-    if (dim < 0 || dim >= nd) refuse(in_, s.name, "split: no dim " + std::to_string(s.dim) +
-                                                      " in " + shape_text(shape));
+    if (dim < 0 || dim >= nd)
+      refuse(in_, s.name, "split: no dim " + std::to_string(s.dim) + " in " + shape_text(shape));
     if (src.computed()) refuse(in_, s.name, "split: the tensor is itself made by a transform");
     std::vector<int64_t> sizes = s.sizes;
     if (s.parts.empty()) refuse(in_, s.name, "split: no parts named");
     if (sizes.empty()) {
       if (shape[dim] % static_cast<int64_t>(s.parts.size()))
-        refuse(in_, s.name, "split: dim " + std::to_string(dim) + " of " + shape_text(shape) +
-                                " does not divide into " + std::to_string(s.parts.size()) +
-                                " equal parts");
+        refuse(in_, s.name,
+               "split: dim " + std::to_string(dim) + " of " + shape_text(shape) +
+                   " does not divide into " + std::to_string(s.parts.size()) + " equal parts");
       sizes.assign(s.parts.size(), shape[dim] / static_cast<int64_t>(s.parts.size()));
     }
     int64_t total = 0;
     for (int64_t z : sizes) total += z;
     if (sizes.size() != s.parts.size() || total != shape[dim])
-      refuse(in_, s.name, "split: sizes " + shape_text(sizes) + " do not make dim " +
-                              std::to_string(dim) + " of " + shape_text(shape));
+      refuse(in_, s.name,
+             "split: sizes " + shape_text(sizes) + " do not make dim " + std::to_string(dim) +
+                 " of " + shape_text(shape));
     std::vector<Item> parts;
     int64_t off = 0;
     for (size_t p = 0; p < sizes.size(); ++p) {
@@ -309,14 +312,15 @@ class Planner {
       if (auto i = find(p)) at.push_back(*i);
     if (at.empty()) return count(rule, 0);
     if (at.size() != f.parts.size() || f.parts.size() < 2)
-      refuse(in_, f.name, "fuse: " + std::to_string(f.parts.size() - at.size()) +
-                              " of its parts are missing (" + rule + ")");
+      refuse(in_, f.name,
+             "fuse: " + std::to_string(f.parts.size() - at.size()) + " of its parts are missing (" +
+                 rule + ")");
     const Item& first = items_[at[0]];
     const int64_t nd = static_cast<int64_t>(first.info.shape.size());
     const int64_t dim = f.dim < 0 ? f.dim + nd : f.dim;
     if (dim < 0 || dim >= nd)
-      refuse(in_, f.parts[0], "fuse: no dim " + std::to_string(f.dim) + " in " +
-                                  shape_text(first.info.shape));
+      refuse(in_, f.parts[0],
+             "fuse: no dim " + std::to_string(f.dim) + " in " + shape_text(first.info.shape));
     Item fused = first;
     fused.info.name = f.name;
     fused.src = Source::kFuse;
@@ -330,8 +334,9 @@ class Planner {
       if (p.computed() || p.info.dtype != first.info.dtype || a != b)
         refuse(in_, p.info.name,
                "fuse: the parts must be untransformed tensors of one dtype whose shapes differ "
-               "in dim " + std::to_string(dim) + " only (" + std::string(dtype_name(p.info.dtype)) +
-                   " " + shape_text(p.info.shape) + ")");
+               "in dim " +
+                   std::to_string(dim) + " only (" + std::string(dtype_name(p.info.dtype)) + " " +
+                   shape_text(p.info.shape) + ")");
       fused.inputs.push_back(p.inputs[0]);
       fused.info.shape[dim] += p.info.shape[dim];
     }
@@ -347,8 +352,8 @@ class Planner {
       for (Item& it : items_) {
         if (!glob(g, it.info.name)) continue;
         if (it.info.shape.size() != 2)
-          refuse(in_, it.info.name, "transpose: the tensor is " + shape_text(it.info.shape) +
-                                        ", not 2-D");
+          refuse(in_, it.info.name,
+                 "transpose: the tensor is " + shape_text(it.info.shape) + ", not 2-D");
         it.transpose = !it.transpose;
         std::swap(it.info.shape[0], it.info.shape[1]);
         ++n;
@@ -586,8 +591,9 @@ void apply_transforms(const TransformRecipe& recipe, const Writer& w, const std:
   bool any_computed = false;
   for (Item& it : items) {
     if (!w.holds(it.info.dtype))
-      refuse(in, it.info.name, "dtype " + std::string(dtype_name(it.info.dtype)) +
-                                   " cannot be written to " + w.caps().format);
+      refuse(in, it.info.name,
+             "dtype " + std::string(dtype_name(it.info.dtype)) + " cannot be written to " +
+                 w.caps().format);
     if (it.computed()) {
       it.info.strides = contiguous_strides(it.info.shape);
       it.info.storage_offset = 0;
@@ -614,8 +620,8 @@ void apply_transforms(const TransformRecipe& recipe, const Writer& w, const std:
     out.push_back(Tensor(it.info, std::move(st)));
   }
   if (any_computed)
-    content.feed = std::make_shared<TransformFeed>(std::move(content.tensors), std::move(items),
-                                                   content.feed);
+    content.feed =
+        std::make_shared<TransformFeed>(std::move(content.tensors), std::move(items), content.feed);
   content.tensors = std::move(out);
 }
 

@@ -111,10 +111,10 @@ TransformRecipe parse_transform_recipe(std::string_view text) {
   }
   if (!j.is_object()) bad("must be a JSON object");
   static const char* kFields[] = {"rename", "strip_prefix", "add_prefix", "keep", "drop",
-                                  "cast", "dequantize", "split", "fuse", "transpose"};
+                                  "cast",   "dequantize",   "split",      "fuse", "transpose"};
   for (const auto& [k, v] : j.items())
-    if (std::find_if(std::begin(kFields), std::end(kFields), [&](const char* f) { return k == f; }) ==
-        std::end(kFields))
+    if (std::find_if(std::begin(kFields), std::end(kFields),
+                     [&](const char* f) { return k == f; }) == std::end(kFields))
       bad("unknown field \"" + k + "\"");
   TransformRecipe r;
   try {

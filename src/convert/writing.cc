@@ -99,7 +99,8 @@ Tensor TensorSource::get(size_t index) const {
 namespace {
 
 // The one place a target becomes a writer with its own options.
-std::unique_ptr<Writer> writer_for(const ConvertTarget& target, const TensorizerSaveOptions& crypt) {
+std::unique_ptr<Writer> writer_for(const ConvertTarget& target,
+                                   const TensorizerSaveOptions& crypt) {
   struct Make {
     const TensorizerSaveOptions& crypt;
     std::unique_ptr<Writer> operator()(const std::monostate&) const {

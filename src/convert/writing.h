@@ -49,8 +49,8 @@ struct TargetWriter {
 TargetWriter make_target(const ConvertOptions& o);
 
 // A flat target's entries, checked against the writer: meta tensors (MetaTensors), quantized
-// tensors, a single unnamed tensor, dtypes, shared bytes (SafetensorsTarget::copy_shared). Fills r.meta_zeroed /
-// meta_skipped, r.copied_shared, r.not_written, r.tensors, r.tensor_bytes.
+// tensors, a single unnamed tensor, dtypes, shared bytes (SafetensorsTarget::copy_shared). Fills
+// r.meta_zeroed / meta_skipped, r.copied_shared, r.not_written, r.tensors, r.tensor_bytes.
 FlatStateDict flat_state(const Checkpoint& c, const Writer& w, const ConvertOptions& o,
                          ConvertReport& r);
 // The entries' tensors under their flat names (aliases share their tensor's storage), and the

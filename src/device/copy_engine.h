@@ -139,7 +139,7 @@ class HostCopyEngine : public CopyEngine {
   uint64_t staging_peak() const;
   uint64_t direct_bytes() const;  // read by open_direct()'s files
   uint64_t device_in_use() const;
-  uint64_t copies() const;  // copies queued so far
+  uint64_t copies() const;     // copies queued so far
   int max_lanes_busy() const;  // the most lanes copying at one moment (overlap)
 
   struct State;

@@ -76,20 +76,21 @@ const Runtime& runtime() {
       return r;
     }
     void* h = r.handle;
-    bool ok = bind(h, "cudaGetDeviceCount", r.GetDeviceCount) && bind(h, "cudaSetDevice", r.SetDevice) &&
-              bind(h, "cudaGetDevice", r.GetDevice) && bind(h, "cudaGetLastError", r.GetLastError) &&
-              bind(h, "cudaStreamSynchronize", r.StreamSynchronize) &&
-              bind(h, "cudaMalloc", r.Malloc) && bind(h, "cudaFree", r.Free) &&
-              bind(h, "cudaHostAlloc", r.HostAlloc) && bind(h, "cudaFreeHost", r.FreeHost) &&
-              bind(h, "cudaStreamCreateWithFlags", r.StreamCreateWithFlags) &&
-              bind(h, "cudaStreamDestroy", r.StreamDestroy) &&
-              bind(h, "cudaMemcpyAsync", r.MemcpyAsync) && bind(h, "cudaMemcpy", r.Memcpy) &&
-              bind(h, "cudaEventCreateWithFlags", r.EventCreateWithFlags) &&
-              bind(h, "cudaEventRecord", r.EventRecord) &&
-              bind(h, "cudaEventSynchronize", r.EventSynchronize) &&
-              bind(h, "cudaEventDestroy", r.EventDestroy) && bind(h, "cudaMemGetInfo", r.MemGetInfo) &&
-              bind(h, "cudaRuntimeGetVersion", r.RuntimeGetVersion) &&
-              bind(h, "cudaGetErrorString", r.GetErrorString);
+    bool ok =
+        bind(h, "cudaGetDeviceCount", r.GetDeviceCount) && bind(h, "cudaSetDevice", r.SetDevice) &&
+        bind(h, "cudaGetDevice", r.GetDevice) && bind(h, "cudaGetLastError", r.GetLastError) &&
+        bind(h, "cudaStreamSynchronize", r.StreamSynchronize) && bind(h, "cudaMalloc", r.Malloc) &&
+        bind(h, "cudaFree", r.Free) && bind(h, "cudaHostAlloc", r.HostAlloc) &&
+        bind(h, "cudaFreeHost", r.FreeHost) &&
+        bind(h, "cudaStreamCreateWithFlags", r.StreamCreateWithFlags) &&
+        bind(h, "cudaStreamDestroy", r.StreamDestroy) &&
+        bind(h, "cudaMemcpyAsync", r.MemcpyAsync) && bind(h, "cudaMemcpy", r.Memcpy) &&
+        bind(h, "cudaEventCreateWithFlags", r.EventCreateWithFlags) &&
+        bind(h, "cudaEventRecord", r.EventRecord) &&
+        bind(h, "cudaEventSynchronize", r.EventSynchronize) &&
+        bind(h, "cudaEventDestroy", r.EventDestroy) && bind(h, "cudaMemGetInfo", r.MemGetInfo) &&
+        bind(h, "cudaRuntimeGetVersion", r.RuntimeGetVersion) &&
+        bind(h, "cudaGetErrorString", r.GetErrorString);
     if (!ok) {
       r.missing = "the CUDA runtime " + r.path + " lacks an entry point ckpt needs";
       r.handle = nullptr;  // left loaded: unloading a runtime is never safe
@@ -236,9 +237,9 @@ class CudaEngine : public CopyEngine {
     quiet(rt_, rt_.MemGetInfo(&free_b, &total_b));
     int v = 0;
     quiet(rt_, rt_.RuntimeGetVersion(&v));
-    return "cuda:" + std::to_string(index_) + " " + name + ", " +
-           std::to_string(total_b >> 30) + " GiB, CUDA runtime " + std::to_string(v / 1000) + "." +
-           std::to_string(v % 1000 / 10) + " (" + rt_.path + ")";
+    return "cuda:" + std::to_string(index_) + " " + name + ", " + std::to_string(total_b >> 30) +
+           " GiB, CUDA runtime " + std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10) +
+           " (" + rt_.path + ")";
   }
 
   uint64_t free_bytes() override {
@@ -256,9 +257,9 @@ class CudaEngine : public CopyEngine {
       size_t free_b = 0, total_b = 0;
       quiet(rt_, rt_.MemGetInfo(&free_b, &total_b));
       throw Error(ErrorCode::kLimitExceeded,
-                  "cannot allocate " + std::to_string(bytes) + " bytes on cuda:" +
-                      std::to_string(index_) + " (" + std::to_string(free_b) + " of " +
-                      std::to_string(total_b) + " free): " + cuda_text(rt_, e));
+                  "cannot allocate " + std::to_string(bytes) +
+                      " bytes on cuda:" + std::to_string(index_) + " (" + std::to_string(free_b) +
+                      " of " + std::to_string(total_b) + " free): " + cuda_text(rt_, e));
     }
     const Runtime* rt = &rt_;
     int index = index_;
@@ -284,10 +285,12 @@ class CudaEngine : public CopyEngine {
     }
     if (!p) {
       DeviceGuard on(rt_, index_);
-      if (cudaError e = rt_.HostAlloc(&p, std::max<uint64_t>(bytes, 1), kHostAllocPortable); e != 0) {
+      if (cudaError e = rt_.HostAlloc(&p, std::max<uint64_t>(bytes, 1), kHostAllocPortable);
+          e != 0) {
         quiet(rt_, e);
-        throw Error(ErrorCode::kLimitExceeded, "cannot allocate " + std::to_string(bytes) +
-                                                   " bytes of pinned host memory: " + cuda_text(rt_, e));
+        throw Error(ErrorCode::kLimitExceeded,
+                    "cannot allocate " + std::to_string(bytes) +
+                        " bytes of pinned host memory: " + cuda_text(rt_, e));
       }
       size = bytes;
     }
@@ -384,7 +387,6 @@ std::unique_ptr<CopyEngine> make_engine(const Runtime& rt, int index) {
 
 namespace {
 
-
 std::mutex engines_mu;
 std::map<int, CudaEngine*>& engines() {
   // Engines live until the process ends (their cached staging is pinned memory the runtime
@@ -400,7 +402,8 @@ CopyEngine& cuda_engine(int index) {
   auto& m = engines();
   if (auto it = m.find(index); it != m.end()) return *it->second;
   if (std::string why = unavailable(index); !why.empty())
-    throw Error(ErrorCode::kUnsupported, "cannot load into cuda:" + std::to_string(index) + ": " + why);
+    throw Error(ErrorCode::kUnsupported,
+                "cannot load into cuda:" + std::to_string(index) + ": " + why);
   auto* e = new CudaEngine(runtime(), index);
   m.emplace(index, e);
   return *e;
@@ -409,7 +412,7 @@ CopyEngine& cuda_engine(int index) {
 namespace {
 std::atomic<CopyEngine*> override_engine{nullptr};
 std::atomic<int64_t> override_delay_ms{0};  // until the first engine_for() of the override
-}
+}  // namespace
 
 Device resolve_device(const Device& device) {
   if (!device.is_cuda() || device.index >= 0) return device;
@@ -483,7 +486,8 @@ double time_pinned_copy(const Device& device, uint64_t bytes, int repeat) {
     auto s = e.start(1, 1);
     s->copy(0, dev.get(), host.get(), bytes);
     s->finish();
-    if (i) t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    if (i)
+      t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];

@@ -55,7 +55,8 @@ const Library& library() {
     if (const char* env = std::getenv("CKPT_CUFILE"); env && *env)
       names.push_back(env);
     else
-      for (const char* n : {"libcufile.so.0", "libcufile.so", "/usr/local/cuda/lib64/libcufile.so.0"})
+      for (const char* n :
+           {"libcufile.so.0", "libcufile.so", "/usr/local/cuda/lib64/libcufile.so.0"})
         names.push_back(n);
     void* h = nullptr;
     for (const std::string& n : names)
@@ -70,7 +71,8 @@ const Library& library() {
       return l;
     }
     l.DriverOpen = reinterpret_cast<decltype(l.DriverOpen)>(::dlsym(h, "cuFileDriverOpen"));
-    l.HandleRegister = reinterpret_cast<decltype(l.HandleRegister)>(::dlsym(h, "cuFileHandleRegister"));
+    l.HandleRegister =
+        reinterpret_cast<decltype(l.HandleRegister)>(::dlsym(h, "cuFileHandleRegister"));
     l.HandleDeregister =
         reinterpret_cast<decltype(l.HandleDeregister)>(::dlsym(h, "cuFileHandleDeregister"));
     l.Read = reinterpret_cast<decltype(l.Read)>(::dlsym(h, "cuFileRead"));

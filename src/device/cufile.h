@@ -20,8 +20,8 @@ std::string cufile_unavailable();
 // Runs its argument with the engine's device current on the calling thread (and the caller's
 // device restored after).
 using OnDevice = std::function<void(const std::function<void()>&)>;
-// Direct reads of `fd` into device memory, each within `on_device`. Null with `why` set when cuFile is unavailable or refuses the
-// file (cuFileHandleRegister: a filesystem it does not support).
+// Direct reads of `fd` into device memory, each within `on_device`. Null with `why` set when cuFile
+// is unavailable or refuses the file (cuFileHandleRegister: a filesystem it does not support).
 std::unique_ptr<DirectFile> open_cufile(int fd, OnDevice on_device, std::string& why);
 
 }  // namespace ckpt::internal

@@ -1,9 +1,10 @@
 // Device names: "cpu", "cuda" (the current device), "cuda:N".
 
+#include "ckpt/device.h"
+
 #include <atomic>
 #include <charconv>
 
-#include "ckpt/device.h"
 #include "ckpt/error.h"
 #include "device/copy_engine.h"
 
@@ -31,8 +32,8 @@ Device Device::parse(std::string_view text) {
   if (text == "cpu:0") return {};
   for (const char* known : {"meta", "mps", "xpu", "hip", "xla", "vulkan", "ipu", "hpu", "mtia"})
     if (kind == known)
-      throw Error(ErrorCode::kUnsupported,
-                  "cannot load into device \"" + std::string(text) + "\": ckpt loads into cpu and cuda");
+      throw Error(ErrorCode::kUnsupported, "cannot load into device \"" + std::string(text) +
+                                               "\": ckpt loads into cpu and cuda");
   throw Error(ErrorCode::kInvalidArgument,
               "bad device \"" + std::string(text) + "\": expected cpu, cuda or cuda:N");
 }

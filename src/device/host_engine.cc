@@ -9,11 +9,11 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
-#include <algorithm>
-#include <cerrno>
 #include <cstring>
 #include <deque>
 #include <exception>
@@ -116,8 +116,8 @@ class HostSession : public CopySession {
       lock.unlock();
       if (!fail) {
         int busy = st_->busy.fetch_add(1) + 1;
-        for (int peak = st_->busy_peak.load(); busy > peak &&
-                                              !st_->busy_peak.compare_exchange_weak(peak, busy);) {
+        for (int peak = st_->busy_peak.load();
+             busy > peak && !st_->busy_peak.compare_exchange_weak(peak, busy);) {
         }
         if (st_->options.delay_us)
           std::this_thread::sleep_for(std::chrono::microseconds(st_->options.delay_us));
@@ -126,8 +126,8 @@ class HostSession : public CopySession {
       }
       lock.lock();
       if (fail && !failure_ && job.number == st_->options.fail_at)
-        failure_ = std::make_exception_ptr(Error(ErrorCode::kIo, "host copy engine: injected failure")
-                                               .with_offset(job.number));
+        failure_ = std::make_exception_ptr(
+            Error(ErrorCode::kIo, "host copy engine: injected failure").with_offset(job.number));
       --pending_[static_cast<size_t>(job.slot)];
       cv_.notify_all();
     }
@@ -156,16 +156,18 @@ std::shared_ptr<std::byte> HostCopyEngine::allocate(uint64_t bytes) {
   {
     std::lock_guard<std::mutex> lock(st->mu);
     if (bytes > st->options.device_bytes - std::min(st->device_now, st->options.device_bytes))
-      throw Error(ErrorCode::kLimitExceeded, "host copy engine: out of device memory for " +
-                                                 std::to_string(bytes) + " bytes");
+      throw Error(ErrorCode::kLimitExceeded,
+                  "host copy engine: out of device memory for " + std::to_string(bytes) + " bytes");
     st->device_now += bytes;
   }
   const uint64_t span = std::max<uint64_t>(bytes, 1);
-  void* reserved = ::mmap(nullptr, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  void* reserved =
+      ::mmap(nullptr, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (reserved == MAP_FAILED) {
     std::lock_guard<std::mutex> lock(st->mu);
     st->device_now -= bytes;
-    throw Error(ErrorCode::kLimitExceeded, "host copy engine: cannot reserve " + std::to_string(bytes));
+    throw Error(ErrorCode::kLimitExceeded,
+                "host copy engine: cannot reserve " + std::to_string(bytes));
   }
   auto* p = static_cast<std::byte*>(reserved);
   auto* backing = static_cast<std::byte*>(::operator new(span, std::align_val_t(256)));
@@ -191,7 +193,8 @@ std::shared_ptr<std::byte> HostCopyEngine::staging(uint64_t bytes) {
     st->staging_now += bytes;
     st->staging_peak = std::max(st->staging_peak, st->staging_now);
   }
-  auto* p = static_cast<std::byte*>(::operator new(std::max<uint64_t>(bytes, 1), std::align_val_t(4096)));
+  auto* p =
+      static_cast<std::byte*>(::operator new(std::max<uint64_t>(bytes, 1), std::align_val_t(4096)));
   return std::shared_ptr<std::byte>(p, [st, bytes](std::byte* q) {
     ::operator delete(q, std::align_val_t(4096));
     std::lock_guard<std::mutex> lock(st->mu);
@@ -244,11 +247,13 @@ class HostDirectFile : public DirectFile {
     if (st_->options.direct_fails)
       throw Error(ErrorCode::kIo, "direct read: injected failure", {}, {}, offset);
     for (uint64_t done = 0; done < n;) {
-      ssize_t r = ::pread(fd_, st_->host_of(dst) + done, n - done, static_cast<off_t>(offset + done));
+      ssize_t r =
+          ::pread(fd_, st_->host_of(dst) + done, n - done, static_cast<off_t>(offset + done));
       if (r < 0 && errno == EINTR) continue;
       if (r <= 0)
-        throw Error(ErrorCode::kIo, r < 0 ? std::string("direct read: ") + std::strerror(errno)
-                                          : std::string("direct read: end of file"),
+        throw Error(ErrorCode::kIo,
+                    r < 0 ? std::string("direct read: ") + std::strerror(errno)
+                          : std::string("direct read: end of file"),
                     {}, {}, offset + done);
       done += static_cast<uint64_t>(r);
     }

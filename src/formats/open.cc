@@ -78,7 +78,13 @@ bool onnx_head(const unsigned char* h, size_t n, const std::string& name) {
   if (name.size() > 5 && name.compare(name.size() - 5, 5, ".onnx") == 0) return true;
   if (n < 3 || h[0] != 0x08 || h[1] == 0 || h[1] >= 0x80) return false;
   switch (h[2]) {
-    case 0x12: case 0x1a: case 0x22: case 0x28: case 0x32: case 0x3a: case 0x42:
+    case 0x12:
+    case 0x1a:
+    case 0x22:
+    case 0x28:
+    case 0x32:
+    case 0x3a:
+    case 0x42:
       return true;
     default:
       return false;

@@ -21,8 +21,7 @@ ByteSink& SinkOutput::file(const std::string& name) {
 
 ByteSink& FolderOutput::file() {
   throw Error(ErrorCode::kInvalidArgument,
-              "the output is a folder of files; a one-file writer cannot write it",
-              folder_.path());
+              "the output is a folder of files; a one-file writer cannot write it", folder_.path());
 }
 
 ByteSink& FolderOutput::file(const std::string& name) {

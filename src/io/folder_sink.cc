@@ -62,7 +62,8 @@ class DirSink final : public FolderSink {
     if (inspect(target_, path_) == Target::kFolder && !opt_.replace) not_empty(path_);
     std::error_code ec;
     std::filesystem::create_directories(dir_, ec);
-    if (ec) throw Error(ErrorCode::kIo, "cannot create folder " + dir_ + ": " + ec.message(), path_);
+    if (ec)
+      throw Error(ErrorCode::kIo, "cannot create folder " + dir_ + ": " + ec.message(), path_);
     io::sweep_stale_temporaries(dir_, base);
     io::Temporary t;
     try {

@@ -16,8 +16,8 @@ void check_inside(const std::string& path, const std::string& dir, const std::st
   const auto rel = real.lexically_relative(base);
   if (rel.empty() || *rel.begin() == "..")
     throw Error(ErrorCode::kCorrupt,
-                what + " " + path + " resolves outside " + where + " (" + real.string() + ")",
-                file, record);
+                what + " " + path + " resolves outside " + where + " (" + real.string() + ")", file,
+                record);
 }
 
 }  // namespace ckpt::internal

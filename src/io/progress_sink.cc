@@ -1,10 +1,10 @@
 // ProgressSink (include/ckpt/sink.h).
 
-#include "ckpt/sink.h"
-
 #include <algorithm>
 #include <atomic>
 #include <utility>
+
+#include "ckpt/sink.h"
 
 namespace ckpt {
 
@@ -40,14 +40,13 @@ void ProgressSink::write_sliced(std::span<const std::byte> bytes, size_t slice,
   // caller's thread reports (the callback never runs on a writer thread).
   const uint64_t base = inner_.position();
   std::atomic<uint64_t> visited{0};
-  inner_.write_sliced(bytes, slice,
-                      [&](size_t index, uint64_t offset, std::span<const std::byte> piece) {
-                        visit(index, offset, piece);
-                        const uint64_t v =
-                            visited.fetch_add(piece.size(), std::memory_order_relaxed) +
-                            piece.size();
-                        if (std::this_thread::get_id() == caller_) tick(base + v);
-                      });
+  inner_.write_sliced(
+      bytes, slice, [&](size_t index, uint64_t offset, std::span<const std::byte> piece) {
+        visit(index, offset, piece);
+        const uint64_t v =
+            visited.fetch_add(piece.size(), std::memory_order_relaxed) + piece.size();
+        if (std::this_thread::get_id() == caller_) tick(base + v);
+      });
   tick(inner_.position());
 }
 

@@ -1,10 +1,10 @@
 #include "ckpt/sink.h"
 
 #include <fcntl.h>
-#include <sys/file.h>
-#include <sys/uio.h>
 #include <linux/magic.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <sys/vfs.h>
 #include <unistd.h>
 
@@ -146,9 +146,9 @@ class FileSink final : public ByteSink {
       slot_ = t.slot;
       ::flock(fd_, LOCK_EX | LOCK_NB);  // marks it as a live writer's
     } else {
-      fd_ = ::open(path_.c_str(),
-                   O_WRONLY | O_CREAT | O_CLOEXEC | (opt_.replace ? O_TRUNC : O_EXCL),
-                   opt_.owner_only ? 0600 : 0666);
+      fd_ =
+          ::open(path_.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | (opt_.replace ? O_TRUNC : O_EXCL),
+                 opt_.owner_only ? 0600 : 0666);
       if (fd_ < 0 && errno == EEXIST && !opt_.replace) exists();
       if (fd_ >= 0 && opt_.owner_only) ::fchmod(fd_, 0600);  // an existing file keeps its mode
       if (fd_ < 0) fail("cannot create");

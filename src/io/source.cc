@@ -1,5 +1,4 @@
 #include "ckpt/source.h"
-#include "io/local_file.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -12,6 +11,7 @@
 #include <mutex>
 
 #include "ckpt/error.h"
+#include "io/local_file.h"
 
 namespace ckpt {
 
@@ -74,8 +74,8 @@ class FileSource final : public ByteSource {
     count(dst.size());
     size_t done = 0;
     while (done < dst.size()) {
-      ssize_t n = ::pread(fd_->fd, dst.data() + done, dst.size() - done,
-                          static_cast<off_t>(offset + done));
+      ssize_t n =
+          ::pread(fd_->fd, dst.data() + done, dst.size() - done, static_cast<off_t>(offset + done));
       if (n < 0) {
         if (errno == EINTR) continue;
         throw Error(ErrorCode::kIo, std::string("pread: ") + std::strerror(errno), path_, {},

@@ -213,8 +213,8 @@ Temporary create_temporary(const std::string& dir, const std::string& base, bool
     if (err != EEXIST) {
       if (s) s->state.store(kFree);
       throw Error(ErrorCode::kIo,
-                  std::string("cannot create temporary ") + (folder ? "folder" : "file") +
-                      " in " + dir + ": " + std::strerror(err),
+                  std::string("cannot create temporary ") + (folder ? "folder" : "file") + " in " +
+                      dir + ": " + std::strerror(err),
                   dir);
     }
   }
@@ -290,8 +290,7 @@ void remove_temporaries_now() noexcept {
     if (st == io::kCreating && s.tid != me) {
       // Another thread is creating it right now: wait (briefly) for the outcome.
       const int64_t until = io::monotonic_ms() + 1000;
-      while ((st = s.state.load()) == io::kCreating && io::monotonic_ms() < until)
-        io::sleep_us(50);
+      while ((st = s.state.load()) == io::kCreating && io::monotonic_ms() < until) io::sleep_us(50);
     }
     if (st != io::kLive && st != io::kCreating) continue;
     if (!s.state.compare_exchange_strong(st, io::kCleaning)) continue;

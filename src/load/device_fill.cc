@@ -35,7 +35,8 @@ struct Item {
 uint64_t slot_size(uint64_t& staging_bytes, int& readers) {
   staging_bytes = std::max<uint64_t>(staging_bytes, 2 * kMinSlot);
   readers = static_cast<int>(std::min<uint64_t>(readers, staging_bytes / (2 * kMinSlot)));
-  uint64_t slot = std::min<uint64_t>(kMaxSlot, staging_bytes / (2 * static_cast<uint64_t>(readers)));
+  uint64_t slot =
+      std::min<uint64_t>(kMaxSlot, staging_bytes / (2 * static_cast<uint64_t>(readers)));
   return slot / kMinSlot * kMinSlot;
 }
 
@@ -78,7 +79,8 @@ void fill_device(const LoadPlan& plan, CopyEngine& engine, const std::vector<Dev
     for (uint64_t off = 0; off < t.len; off += slot)
       items.push_back({j, off, std::min(slot, t.len - off), chunks_of[j]++});
   }
-  readers = static_cast<int>(std::min<size_t>(static_cast<size_t>(readers), std::max<size_t>(items.size(), 1)));
+  readers = static_cast<int>(
+      std::min<size_t>(static_cast<size_t>(readers), std::max<size_t>(items.size(), 1)));
   std::shared_ptr<std::byte> ring = engine.staging(slot * 2 * static_cast<uint64_t>(readers));
 
   // Direct reads (GPUDirect Storage) of the file, where the engine has them; a failed one falls
@@ -104,7 +106,8 @@ void fill_device(const LoadPlan& plan, CopyEngine& engine, const std::vector<Dev
   // Per target with a CRC to check (a whole raw storage): the CRC of each chunk, combined in
   // order at the end.
   auto checks_crc = [&](const DeviceTarget& t) {
-    return plan.storages[t.k].check_crc && t.from == 0 && t.len == m.storages[plan.storages[t.k].storage].nbytes;
+    return plan.storages[t.k].check_crc && t.from == 0 &&
+           t.len == m.storages[plan.storages[t.k].storage].nbytes;
   };
   std::vector<std::vector<uint32_t>> crcs(n);
   for (size_t j = 0; j < n; ++j)
@@ -127,7 +130,8 @@ void fill_device(const LoadPlan& plan, CopyEngine& engine, const std::vector<Dev
       auto buf = [&](int s) { return ring.get() + static_cast<uint64_t>(s) * slot; };
       auto* progress = meter.active() ? &meter : nullptr;
       try {
-        for (size_t i; !stop.load(std::memory_order_relaxed) && (i = next.fetch_add(1)) < items.size();) {
+        for (size_t i;
+             !stop.load(std::memory_order_relaxed) && (i = next.fetch_add(1)) < items.size();) {
           const Item& it = items[i];
           const DeviceTarget& t = targets[it.j];
           const PlannedStorage& p = plan.storages[t.k];
@@ -136,7 +140,8 @@ void fill_device(const LoadPlan& plan, CopyEngine& engine, const std::vector<Dev
             // Decoded into host memory first (the storage's size), then through the slots.
             std::unique_ptr<std::byte[]> host(new std::byte[si.nbytes]);
             load_into(plan, p, host.get());
-            for (uint64_t off = 0; off < t.len && !stop.load(std::memory_order_relaxed); off += slot) {
+            for (uint64_t off = 0; off < t.len && !stop.load(std::memory_order_relaxed);
+                 off += slot) {
               uint64_t len = std::min(slot, t.len - off);
               int s = take_slot();
               std::memcpy(buf(s), host.get() + t.from + off, len);

@@ -121,7 +121,8 @@ void check_device_budget(CopyEngine& engine, uint64_t need, const LoadOptions& o
   const uint64_t free_b = engine.free_bytes();
   if (need > free_b)
     throw Error(ErrorCode::kLimitExceeded,
-                "the load does not fit the free memory of " + dev + ": " + sizes(need, free_b), file);
+                "the load does not fit the free memory of " + dev + ": " + sizes(need, free_b),
+                file);
 }
 
 std::vector<StoragePtr> execute_device(const LoadPlan& plan, CopyEngine& engine,

@@ -26,8 +26,8 @@
 namespace ckpt::internal {
 
 struct DeviceLoadStats {
-  uint64_t warmed_bytes = 0;   // read into the page cache while the device's engine started
-  uint64_t direct_bytes = 0;   // read straight into device memory (GPUDirect Storage)
+  uint64_t warmed_bytes = 0;  // read into the page cache while the device's engine started
+  uint64_t direct_bytes = 0;  // read straight into device memory (GPUDirect Storage)
   int readers = 0;
   uint64_t slot_bytes = 0;
   uint64_t staging_bytes = 0;  // held during the load
@@ -69,19 +69,22 @@ void check_device_budget(CopyEngine& engine, uint64_t need, const LoadOptions& o
 // naming the device when a copy fails.
 //
 // With options.gds, a local file (opened again with O_DIRECT where its filesystem allows) and an
-// engine that reads files directly (CopyEngine::open_direct: cuFile), each raw chunk of a storage that needs no host work (no CRC
-// to check, no byte swap) is read by its reader straight into its place in the device arena,
-// without a staging slot; everything else, and everything when the engine cannot, goes through
-// the ring as above. A direct read that fails is done again through the ring, and so is the rest
-// of the load; DeviceLoadStats::direct_bytes and gds_bytes_read() count what really went direct.
+// engine that reads files directly (CopyEngine::open_direct: cuFile), each raw chunk of a storage
+// that needs no host work (no CRC to check, no byte swap) is read by its reader straight into its
+// place in the device arena, without a staging slot; everything else, and everything when the
+// engine cannot, goes through the ring as above. A direct read that fails is done again through the
+// ring, and so is the rest of the load; DeviceLoadStats::direct_bytes and gds_bytes_read() count
+// what really went direct.
 std::vector<StoragePtr> execute_device(const LoadPlan& plan, CopyEngine& engine,
-                                       const LoadOptions& options, DeviceLoadStats* stats = nullptr);
+                                       const LoadOptions& options,
+                                       DeviceLoadStats* stats = nullptr);
 // The same into `device`, whose engine (engine_for) may not exist yet: creating it (a CUDA
 // context: hundreds of milliseconds) then overlaps reading. While it starts, the readers read the
 // plan's first chunks, in the order the load takes them, from a local file into a small scratch
 // buffer each (4 MiB), so that a cold page cache is filling meanwhile; the load then reads them
 // again, from memory. Not done for other sources (it would transfer bytes twice).
 std::vector<StoragePtr> execute_device(const LoadPlan& plan, const Device& device,
-                                       const LoadOptions& options, DeviceLoadStats* stats = nullptr);
+                                       const LoadOptions& options,
+                                       DeviceLoadStats* stats = nullptr);
 
 }  // namespace ckpt::internal

@@ -15,8 +15,8 @@
 
 #include "ckpt/options.h"
 #include "load/preload.h"
-#include "util/progress.h"
 #include "model/checkpoint_model.h"
+#include "util/progress.h"
 
 namespace ckpt::internal {
 

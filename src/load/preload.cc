@@ -47,7 +47,8 @@ Preload::Preload(SourcePtr source, std::vector<PreloadRange> ranges, bool crc, i
   // by range, so that each range's CRC is computed from its own slices).
   mirror_ = n > 0 && !overlap && last - first <= total + total / 16 + (1 << 20);
   if (mirror_) {
-    const uint64_t base = first & ~(kStorageAlign - 1);  // keep the file's 64-byte alignment in memory
+    const uint64_t base =
+        first & ~(kStorageAlign - 1);  // keep the file's 64-byte alignment in memory
     for (size_t i = 0; i < n; ++i) arena_off_[i] = ranges_[i].offset - base;
     size = align_up(last - base, kStorageAlign);
     add(first, first - base, last - first, kAny);

@@ -58,9 +58,9 @@ void execute_stream_order(const LoadPlan& plan, uint64_t budget, std::span<const
     };
     std::mutex mu;
     std::condition_variable cv;
-    std::deque<Fill> fills;        // queued, in plan order
+    std::deque<Fill> fills;                       // queued, in plan order
     std::vector<uint32_t> left(order.size(), 0);  // pieces not yet done, per position
-    size_t placed = 0;             // storages placed so far (their slots acquired)
+    size_t placed = 0;                            // storages placed so far (their slots acquired)
     bool ending = false;
     std::exception_ptr failure;
     auto run_one = [&](std::unique_lock<std::mutex>& lock) {
@@ -127,8 +127,10 @@ void execute_stream_order(const LoadPlan& plan, uint64_t budget, std::span<const
             else if (committed < placed)
               cv.wait_for(lock, std::chrono::milliseconds(1));
           }
-          if (committed == placed) slot = ring.acquire(si.nbytes, k);  // nothing ahead: block
-          else slot = ring.try_acquire(si.nbytes, k);
+          if (committed == placed)
+            slot = ring.acquire(si.nbytes, k);  // nothing ahead: block
+          else
+            slot = ring.try_acquire(si.nbytes, k);
           if (!slot && committed == placed) break;
         }
         if (!slot) break;  // the consumer stopped

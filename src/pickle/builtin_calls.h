@@ -27,9 +27,9 @@ class CopyBudget {
 // Value::Kind name for messages ("list", "global").
 const char* kind_name(Value::Kind kind) noexcept;
 
-// The result of `callable(*args)` for a built-in (collections.OrderedDict, Counter, defaultdict, builtins.set,
-// frozenset, complex, bytearray, bytes, _codecs.encode), or kNoRef when `callable` is none of
-// them or `args` is not a form this implements. Throws Error{kCorrupt} for arguments Python
+// The result of `callable(*args)` for a built-in (collections.OrderedDict, Counter, defaultdict,
+// builtins.set, frozenset, complex, bytearray, bytes, _codecs.encode), or kNoRef when `callable` is
+// none of them or `args` is not a form this implements. Throws Error{kCorrupt} for arguments Python
 // itself would reject (a non-latin-1 str encoded as latin-1).
 Ref builtin_call(PickleHeap& heap, Ref callable, std::span<const Ref> args, CopyBudget& budget);
 

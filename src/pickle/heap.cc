@@ -16,8 +16,8 @@ PickleHeap::PickleHeap(std::span<const std::byte> input) : input_(input) {
   // that copies every node.
   nodes_.reserve(16 + input.size() / 6);
   pool_.reserve(16 + input.size() / 6);  // (a hostile pickle's reserve is bounded by its size)
-  nodes_.push_back(Node{});                      // kNoRef
-  nodes_.push_back(Node{Kind::kNone});           // kNone
+  nodes_.push_back(Node{});              // kNoRef
+  nodes_.push_back(Node{Kind::kNone});   // kNone
   nodes_.push_back(Node{Kind::kBool, 0, 0, 0});  // kFalse
   nodes_.push_back(Node{Kind::kBool, 0, 0, 1});  // kTrue
   nodes_.push_back(Node{Kind::kTuple});          // kEmptyTuple
@@ -33,8 +33,8 @@ void PickleHeap::too_many_nodes() const {
 }
 
 void PickleHeap::set_memory_limit(uint64_t bytes, std::string why) {
-  node_limit_ = std::max<uint64_t>(std::min<uint64_t>(bytes / kBytesPerObject, UINT32_MAX),
-                                   nodes_.size());
+  node_limit_ =
+      std::max<uint64_t>(std::min<uint64_t>(bytes / kBytesPerObject, UINT32_MAX), nodes_.size());
   limit_why_ = std::move(why);
 }
 
@@ -192,7 +192,6 @@ bool PickleHeap::is_container(Ref r) const {
   }
 }
 
-
 Ref PickleHeap::big_integer(std::string_view digits) {
   Node n{Kind::kInt, kBig, static_cast<uint32_t>(digits.size()), 0, chars_.size()};
   chars_.append(digits);
@@ -219,12 +218,12 @@ Ref PickleHeap::bytes(std::string_view raw, bool bytearray) {
   return add(n);
 }
 
-
 Ref PickleHeap::tuple(std::span<const Ref> items) {
   if (items.empty()) return kEmptyTuple;
   const uint64_t start = pool_.size();
   // `items` may be a span of pool_ itself, which insert would invalidate while reading it.
-  if (!pool_.empty() && items.data() >= pool_.data() && items.data() < pool_.data() + pool_.size()) {
+  if (!pool_.empty() && items.data() >= pool_.data() &&
+      items.data() < pool_.data() + pool_.size()) {
     const size_t from = items.data() - pool_.data(), n = items.size();
     pool_.reserve(pool_.size() + n);
     for (size_t i = 0; i < n; ++i) pool_.push_back(pool_[from + i]);
@@ -260,13 +259,11 @@ Ref PickleHeap::dict(Ref cls, Ref args) {
   return add(Node{Kind::kDict, 0, 0, cls, static_cast<uint64_t>(args) << 32});
 }
 
-
 Ref PickleHeap::global(std::string_view module, std::string_view name, bool foreign) {
   globals_.emplace_back(std::string(module), std::string(name));
   return add(Node{Kind::kGlobal, static_cast<uint8_t>(foreign ? kForeign : 0),
                   static_cast<uint32_t>(globals_.size() - 1)});
 }
-
 
 void PickleHeap::append(Ref container, std::span<const Ref> items) {
   if (items.empty()) return;

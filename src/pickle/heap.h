@@ -43,7 +43,9 @@ class PickleHeap {
   Kind kind(Ref r) const { return nodes_[r].kind; }
   bool truth(Ref r) const { return nodes_[r].kind == Kind::kBool && nodes_[r].b != 0; }
   // kInt that fits int64 (big ints keep only their digits: text()).
-  bool is_small_int(Ref r) const { return nodes_[r].kind == Kind::kInt && !(nodes_[r].flags & kBig); }
+  bool is_small_int(Ref r) const {
+    return nodes_[r].kind == Kind::kInt && !(nodes_[r].flags & kBig);
+  }
   // kInt (0 for a big int), kBool (0/1), kTensor (its index), kObject (its tag).
   int64_t int_value(Ref r) const { return static_cast<int64_t>(nodes_[r].b); }
   double float_value(Ref r) const;  // kFloat
@@ -72,8 +74,8 @@ class PickleHeap {
   // kGlobal: its names; kObject, kDict: those of its class ("" for a plain dict).
   std::string_view module(Ref r) const;
   std::string_view name(Ref r) const;
-  Ref cls(Ref r) const;    // kObject, kDict: the class (a kGlobal), or kNoRef
-  Ref state(Ref r) const;  // kObject, kDict: the BUILD state, or kNoRef
+  Ref cls(Ref r) const;        // kObject, kDict: the class (a kGlobal), or kNoRef
+  Ref state(Ref r) const;      // kObject, kDict: the BUILD state, or kNoRef
   Ref dict_args(Ref r) const;  // kDict: the class's argument tuple, or kNoRef
   // kGlobal: not on the caller's allow-list (an opaque class); kObject: made from such a class.
   bool foreign(Ref r) const;
@@ -102,12 +104,12 @@ class PickleHeap {
   Ref big_integer(std::string_view digits);
   Ref real(double v);
   Ref complex(std::complex<double> v);
-  Ref string(std::string_view utf8);  // copied
+  Ref string(std::string_view utf8);                        // copied
   Ref bytes(std::string_view raw, bool bytearray = false);  // copied
   // A string or bytes object that is exactly input[offset, offset + size) (not copied).
   Ref input_text(Kind kind, uint64_t offset, uint64_t size, bool bytearray = false) {
-    return add(Node{kind, static_cast<uint8_t>(kInInput | (bytearray ? kByteArray : 0)), 0, offset,
-                    size});
+    return add(
+        Node{kind, static_cast<uint8_t>(kInInput | (bytearray ? kByteArray : 0)), 0, offset, size});
   }
   Ref tuple(std::span<const Ref> items);  // `items` may point into this heap
   Ref list(std::span<const Ref> items = {});
@@ -125,7 +127,7 @@ class PickleHeap {
 
   // --- changing (the VM's APPEND, SETITEM, BUILD) --------------------------------------------
   void append(Ref container, std::span<const Ref> items);  // kList, kSet; kDict: k, v pairs
-  void set_state(Ref obj, Ref state);                       // kObject, kDict
+  void set_state(Ref obj, Ref state);                      // kObject, kDict
   // APPEND(S) / SETITEM(S) onto a kObject: recorded, to be written back (k, v pairs for the
   // latter).
   void object_append(Ref obj, std::span<const Ref> items);
@@ -148,7 +150,12 @@ class PickleHeap {
 
  private:
   enum Flags : uint8_t {
-    kBig = 1, kInInput = 2, kByteArray = 4, kForeign = 8, kNewObjFlag = 16, kFrozen = 32
+    kBig = 1,
+    kInInput = 2,
+    kByteArray = 4,
+    kForeign = 8,
+    kNewObjFlag = 16,
+    kFrozen = 32
   };
   // 24 bytes. Fields by kind:
   //   kBool, kInt, kTensor: b = value (two's complement); big kInt: c = chars_ offset, a = length
@@ -188,9 +195,9 @@ class PickleHeap {
   uint64_t node_limit_ = UINT32_MAX;
   std::string limit_why_;
   std::vector<Node> nodes_;
-  std::vector<Ref> pool_;                  // tuple elements
-  std::vector<std::vector<Ref>> lists_;    // list/set/dict contents ([0] unused)
-  std::string chars_;                      // copied strings and big-int digits
+  std::vector<Ref> pool_;                // tuple elements
+  std::vector<std::vector<Ref>> lists_;  // list/set/dict contents ([0] unused)
+  std::string chars_;                    // copied strings and big-int digits
   std::vector<std::pair<std::string, std::string>> globals_;
   // Rare, so kept beside the nodes: kObject -> lists_ indexes of its appended items and entries;
   // value -> origin.

@@ -391,7 +391,8 @@ void Pickler::save(const ValuePtr& vp, bool persistent_ok) {
     write_unicode(v.str());
     return memoize(&v);
   }
-  if (v.kind() == Kind::kBytes) return v.is_bytearray() ? save_bytearray(v) : save_bytes(v.str(), &v);
+  if (v.kind() == Kind::kBytes)
+    return v.is_bytearray() ? save_bytearray(v) : save_bytes(v.str(), &v);
 
   // Containers recurse; CPython stops at its recursion limit too.
   if (++depth_ > Limits{}.max_pickle_depth)

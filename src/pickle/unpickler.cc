@@ -49,13 +49,13 @@ namespace {
 // way in, and the code of each case is what it was. A case that has a local with a destructor
 // in scope ends with `break` instead (back through the switch): an indirect goto must not leave
 // such a scope (clang refuses it; GCC would not run the destructor).
-#define CKPT_NEXT_OP()                      \
-  do {                                      \
-    if (pos_ >= end_) [[unlikely]]          \
-      goto out_of_input;                    \
-    op_pos_ = pos_;                         \
-    code_ = p_[pos_++];                     \
-    goto* dispatch[code_];                  \
+#define CKPT_NEXT_OP()             \
+  do {                             \
+    if (pos_ >= end_) [[unlikely]] \
+      goto out_of_input;           \
+    op_pos_ = pos_;                \
+    code_ = p_[pos_++];            \
+    goto* dispatch[code_];         \
   } while (0)
 
 Ref Vm::loop() {
@@ -133,21 +133,26 @@ Ref Vm::loop() {
     op_pos_ = pos_;
     code_ = p_[pos_++];
     switch (code_) {
-      case op::kProto: L_kProto: {
+      case op::kProto:
+      L_kProto : {
         protocol_ = le<uint8_t>();
         if (protocol_ > 5) fail(ErrorCode::kUnsupported, "protocol " + std::to_string(protocol_));
         CKPT_NEXT_OP();
       }
-      case op::kFrame: L_kFrame:
+      case op::kFrame:
+      L_kFrame:
         need(le<uint64_t>());
         CKPT_NEXT_OP();
-      case op::kStop: L_kStop:
+      case op::kStop:
+      L_kStop:
         return pop();
-      case op::kMark: L_kMark:
+      case op::kMark:
+      L_kMark:
         check_depth();
         marks_.push_back(stack_.size());
         CKPT_NEXT_OP();
-      case op::kPop: L_kPop:
+      case op::kPop:
+      L_kPop:
         // CPython pops a MARK that sits on top of the stack (pickle.py keeps both in one stack).
         if (!marks_.empty() && marks_.back() == stack_.size()) {
           marks_.pop_back();
@@ -155,22 +160,28 @@ Ref Vm::loop() {
           pop();
         }
         CKPT_NEXT_OP();
-      case op::kPopMark: L_kPopMark:
+      case op::kPopMark:
+      L_kPopMark:
         stack_.resize(pop_mark());
         CKPT_NEXT_OP();
-      case op::kDup: L_kDup:
+      case op::kDup:
+      L_kDup:
         push(top());
         CKPT_NEXT_OP();
-      case op::kNone: L_kNone:
+      case op::kNone:
+      L_kNone:
         push(heap_.none());
         CKPT_NEXT_OP();
-      case op::kNewTrue: L_kNewTrue:
+      case op::kNewTrue:
+      L_kNewTrue:
         push(heap_.boolean(true));
         CKPT_NEXT_OP();
-      case op::kNewFalse: L_kNewFalse:
+      case op::kNewFalse:
+      L_kNewFalse:
         push(heap_.boolean(false));
         CKPT_NEXT_OP();
-      case op::kInt: L_kInt: {
+      case op::kInt:
+      L_kInt : {
         std::string_view t = line();
         if (t == "01" || t == "00") {
           push(heap_.boolean(t == "01"));
@@ -179,125 +190,156 @@ Ref Vm::loop() {
         }
         CKPT_NEXT_OP();
       }
-      case op::kBinInt: L_kBinInt:
+      case op::kBinInt:
+      L_kBinInt:
         push(integer(le<int32_t>()));
         CKPT_NEXT_OP();
-      case op::kBinInt1: L_kBinInt1:
+      case op::kBinInt1:
+      L_kBinInt1:
         push(integer(le<uint8_t>()));
         CKPT_NEXT_OP();
-      case op::kBinInt2: L_kBinInt2:
+      case op::kBinInt2:
+      L_kBinInt2:
         push(integer(le<uint16_t>()));
         CKPT_NEXT_OP();
-      case op::kLong: L_kLong:
+      case op::kLong:
+      L_kLong:
         push(make_int_text(line(), true));
         CKPT_NEXT_OP();
-      case op::kLong1: L_kLong1:
+      case op::kLong1:
+      L_kLong1:
         push(make_long(take(le<uint8_t>())));
         CKPT_NEXT_OP();
-      case op::kLong4: L_kLong4: {
+      case op::kLong4:
+      L_kLong4 : {
         int32_t n = le<int32_t>();
         if (n < 0) fail(ErrorCode::kCorrupt, "negative byte count");
         push(make_long(take(static_cast<uint32_t>(n))));
         CKPT_NEXT_OP();
       }
-      case op::kFloat: L_kFloat:
+      case op::kFloat:
+      L_kFloat:
         push(make_float_text(line()));
         CKPT_NEXT_OP();
-      case op::kBinFloat: L_kBinFloat: {
+      case op::kBinFloat:
+      L_kBinFloat : {
         uint64_t bits = __builtin_bswap64(le<uint64_t>());  // the only big-endian field in pickle
         push(heap_.real(std::bit_cast<double>(bits)));
         CKPT_NEXT_OP();
       }
-      case op::kString: L_kString: {
+      case op::kString:
+      L_kString : {
         std::string raw;
         if (!pickle_text::decode_string_literal(line(), raw))
           fail(ErrorCode::kCorrupt, "argument is not a quoted string literal");
         push(heap_.string(pickle_text::py2_str_to_utf8(raw)));
         break;  // not CKPT_NEXT_OP: a local with a destructor is in scope
       }
-      case op::kBinString: L_kBinString: {
+      case op::kBinString:
+      L_kBinString : {
         int32_t n = le<int32_t>();
         if (n < 0) fail(ErrorCode::kCorrupt, "negative length");
         push(make_py2_string(take(static_cast<uint32_t>(n))));
         CKPT_NEXT_OP();
       }
-      case op::kShortBinString: L_kShortBinString:
+      case op::kShortBinString:
+      L_kShortBinString:
         push(make_py2_string(take(le<uint8_t>())));
         CKPT_NEXT_OP();
-      case op::kUnicode: L_kUnicode: {
+      case op::kUnicode:
+      L_kUnicode : {
         std::string s;
         if (!pickle_text::decode_raw_unicode_escape(line(), s))
           fail(ErrorCode::kCorrupt, "bad \\u escape");
         push(heap_.string(s));
         break;  // not CKPT_NEXT_OP: a local with a destructor is in scope
       }
-      case op::kShortBinUnicode: L_kShortBinUnicode:
+      case op::kShortBinUnicode:
+      L_kShortBinUnicode:
         push(make_string(take(le<uint8_t>())));
         CKPT_NEXT_OP();
-      case op::kBinUnicode: L_kBinUnicode:
+      case op::kBinUnicode:
+      L_kBinUnicode:
         push(make_string(take(le<uint32_t>())));
         CKPT_NEXT_OP();
-      case op::kBinUnicode8: L_kBinUnicode8:
+      case op::kBinUnicode8:
+      L_kBinUnicode8:
         push(make_string(take(le<uint64_t>())));
         CKPT_NEXT_OP();
-      case op::kShortBinBytes: L_kShortBinBytes:
+      case op::kShortBinBytes:
+      L_kShortBinBytes:
         push(make_bytes(take(le<uint8_t>()), false));
         CKPT_NEXT_OP();
-      case op::kBinBytes: L_kBinBytes:
+      case op::kBinBytes:
+      L_kBinBytes:
         push(make_bytes(take(le<uint32_t>()), false));
         CKPT_NEXT_OP();
-      case op::kBinBytes8: L_kBinBytes8:
+      case op::kBinBytes8:
+      L_kBinBytes8:
         push(make_bytes(take(le<uint64_t>()), false));
         CKPT_NEXT_OP();
-      case op::kByteArray8: L_kByteArray8:
+      case op::kByteArray8:
+      L_kByteArray8:
         push(make_bytes(take(le<uint64_t>()), true));
         CKPT_NEXT_OP();
-      case op::kEmptyList: L_kEmptyList:
+      case op::kEmptyList:
+      L_kEmptyList:
         push(heap_.list());
         CKPT_NEXT_OP();
-      case op::kEmptyTuple: L_kEmptyTuple:
+      case op::kEmptyTuple:
+      L_kEmptyTuple:
         push(heap_.empty_tuple());
         CKPT_NEXT_OP();
-      case op::kEmptyDict: L_kEmptyDict:
+      case op::kEmptyDict:
+      L_kEmptyDict:
         push(heap_.dict());
         CKPT_NEXT_OP();
-      case op::kEmptySet: L_kEmptySet:
+      case op::kEmptySet:
+      L_kEmptySet:
         push(heap_.set());
         CKPT_NEXT_OP();
-      case op::kList: L_kList: {
+      case op::kList:
+      L_kList : {
         size_t k = pop_mark();
         Ref l = heap_.list(above(k));
         stack_.resize(k);
         push(l);
         CKPT_NEXT_OP();
       }
-      case op::kTuple: L_kTuple:
+      case op::kTuple:
+      L_kTuple:
         push(tuple_from(pop_mark()));
         CKPT_NEXT_OP();
-      case op::kTuple1: L_kTuple1:
+      case op::kTuple1:
+      L_kTuple1:
         push(tuple_of_top(1));
         CKPT_NEXT_OP();
-      case op::kTuple2: L_kTuple2:
+      case op::kTuple2:
+      L_kTuple2:
         push(tuple_of_top(2));
         CKPT_NEXT_OP();
-      case op::kTuple3: L_kTuple3:
+      case op::kTuple3:
+      L_kTuple3:
         push(tuple_of_top(3));
         CKPT_NEXT_OP();
-      case op::kFrozenSet: L_kFrozenSet: {
+      case op::kFrozenSet:
+      L_kFrozenSet : {
         size_t k = pop_mark();
         Ref s = heap_.set(above(k), /*frozen=*/true);
         stack_.resize(k);
         push(s);
         CKPT_NEXT_OP();
       }
-      case op::kDict: L_kDict: {
+      case op::kDict:
+      L_kDict : {
         size_t k = pop_mark();
         Ref d = heap_.dict();
         set_items(d, k);
         push(d);
         CKPT_NEXT_OP();
       }
-      case op::kAppend: L_kAppend: {
+      case op::kAppend:
+      L_kAppend : {
         Ref v = pop();
         Ref l = top();
         if (heap_.kind(l) != Kind::kObject) expect(l, Kind::kList);
@@ -309,8 +351,10 @@ Ref Vm::loop() {
         }
         CKPT_NEXT_OP();
       }
-      case op::kAppends: L_kAppends:
-      case op::kAddItems: L_kAddItems: {
+      case op::kAppends:
+      L_kAppends:
+      case op::kAddItems:
+      L_kAddItems : {
         size_t k;
         Ref c = container_below_mark(k, code_ == op::kAppends ? Kind::kList : Kind::kSet);
         note_if_receives_container(k - 1, k);
@@ -322,7 +366,8 @@ Ref Vm::loop() {
         stack_.resize(k);
         CKPT_NEXT_OP();
       }
-      case op::kSetItem: L_kSetItem: {
+      case op::kSetItem:
+      L_kSetItem : {
         need_items(3);
         Ref d = stack_[stack_.size() - 3];
         if (heap_.kind(d) != Kind::kObject) expect(d, Kind::kDict);
@@ -330,58 +375,69 @@ Ref Vm::loop() {
         set_items(d, stack_.size() - 2);
         CKPT_NEXT_OP();
       }
-      case op::kSetItems: L_kSetItems: {
+      case op::kSetItems:
+      L_kSetItems : {
         size_t k;
         Ref d = container_below_mark(k, Kind::kDict);
         note_if_receives_container(k - 1, k);
         set_items(d, k);
         CKPT_NEXT_OP();
       }
-      case op::kGet: L_kGet: {
+      case op::kGet:
+      L_kGet : {
         uint64_t id;
         if (!pickle_text::parse_index(line(), id)) fail(ErrorCode::kCorrupt, "bad memo index");
         push(memo_get(id));
         CKPT_NEXT_OP();
       }
-      case op::kBinGet: L_kBinGet:
+      case op::kBinGet:
+      L_kBinGet:
         push(memo_get(le<uint8_t>()));
         CKPT_NEXT_OP();
-      case op::kLongBinGet: L_kLongBinGet:
+      case op::kLongBinGet:
+      L_kLongBinGet:
         push(memo_get(le<uint32_t>()));
         CKPT_NEXT_OP();
-      case op::kPut: L_kPut: {
+      case op::kPut:
+      L_kPut : {
         uint64_t id;
         if (!pickle_text::parse_index(line(), id)) fail(ErrorCode::kCorrupt, "bad memo index");
         memo_put(id, top());
         CKPT_NEXT_OP();
       }
-      case op::kBinPut: L_kBinPut: {
+      case op::kBinPut:
+      L_kBinPut : {
         uint8_t id = le<uint8_t>();
         memo_put(id, top());
         CKPT_NEXT_OP();
       }
-      case op::kLongBinPut: L_kLongBinPut: {
+      case op::kLongBinPut:
+      L_kLongBinPut : {
         uint32_t id = le<uint32_t>();
         memo_put(id, top());
         CKPT_NEXT_OP();
       }
-      case op::kMemoize: L_kMemoize:
+      case op::kMemoize:
+      L_kMemoize:
         memo_put(memo_count_, top());
         CKPT_NEXT_OP();
-      case op::kGlobal: L_kGlobal: {
+      case op::kGlobal:
+      L_kGlobal : {
         std::string module(line());
         std::string name(line());
         push(resolve_global(std::move(module), std::move(name)));
         break;  // not CKPT_NEXT_OP: a local with a destructor is in scope
       }
-      case op::kStackGlobal: L_kStackGlobal: {
+      case op::kStackGlobal:
+      L_kStackGlobal : {
         Ref name = pop(), module = pop();
         if (heap_.kind(module) != Kind::kString || heap_.kind(name) != Kind::kString)
           fail(ErrorCode::kCorrupt, "module and name must be strings");
         push(resolve_global(std::string(heap_.text(module)), std::string(heap_.text(name))));
         CKPT_NEXT_OP();
       }
-      case op::kInst: L_kInst: {
+      case op::kInst:
+      L_kInst : {
         std::string module(line());
         std::string name(line());
         Ref cls = resolve_global(std::move(module), std::move(name));
@@ -389,7 +445,8 @@ Ref Vm::loop() {
         push(call(cls, args, heap_.items(args).empty()));
         break;  // not CKPT_NEXT_OP: a local with a destructor is in scope
       }
-      case op::kObj: L_kObj: {
+      case op::kObj:
+      L_kObj : {
         size_t k = pop_mark();
         if (stack_.size() == k) fail(ErrorCode::kCorrupt, "stack underflow");
         Ref cls = stack_[k];
@@ -398,14 +455,17 @@ Ref Vm::loop() {
         push(call(cls, args, heap_.items(args).empty()));
         CKPT_NEXT_OP();
       }
-      case op::kReduce: L_kReduce:
-      case op::kNewObj: L_kNewObj: {
+      case op::kReduce:
+      L_kReduce:
+      case op::kNewObj:
+      L_kNewObj : {
         Ref args = pop();
         Ref callable = pop();
         push(call(callable, args, code_ == op::kNewObj));
         CKPT_NEXT_OP();
       }
-      case op::kNewObjEx: L_kNewObjEx: {
+      case op::kNewObjEx:
+      L_kNewObjEx : {
         Ref kwargs = pop(), args = pop(), cls = pop();
         if (heap_.kind(kwargs) != Kind::kDict)
           fail(ErrorCode::kCorrupt, "keyword arguments are not a dict");
@@ -414,8 +474,8 @@ Ref Vm::loop() {
           // CPython's pickler writes for it, copyreg.__newobj_ex__(cls, args, kwargs), so that a
           // writer reproduces an object that unpickles the same.
           if (heap_.kind(cls) != Kind::kGlobal)
-            fail(ErrorCode::kCorrupt, std::string("NEWOBJ_EX of a ") +
-                                          kind_name(heap_.kind(cls)) + ", not a class");
+            fail(ErrorCode::kCorrupt,
+                 std::string("NEWOBJ_EX of a ") + kind_name(heap_.kind(cls)) + ", not a class");
           if (heap_.kind(args) != Kind::kTuple)
             fail(ErrorCode::kCorrupt, "NEWOBJ_EX arguments are not a tuple");
           if (!hooks_.admit_foreign || !hooks_.admit_foreign("copyreg", "__newobj_ex__"))
@@ -428,28 +488,36 @@ Ref Vm::loop() {
         push(call(cls, args, true));
         CKPT_NEXT_OP();
       }
-      case op::kBuild: L_kBuild:
+      case op::kBuild:
+      L_kBuild:
         build();
         CKPT_NEXT_OP();
-      case op::kPersId: L_kPersId: {
+      case op::kPersId:
+      L_kPersId : {
         std::string_view t = line();
         for (char c : t)
           if (static_cast<uint8_t>(c) > 0x7F) fail(ErrorCode::kCorrupt, "id is not ASCII");
         persistent(heap_.input_text(Kind::kString, offset_of(t), t.size()));
         CKPT_NEXT_OP();
       }
-      case op::kBinPersId: L_kBinPersId:
+      case op::kBinPersId:
+      L_kBinPersId:
         persistent(pop());
         CKPT_NEXT_OP();
-      case op::kExt1: L_kExt1:
-      case op::kExt2: L_kExt2:
-      case op::kExt4: L_kExt4:
+      case op::kExt1:
+      L_kExt1:
+      case op::kExt2:
+      L_kExt2:
+      case op::kExt4:
+      L_kExt4:
         fail(ErrorCode::kUnsupported, "the extension registry is not supported");
-      case op::kNextBuffer: L_kNextBuffer:
-      case op::kReadonlyBuffer: L_kReadonlyBuffer:
+      case op::kNextBuffer:
+      L_kNextBuffer:
+      case op::kReadonlyBuffer:
+      L_kReadonlyBuffer:
         fail(ErrorCode::kUnsupported, "out-of-band buffers are not supported");
       default:
-      L_default: {
+      L_default : {
         char hex[8];
         std::snprintf(hex, sizeof hex, "0x%02x", code_);
         throw Error(ErrorCode::kCorrupt, std::string("unknown opcode ") + hex, opt_.source,

@@ -90,7 +90,8 @@ class Vm {
     const uint64_t file = opt.file_size ? opt.file_size : data.size();
     const uint64_t bytes = opt.limits.object_bytes_for(file);
     heap_.set_memory_limit(
-        bytes, "a file of " + std::to_string(file) + " bytes may make " + std::to_string(bytes >> 20) +
+        bytes, "a file of " + std::to_string(file) + " bytes may make " +
+                   std::to_string(bytes >> 20) +
                    " MiB of objects (limits.max_object_bytes + limits.object_bytes_per_byte per "
                    "byte of the file)");
   }
@@ -109,8 +110,8 @@ class Vm {
       throw;
     } catch (const std::bad_alloc&) {
       throw Error(ErrorCode::kLimitExceeded,
-                  "out of memory making the pickle's objects (" + std::to_string(heap_.node_count()) +
-                      " so far)",
+                  "out of memory making the pickle's objects (" +
+                      std::to_string(heap_.node_count()) + " so far)",
                   opt_.source, opt_.record, abs(op_pos_));
     }
   }
@@ -210,7 +211,9 @@ class Vm {
     if (stack_.size() - fence() < n) [[unlikely]]
       underflow();
   }
-  [[noreturn, gnu::noinline]] void underflow() const { fail(ErrorCode::kCorrupt, "stack underflow"); }
+  [[noreturn, gnu::noinline]] void underflow() const {
+    fail(ErrorCode::kCorrupt, "stack underflow");
+  }
   Ref pop() {
     need_items(1);
     Ref v = stack_.back();
@@ -227,9 +230,7 @@ class Vm {
     marks_.pop_back();
     return k;
   }
-  std::span<const Ref> above(size_t k) const {
-    return stack_.span().subspan(k);
-  }
+  std::span<const Ref> above(size_t k) const { return stack_.span().subspan(k); }
   // For APPENDS/SETITEMS/ADDITEMS: pops the mark and returns the container just below it.
   Ref container_below_mark(size_t& k, Kind want) {
     k = pop_mark();
@@ -239,8 +240,8 @@ class Vm {
   }
   Ref expect(Ref v, Kind want) const {
     if (heap_.kind(v) != want)
-      fail(ErrorCode::kCorrupt, std::string("applied to a ") + kind_name(heap_.kind(v)) +
-                                    ", not a " + kind_name(want));
+      fail(ErrorCode::kCorrupt,
+           std::string("applied to a ") + kind_name(heap_.kind(v)) + ", not a " + kind_name(want));
     return v;
   }
 
@@ -390,8 +391,7 @@ class Vm {
     const Ref cls = heap_.items(f)[0], attr = heap_.items(f)[1];
     if (heap_.kind(cls) != Kind::kGlobal || heap_.kind(attr) != Kind::kString ||
         heap_.text(attr) != "__new__" || heap_.kind(fargs) != Kind::kTuple ||
-        heap_.items(fargs).empty() || heap_.items(fargs)[0] != cls ||
-        heap_.kind(kw) != Kind::kDict)
+        heap_.items(fargs).empty() || heap_.items(fargs)[0] != cls || heap_.kind(kw) != Kind::kDict)
       return kNoRef;
     std::vector<Ref> rest(heap_.items(fargs).begin() + 1, heap_.items(fargs).end());
     const Ref parts[3] = {cls, heap_.tuple(rest), kw};

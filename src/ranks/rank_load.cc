@@ -28,8 +28,8 @@ void read_box(const Checkpoint& c, const RankTensor& rt, std::span<std::byte> ds
 // Bytes [a, b) of a whole tensor's contiguous bytes into dst: one positional read where they lie
 // raw in a file, else the rows along dim 0 that hold them (a DCP folder reads only the chunks
 // that meet those rows), then the bytes copied out.
-void read_part(const Checkpoint& c, const RankTensor& rt, uint64_t a, uint64_t b,
-               std::byte* dst, const LoadOptions& o) {
+void read_part(const Checkpoint& c, const RankTensor& rt, uint64_t a, uint64_t b, std::byte* dst,
+               const LoadOptions& o) {
   if (a >= b) return;
   const TensorInfo& t = c.tensors()[rt.tensor];
   if (rt.exact && rt.ranges.size() == 1) {
@@ -110,8 +110,8 @@ void exchange_replicated(const Checkpoint& c, const Replicated& r, RankExchange&
     } catch (const std::exception& e) {
       throw Error(ErrorCode::kIo,
                   "rank " + std::to_string(rank) + " of " + std::to_string(world) +
-                      ": the exchange of " + names_in(c, r, at, at + round) + " failed: " +
-                      e.what(),
+                      ": the exchange of " + names_in(c, r, at, at + round) +
+                      " failed: " + e.what(),
                   c.source().name(), c.tensors()[r.tensors[0]->tensor].name);
     }
     for (uint64_t k = 0; k < world; ++k) {

@@ -109,7 +109,8 @@ Placement placement_of_json(const nlohmann::ordered_json& v, const std::string& 
   }
   throw Error(ErrorCode::kInvalidArgument,
               "a placement is \"replicate\", \"shard:DIM\" or {\"begin\": [...], \"end\": [...]}, "
-              "not " + v.dump(),
+              "not " +
+                  v.dump(),
               file, key);
 }
 

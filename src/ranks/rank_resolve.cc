@@ -34,8 +34,8 @@ void place(const Checkpoint& c, const TensorInfo& t, const Placement& p, int ran
   out.begin.assign(n, 0);
   out.end = t.shape;
   auto refuse = [&](const std::string& why) {
-    throw Error(ErrorCode::kInvalidArgument, why + " (placement " + p.str() + ")", c.source().name(),
-                t.name);
+    throw Error(ErrorCode::kInvalidArgument, why + " (placement " + p.str() + ")",
+                c.source().name(), t.name);
   };
   if (p.kind == Placement::Kind::kShard) {
     const int d = p.dim < 0 ? p.dim + static_cast<int>(n) : p.dim;
@@ -74,9 +74,9 @@ void ranges_of(const Checkpoint& c, const TensorInfo& t, RankTensor& out) {
 
 RankLoadPlan resolve(const Checkpoint& c, const RankPlan& plan, int rank, int world) {
   if (world < 1 || rank < 0 || rank >= world)
-    throw Error(ErrorCode::kInvalidArgument, "rank " + std::to_string(rank) +
-                                                 " is not one of a group of " +
-                                                 std::to_string(world));
+    throw Error(
+        ErrorCode::kInvalidArgument,
+        "rank " + std::to_string(rank) + " is not one of a group of " + std::to_string(world));
   RankLoadPlan out;
   out.rank = rank;
   out.world = world;
@@ -92,7 +92,8 @@ RankLoadPlan resolve(const Checkpoint& c, const RankPlan& plan, int rank, int wo
     rt.placement = *p;
     place(c, t, *p, rank, world, rt);
     uint64_t numel = 1;
-    for (size_t d = 0; d < rt.begin.size(); ++d) numel *= static_cast<uint64_t>(rt.end[d] - rt.begin[d]);
+    for (size_t d = 0; d < rt.begin.size(); ++d)
+      numel *= static_cast<uint64_t>(rt.end[d] - rt.begin[d]);
     rt.nbytes = numel * dtype_size(t.dtype);
     ranges_of(c, t, rt);
   }

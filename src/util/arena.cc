@@ -45,8 +45,8 @@ std::shared_ptr<std::byte> zero_pages(size_t size) {
   const size_t span = std::max<size_t>(size, 1);
   void* p = ::mmap(nullptr, span, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (p == MAP_FAILED)
-    throw Error(ErrorCode::kIo, "cannot map " + std::to_string(size) + " bytes of zeros: " +
-                                    std::strerror(errno));
+    throw Error(ErrorCode::kIo,
+                "cannot map " + std::to_string(size) + " bytes of zeros: " + std::strerror(errno));
   return std::shared_ptr<std::byte>(static_cast<std::byte*>(p),
                                     [span](std::byte* q) { ::munmap(q, span); });
 }
@@ -55,7 +55,8 @@ std::shared_ptr<std::byte> allocate_arena(size_t size) {
   constexpr size_t kHuge = 2 << 20;
   if (size < kHuge) {
     void* p = ::operator new(std::max<size_t>(size, 1), std::align_val_t(64), std::nothrow);
-    if (!p) throw Error(ErrorCode::kIo, "out of memory allocating " + std::to_string(size) + " bytes");
+    if (!p)
+      throw Error(ErrorCode::kIo, "out of memory allocating " + std::to_string(size) + " bytes");
     return std::shared_ptr<std::byte>(static_cast<std::byte*>(p), [](std::byte* q) {
       ::operator delete(q, std::align_val_t(64));
     });
@@ -110,7 +111,8 @@ std::shared_ptr<std::byte> allocate_arena(size_t size) {
 void byteswap_elements(std::byte* data, size_t nbytes, size_t elem_size, bool complex) {
   size_t unit = complex ? elem_size / 2 : elem_size;
   if (unit <= 1) return;
-  for (size_t off = 0; off + unit <= nbytes; off += unit) std::reverse(data + off, data + off + unit);
+  for (size_t off = 0; off + unit <= nbytes; off += unit)
+    std::reverse(data + off, data + off + unit);
 }
 
 int default_threads() {

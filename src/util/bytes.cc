@@ -15,10 +15,10 @@ void Cursor::seek(size_t pos) {
 
 void Cursor::need(size_t n) const {
   if (n > data_.size() - pos_)
-    throw Error(ErrorCode::kTruncated,
-                "need " + std::to_string(n) + " bytes, " + std::to_string(data_.size() - pos_) +
-                    " remain",
-                source_, record_, base_ + pos_);
+    throw Error(
+        ErrorCode::kTruncated,
+        "need " + std::to_string(n) + " bytes, " + std::to_string(data_.size() - pos_) + " remain",
+        source_, record_, base_ + pos_);
 }
 
 void Cursor::fail(ErrorCode code, const std::string& message) const {

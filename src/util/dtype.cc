@@ -80,9 +80,9 @@ std::optional<DType> dtype_from_name(std::string_view name) noexcept {
   if (auto d = find(name, &DTypeInfo::name)) return d;
   // Aliases torch accepts as dtype attributes.
   static constexpr std::pair<const char*, DType> kAliases[] = {
-      {"float", DType::kFloat32},   {"double", DType::kFloat64},   {"half", DType::kFloat16},
+      {"float", DType::kFloat32},    {"double", DType::kFloat64},     {"half", DType::kFloat16},
       {"cfloat", DType::kComplex64}, {"cdouble", DType::kComplex128}, {"chalf", DType::kComplex32},
-      {"long", DType::kInt64},      {"int", DType::kInt32},        {"short", DType::kInt16},
+      {"long", DType::kInt64},       {"int", DType::kInt32},          {"short", DType::kInt16},
   };
   for (auto& [alias, d] : kAliases)
     if (name == alias) return d;

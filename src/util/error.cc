@@ -4,28 +4,44 @@ namespace ckpt {
 
 const char* error_code_name(ErrorCode code) noexcept {
   switch (code) {
-    case ErrorCode::kIo: return "io";
-    case ErrorCode::kNotFound: return "not_found";
-    case ErrorCode::kTruncated: return "truncated";
-    case ErrorCode::kCorrupt: return "corrupt";
-    case ErrorCode::kUnsupported: return "unsupported";
-    case ErrorCode::kLimitExceeded: return "limit_exceeded";
-    case ErrorCode::kInvalidArgument: return "invalid_argument";
-    case ErrorCode::kAuth: return "auth";
+    case ErrorCode::kIo:
+      return "io";
+    case ErrorCode::kNotFound:
+      return "not_found";
+    case ErrorCode::kTruncated:
+      return "truncated";
+    case ErrorCode::kCorrupt:
+      return "corrupt";
+    case ErrorCode::kUnsupported:
+      return "unsupported";
+    case ErrorCode::kLimitExceeded:
+      return "limit_exceeded";
+    case ErrorCode::kInvalidArgument:
+      return "invalid_argument";
+    case ErrorCode::kAuth:
+      return "auth";
   }
   return "unknown";
 }
 
 int exit_status(ErrorCode code) noexcept {
   switch (code) {
-    case ErrorCode::kNotFound: return 2;
-    case ErrorCode::kIo: return 3;
-    case ErrorCode::kTruncated: return 4;
-    case ErrorCode::kCorrupt: return 5;
-    case ErrorCode::kUnsupported: return 6;
-    case ErrorCode::kLimitExceeded: return 7;
-    case ErrorCode::kInvalidArgument: return 8;
-    case ErrorCode::kAuth: return 9;
+    case ErrorCode::kNotFound:
+      return 2;
+    case ErrorCode::kIo:
+      return 3;
+    case ErrorCode::kTruncated:
+      return 4;
+    case ErrorCode::kCorrupt:
+      return 5;
+    case ErrorCode::kUnsupported:
+      return 6;
+    case ErrorCode::kLimitExceeded:
+      return 7;
+    case ErrorCode::kInvalidArgument:
+      return 8;
+    case ErrorCode::kAuth:
+      return 9;
   }
   return 1;
 }

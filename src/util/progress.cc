@@ -11,8 +11,7 @@ int64_t now_ns() {
 }
 }  // namespace
 
-ProgressMeter::ProgressMeter(const ProgressFn& fn, uint64_t total,
-                             std::chrono::milliseconds every)
+ProgressMeter::ProgressMeter(const ProgressFn& fn, uint64_t total, std::chrono::milliseconds every)
     : fn_(fn ? &fn : nullptr),
       total_(total),
       every_ns_(std::chrono::duration_cast<std::chrono::nanoseconds>(every).count()),

@@ -97,9 +97,10 @@ const std::byte* Tensor::data() const noexcept {
 namespace {
 void require_host(const StoragePtr& st, const std::string& name) {
   if (st && !st->on_host())
-    throw Error(ErrorCode::kInvalidArgument,
-                "tensor is in " + st->device.str() + " memory: its bytes cannot be read on the host",
-                {}, name);
+    throw Error(
+        ErrorCode::kInvalidArgument,
+        "tensor is in " + st->device.str() + " memory: its bytes cannot be read on the host", {},
+        name);
 }
 }  // namespace
 

@@ -54,7 +54,8 @@ struct InflateStream::State {
     return true;
   }
   std::string what() const {
-    return std::string("zlib error ") + std::to_string(error) + (s.msg ? std::string(": ") + s.msg : "");
+    return std::string("zlib error ") + std::to_string(error) +
+           (s.msg ? std::string(": ") + s.msg : "");
   }
   int error = 0;
 };
@@ -107,8 +108,8 @@ size_t InflateStream::read(std::span<std::byte> out) {
                   source_.name(), record_, next_ - s.avail_in);
     // No progress with input left and room left would loop forever: never seen, but refuse.
     if (got == 0 && s.avail_in == in_before && s.avail_in != 0 && !finished_)
-      throw Error(ErrorCode::kCorrupt, "deflate stream makes no progress", source_.name(),
-                  record_, next_ - s.avail_in);
+      throw Error(ErrorCode::kCorrupt, "deflate stream makes no progress", source_.name(), record_,
+                  next_ - s.avail_in);
   }
   return written;
 }

@@ -1,8 +1,8 @@
 #pragma once
-// Streaming inflate of one deflated zip entry (ISA-L, else zlib): the compressed bytes are read a piece at a
-// time and the output goes wherever the caller points it, so that neither side is ever held
-// whole. Used to inflate straight into a tensor, to check a CRC with a bounded buffer, and to see
-// a record's first bytes before the rest is inflated.
+// Streaming inflate of one deflated zip entry (ISA-L, else zlib): the compressed bytes are read a
+// piece at a time and the output goes wherever the caller points it, so that neither side is ever
+// held whole. Used to inflate straight into a tensor, to check a CRC with a bounded buffer, and to
+// see a record's first bytes before the rest is inflated.
 
 #include <cstdint>
 #include <memory>
@@ -18,8 +18,7 @@ class InflateStream {
   // Inflates the raw deflate stream at [offset, offset + compressed) of `source`; `record` names
   // it in errors. Keeps `source` by reference: it must outlive the stream. Not thread-safe (one
   // stream per thread).
-  InflateStream(const ByteSource& source, std::string record, uint64_t offset,
-                uint64_t compressed);
+  InflateStream(const ByteSource& source, std::string record, uint64_t offset, uint64_t compressed);
   ~InflateStream();
   InflateStream(const InflateStream&) = delete;
   InflateStream& operator=(const InflateStream&) = delete;
@@ -39,7 +38,7 @@ class InflateStream {
   std::string record_;
   uint64_t offset_, end_, next_;  // compressed range, and where the next piece starts
   Bytes piece_;                   // the compressed piece being inflated
-  struct State;  // the inflater (inflate_stream.cc)
+  struct State;                   // the inflater (inflate_stream.cc)
   std::unique_ptr<State> state_;
   bool finished_ = false;
   uint64_t produced_ = 0;

@@ -25,12 +25,13 @@ struct ZipOffsetCache {
 namespace zipimpl {
 
 [[noreturn]] inline void fail(ErrorCode code, std::string message, const std::string& source,
-                       std::string_view record, uint64_t offset) {
+                              std::string_view record, uint64_t offset) {
   throw Error(code, std::move(message), source, std::string(record), offset);
 }
 
 // A read on behalf of an entry: I/O errors name the entry too.
-inline Bytes read_for(const ByteSource& src, std::string_view record, uint64_t offset, uint64_t len) {
+inline Bytes read_for(const ByteSource& src, std::string_view record, uint64_t offset,
+                      uint64_t len) {
   try {
     return src.read(offset, len);
   } catch (Error& e) {

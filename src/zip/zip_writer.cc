@@ -280,8 +280,7 @@ uint64_t ZipWriter::next_data_offset(std::string_view name, uint64_t size) const
   return torch_data_offset(sink_.position(), prefix_.size() + name.size(), size, alignment_);
 }
 
-uint64_t ZipWriter::stored_end(std::string_view name, uint64_t size,
-                               uint64_t header_offset) const {
+uint64_t ZipWriter::stored_end(std::string_view name, uint64_t size, uint64_t header_offset) const {
   const uint64_t data_at =
       torch_data_offset(header_offset, prefix_.size() + name.size(), size, alignment_);
   if (size == 0) return data_at;  // no descriptor after an empty record

@@ -2,6 +2,8 @@
 // and checks a tensor's bytes. Built by scripts/check-install.sh with find_package(ckpt) and
 // with pkg-config --static.
 #include <ckpt/ckpt.h>
+#include <stdlib.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstring>
@@ -10,15 +12,12 @@
 #include <string>
 #include <vector>
 
-#include <stdlib.h>
-#include <unistd.h>
-
 int main() {
   try {
     float w[6] = {1.0f, -2.5f, 3.25f, 0.0f, 1e-3f, 42.0f};
-    std::vector<ckpt::Tensor> ts = {ckpt::Tensor::from_bytes(
-        "layer.weight", ckpt::DType::kFloat32, {2, 3},
-        {reinterpret_cast<const std::byte*>(w), sizeof w})};
+    std::vector<ckpt::Tensor> ts = {
+        ckpt::Tensor::from_bytes("layer.weight", ckpt::DType::kFloat32, {2, 3},
+                                 {reinterpret_cast<const std::byte*>(w), sizeof w})};
 
     char dir[] = "/tmp/ckpt-consumer-XXXXXX";
     if (!mkdtemp(dir)) {

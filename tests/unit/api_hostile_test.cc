@@ -283,8 +283,8 @@ TEST(Hostile, TreesTooDeepToWriteAreLimitExceededOnEveryWriter) {
   // nothing behind.
   TempDir dir;
   const float one = 1;
-  std::vector<Tensor> ts = {Tensor::copy_of("t", DType::kFloat32, {1},
-                                            std::as_bytes(std::span<const float>(&one, 1)))};
+  std::vector<Tensor> ts = {
+      Tensor::copy_of("t", DType::kFloat32, {1}, std::as_bytes(std::span<const float>(&one, 1)))};
   for (int depth : {1500, 12000}) {
     ValuePtr v = Value::tensor(0);
     for (int i = 0; i < depth; ++i) v = Value::list({v});

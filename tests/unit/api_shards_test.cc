@@ -4,11 +4,11 @@
 
 #include <gtest/gtest.h>
 
-#include <filesystem>
-#include <set>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <thread>
 
 #include "ckpt/ckpt.h"
@@ -26,9 +26,11 @@ using test::make_tensor;
 std::vector<Tensor> part(int k) {
   // In the order a safetensors file stores them (wider dtypes first).
   if (k == 0)
-    return {make_tensor("a.bias", DType::kInt64, {8}, 2), make_tensor("a.weight", DType::kFloat32, {16, 8}, 1)};
+    return {make_tensor("a.bias", DType::kInt64, {8}, 2),
+            make_tensor("a.weight", DType::kFloat32, {16, 8}, 1)};
   if (k == 1) return {make_tensor("b.weight", DType::kFloat16, {32, 4}, 3)};
-  return {make_tensor("c.step", DType::kInt64, {}, 5), make_tensor("c.weight", DType::kBFloat16, {5, 5}, 4)};
+  return {make_tensor("c.step", DType::kInt64, {}, 5),
+          make_tensor("c.weight", DType::kBFloat16, {5, 5}, 4)};
 }
 
 void write_text(const std::string& path, const std::string& text) {
@@ -198,8 +200,7 @@ TEST(Shards, ViewOfASetIsTheShardsMapping) {
               ErrorCode::kInvalidArgument);
   }
   for (size_t i = 0; i < want.size(); ++i)  // contiguous, whole storages, native order
-    EXPECT_EQ(std::memcmp(views[i], want[i].contiguous_bytes().data(), want[i].info().nbytes()),
-              0)
+    EXPECT_EQ(std::memcmp(views[i], want[i].contiguous_bytes().data(), want[i].info().nbytes()), 0)
         << want[i].name();
   OpenOptions no_map;
   no_map.mmap = false;
@@ -276,7 +277,9 @@ TEST(Shards, ProgressOfASetIsTheSumOfItsFiles) {
     LoadOptions lo;
     lo.progress = seen.fn();
     if (op == kLoad) (void)c.load_all(lo);
-    if (op == kStream) c.stream(1 << 20, [](const Tensor&) {}, lo);
+    if (op == kStream)
+      c.stream(
+          1 << 20, [](const Tensor&) {}, lo);
     if (op == kVerify) (void)c.verify(seen.fn());
   };
   Checkpoint c = Checkpoint::open(s.index);
@@ -301,8 +304,9 @@ TEST(Shards, DuplicateNameNamesBothShards) {
   TempDir d;
   save_safetensors(d.file("x.safetensors"), {make_tensor("w", DType::kFloat32, {2}, 1)});
   save_safetensors(d.file("y.safetensors"), {make_tensor("w", DType::kFloat32, {2}, 2)});
-  Error e = test::capture_error(
-      [&] { Checkpoint::open_set({d.file("x.safetensors"), d.file("y.safetensors")}); });
+  Error e = test::capture_error([&] {
+    Checkpoint::open_set({d.file("x.safetensors"), d.file("y.safetensors")});
+  });
   EXPECT_EQ(e.code(), ErrorCode::kCorrupt);
   EXPECT_NE(e.message().find("x.safetensors"), std::string::npos) << e.what();
   EXPECT_NE(e.message().find("y.safetensors"), std::string::npos) << e.what();
@@ -384,7 +388,7 @@ TEST(Shards, ParseByteSize) {
 
 TEST(Shards, ConvertWritesShardsAndIndex) {
   TempDir d;
-  std::vector<Tensor> ts = {make_tensor("t0", DType::kFloat32, {10}, 1),   // 40 B
+  std::vector<Tensor> ts = {make_tensor("t0", DType::kFloat32, {10}, 1),    // 40 B
                             make_tensor("big", DType::kFloat32, {100}, 2),  // 400 B: alone
                             make_tensor("t1", DType::kFloat32, {5}, 3),     // 20 B
                             make_tensor("t2", DType::kFloat32, {5}, 4)};    // 20 B
@@ -486,7 +490,8 @@ TEST(Shards, ConvertOverAnOldSetLeavesOnlyTheNewSet) {
   o.max_shard_size = 100;
   o.progress = [](uint64_t, uint64_t) { throw std::runtime_error("stop"); };
   o.progress_interval = std::chrono::milliseconds(0);
-  EXPECT_ANY_THROW(convert(Checkpoint::open(d.file("a.pt")), d.file("new/deeper/m.safetensors"), o));
+  EXPECT_ANY_THROW(
+      convert(Checkpoint::open(d.file("a.pt")), d.file("new/deeper/m.safetensors"), o));
   EXPECT_FALSE(std::filesystem::exists(d.file("new")));
   // Refused before anything: an output that is one of the input's own files.
   EXPECT_CKPT_ERROR(convert(Checkpoint::open(ra4.index), ra4.files[1], ConvertOptions{}),

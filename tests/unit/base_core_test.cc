@@ -158,8 +158,8 @@ TEST(Sinks, AtomicFileSinkCommitsOrLeavesNothing) {
 
 TEST(Tensor, ViewsAndContiguity) {
   std::vector<float> data = {0, 1, 2, 3, 4, 5};
-  auto t = Tensor::from_bytes("t", DType::kFloat32, {2, 3},
-                              std::as_bytes(std::span<const float>(data)));
+  auto t =
+      Tensor::from_bytes("t", DType::kFloat32, {2, 3}, std::as_bytes(std::span<const float>(data)));
   EXPECT_TRUE(t.info().is_contiguous());
   EXPECT_EQ(t.info().nbytes(), 24u);
   TensorInfo tr = t.info();  // transpose view
@@ -171,9 +171,9 @@ TEST(Tensor, ViewsAndContiguity) {
   const float* f = reinterpret_cast<const float*>(c.data());
   EXPECT_EQ(f[1], 3.0f);
   EXPECT_EQ(f[2], 1.0f);
-  EXPECT_CKPT_ERROR(Tensor::from_bytes("bad", DType::kFloat32, {5},
-                                       std::as_bytes(std::span<const float>(data))),
-                    ErrorCode::kInvalidArgument);
+  EXPECT_CKPT_ERROR(
+      Tensor::from_bytes("bad", DType::kFloat32, {5}, std::as_bytes(std::span<const float>(data))),
+      ErrorCode::kInvalidArgument);
 }
 
 TEST(Value, DictAndRepr) {

@@ -40,8 +40,8 @@ TEST(Features, MissingNamesLibraryAndPackages) {
                    "(conda-forge), then rebuild"),
             std::string::npos)
       << w;
-  const std::string s = missing_feature("OpenSSL (libcrypto) or libsodium", "SHA-256 digests need")
-                            .what();
+  const std::string s =
+      missing_feature("OpenSSL (libcrypto) or libsodium", "SHA-256 digests need").what();
   EXPECT_NE(s.find("libssl-dev"), std::string::npos) << s;
   const std::string t = missing_feature("libsodium", "tensorizer encryption needs").what();
   EXPECT_NE(t.find("libsodium-dev (Debian/Ubuntu), libsodium-devel (Fedora)"), std::string::npos)

@@ -58,14 +58,15 @@ struct EnvGuard {
 
 TEST(Remote, S3TargetFromEnvironmentAndProfile) {
   EnvGuard env;
-  for (const char* k : {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
-                        "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL",
-                        "AWS_ENDPOINT_URL_S3", "AWS_PROFILE"})
+  for (const char* k :
+       {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_REGION",
+        "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_PROFILE"})
     env.set(k, nullptr);
   const auto dir = std::filesystem::temp_directory_path() / "ckpt-remote-unit";
   std::filesystem::create_directories(dir);
-  std::ofstream(dir / "credentials") << "[default]\naws_access_key_id = D\naws_secret_access_key = DS\n"
-                                        "[p]\naws_access_key_id = P\naws_secret_access_key = PS\n";
+  std::ofstream(dir / "credentials")
+      << "[default]\naws_access_key_id = D\naws_secret_access_key = DS\n"
+         "[p]\naws_access_key_id = P\naws_secret_access_key = PS\n";
   std::ofstream(dir / "config") << "[profile p]\nregion = eu-west-3\nendpoint_url = http://e:1/\n";
   env.set("AWS_SHARED_CREDENTIALS_FILE", (dir / "credentials").c_str());
   env.set("AWS_CONFIG_FILE", (dir / "config").c_str());

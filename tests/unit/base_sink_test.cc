@@ -1,11 +1,11 @@
 // ByteSink's optional speed-ups: reserve() and write_sliced(), on the file sink (two threads,
 // preallocation) and on the sequential defaults (MemorySink).
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <sys/resource.h>
-#include <fcntl.h>
 #include <sys/file.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -65,7 +65,8 @@ struct Visits {
   }
 };
 
-std::vector<std::byte> concat(std::string_view a, std::span<const std::byte> b, std::string_view c) {
+std::vector<std::byte> concat(std::string_view a, std::span<const std::byte> b,
+                              std::string_view c) {
   std::vector<std::byte> out = test::to_bytes(a);
   out.insert(out.end(), b.begin(), b.end());
   auto tail = test::to_bytes(c);
@@ -308,7 +309,8 @@ TEST(FileSinkStaging, MixedWritesAndPatchesMatchMemory) {
     mem.write(piece);
     file->write(piece);
     if (step % 37 == 0 && mem.position() > 8) {
-      const uint64_t at = mem.position() - 1 - (seed >> 45) % std::min<uint64_t>(mem.position() - 1, 5000);
+      const uint64_t at =
+          mem.position() - 1 - (seed >> 45) % std::min<uint64_t>(mem.position() - 1, 5000);
       auto patch = test::to_bytes("PATCH");
       const size_t len = std::min<uint64_t>(patch.size(), mem.position() - at);
       mem.patch(at, std::span<const std::byte>(patch).first(len));

@@ -2,8 +2,8 @@
 // remove_temporaries_now() ends a process's writing for good, so those tests run it in a forked
 // child and look at what the child left.
 
-#include <gtest/gtest.h>
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/file.h>
 #include <sys/stat.h>

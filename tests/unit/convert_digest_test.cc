@@ -30,8 +30,8 @@ std::vector<Tensor> sample_tensors() {
 }
 
 std::string hex_of(std::string_view s) {
-  return to_hex(sha256(std::span<const std::byte>(reinterpret_cast<const std::byte*>(s.data()),
-                                                  s.size())));
+  return to_hex(
+      sha256(std::span<const std::byte>(reinterpret_cast<const std::byte*>(s.data()), s.size())));
 }
 
 std::map<std::string, std::string> by_name(const std::vector<TensorDigest>& ds) {
@@ -62,8 +62,8 @@ TEST(Digest, StridedTensorsHashTheirRowMajorElements) {
     i.storage_offset = off;
     return Tensor(i, base.storage());
   };
-  for (const Tensor& t : {view({4, 3}, {1, 4}, 0), view({3, 2}, {4, 1}, 1),
-                          view({5, 4}, {0, 1}, 4), view({2, 1, 2}, {4, 7, 2}, 1)}) {
+  for (const Tensor& t : {view({4, 3}, {1, 4}, 0), view({3, 2}, {4, 1}, 1), view({5, 4}, {0, 1}, 4),
+                          view({2, 1, 2}, {4, 7, 2}, 1)}) {
     ASSERT_FALSE(t.info().is_contiguous());
     EXPECT_EQ(tensor_sha256(t), sha256(t.contiguous_bytes()));
   }
@@ -186,12 +186,12 @@ TEST(Digest, ManifestRoundTripAndMismatches) {
   EXPECT_TRUE(compare_digests(back.tensors, m.tensors).empty());
 
   auto actual = m.tensors;
-  actual[1].sha256->at(0) ^= 1;                 // digest
-  actual[2].dtype = DType::kInt32;              // dtype
-  actual[3].shape = {8};                        // shape
-  actual.erase(actual.begin() + 4);             // missing from the file
+  actual[1].sha256->at(0) ^= 1;      // digest
+  actual[2].dtype = DType::kInt32;   // dtype
+  actual[3].shape = {8};             // shape
+  actual.erase(actual.begin() + 4);  // missing from the file
   actual.push_back(actual[0]);
-  actual.back().name = "extra";                 // not in the manifest
+  actual.back().name = "extra";  // not in the manifest
   auto bad = compare_digests(m.tensors, actual);
   ASSERT_EQ(bad.size(), 5u);
   EXPECT_EQ(bad[0].tensor, "model.layers.0.bias");
@@ -205,15 +205,15 @@ TEST(Digest, ManifestRoundTripAndMismatches) {
   EXPECT_EQ(bad[4].tensor, "extra");
   EXPECT_EQ(bad[4].problem, "not in the manifest");
 
-  for (const char* text :
-       {"", "[]", "{}", R"({"ckpt_digest": 2, "tensors": {}})",
-        R"({"ckpt_digest": 1, "algorithm": "md5", "tensors": {}})",
-        R"({"ckpt_digest": 1})", R"({"ckpt_digest": 1, "tensors": {"a": {"dtype": "float32"}}})",
-        R"({"ckpt_digest": 1, "tensors": {"a": {"dtype": "nope", "shape": [], "sha256": ""}}})",
-        R"({"ckpt_digest": 1, "tensors": {"a": {"dtype": "float32", "shape": [1]}}})",
-        R"({"ckpt_digest": 1, "tensors": {"a": {"dtype": "float32", "shape": [1], "sha256": "00"}}})",
-        R"({"ckpt_digest": 1, "tensors": {"a": {"dtype": "float32", "shape": ["1"], "sha256": "00"}}})"})
-  {
+  for (
+      const char* text :
+      {"", "[]", "{}", R"({"ckpt_digest": 2, "tensors": {}})",
+       R"({"ckpt_digest": 1, "algorithm": "md5", "tensors": {}})", R"({"ckpt_digest": 1})",
+       R"({"ckpt_digest": 1, "tensors": {"a": {"dtype": "float32"}}})",
+       R"({"ckpt_digest": 1, "tensors": {"a": {"dtype": "nope", "shape": [], "sha256": ""}}})",
+       R"({"ckpt_digest": 1, "tensors": {"a": {"dtype": "float32", "shape": [1]}}})",
+       R"({"ckpt_digest": 1, "tensors": {"a": {"dtype": "float32", "shape": [1], "sha256": "00"}}})",
+       R"({"ckpt_digest": 1, "tensors": {"a": {"dtype": "float32", "shape": ["1"], "sha256": "00"}}})"}) {
     SCOPED_TRACE(text);
     EXPECT_CKPT_ERROR(manifest_from_json(text, "m.json"), ErrorCode::kInvalidArgument);
   }
@@ -318,7 +318,8 @@ TEST(Digest, VerifyCrcMismatchNamesTheTensorsOfTheRecord) {
   // And the digests say which tensor changed.
   auto good = sample_tensors();
   std::vector<TensorDigest> want;
-  for (const auto& t : good) want.push_back({t.name(), t.dtype(), t.shape(), false, tensor_sha256(t), {}});
+  for (const auto& t : good)
+    want.push_back({t.name(), t.dtype(), t.shape(), false, tensor_sha256(t), {}});
   auto bad = compare_digests(want, tensor_digests(Checkpoint::open(dir.file("a.pt"))));
   ASSERT_EQ(bad.size(), 1u);
   EXPECT_EQ(bad[0].tensor, "model.embed.weight");

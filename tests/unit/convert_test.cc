@@ -2,6 +2,8 @@
 // tied names, shared storages, deep trees, progress, atomic failure, encryption. The same
 // conversions against real torch/safetensors are in tests/interop (`ckpt convert`).
 
+#include "ckpt/convert.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -12,7 +14,6 @@
 #include <thread>
 
 #include "ckpt/ckpt.h"
-#include "ckpt/convert.h"
 #include "ckpt/safetensors.h"
 #include "ckpt/tensorizer.h"
 #include "test_util.h"
@@ -179,8 +180,7 @@ TEST(Convert, FormatNames) {
   EXPECT_EQ(parse_convert_format("pt"), ConvertFormat::kTorch);
   EXPECT_EQ(parse_convert_format("tensorizer"), ConvertFormat::kTensorizer);
   EXPECT_CKPT_ERROR(parse_convert_format("onnx"), ErrorCode::kInvalidArgument);
-  for (ConvertFormat f : kFormats)
-    EXPECT_EQ(parse_convert_format(convert_format_name(f)), f);
+  for (ConvertFormat f : kFormats) EXPECT_EQ(parse_convert_format(convert_format_name(f)), f);
 }
 
 TEST(Convert, ParseTargetTakesEachSettingForTheFormatsThatOwnItOnly) {
@@ -201,8 +201,9 @@ TEST(Convert, ParseTargetTakesEachSettingForTheFormatsThatOwnItOnly) {
   // A setting of another format is refused by name, never ignored.
   Error e = test::capture_error([&] { parse_target("pt", s); });
   EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
-  EXPECT_NE(e.message().find("TargetSettings::meta is only available for safetensors output, not pt"),
-            std::string::npos)
+  EXPECT_NE(
+      e.message().find("TargetSettings::meta is only available for safetensors output, not pt"),
+      std::string::npos)
       << e.message();
   TargetSettings a;
   a.alignment = 64;
@@ -280,10 +281,10 @@ TEST(Convert, SharedAndTiedTensorsAreRefusedOrCopiedPerOption) {
   ConvertReport r = convert(c, st, o);
   EXPECT_EQ(r.tensors, 4u);
   ASSERT_EQ(r.copied_shared.size(), 2u);
-  EXPECT_EQ(r.copied_shared[0], std::make_pair(std::string("encoder.weight_t"),
-                                               std::string("encoder.weight")));
-  EXPECT_EQ(r.copied_shared[1], std::make_pair(std::string("decoder.weight"),
-                                               std::string("encoder.weight")));
+  EXPECT_EQ(r.copied_shared[0],
+            std::make_pair(std::string("encoder.weight_t"), std::string("encoder.weight")));
+  EXPECT_EQ(r.copied_shared[1],
+            std::make_pair(std::string("decoder.weight"), std::string("encoder.weight")));
   auto got = contents(Checkpoint::open(st));
   ASSERT_EQ(got.size(), 4u);
   EXPECT_EQ(got["decoder.weight"], got["encoder.weight"]);
@@ -332,7 +333,8 @@ TEST(Convert, StreamedConversionWithABudgetBelowEveryTensorWritesTheSameBytes) {
   convert(unmapped, dir.file("d1.safetensors"), d);
   d.memory_budget = 128ull << 20;
   convert(mapped, dir.file("d2.safetensors"), d);
-  EXPECT_EQ(test::read_file(dir.file("d1.safetensors")), test::read_file(dir.file("d2.safetensors")));
+  EXPECT_EQ(test::read_file(dir.file("d1.safetensors")),
+            test::read_file(dir.file("d2.safetensors")));
   // Tied tensors: one storage read for consecutive names, copies where asked, sharing in pt.
   Checkpoint tied = Checkpoint::open(tied_checkpoint(dir), pread);
   ConvertOptions c = quick();

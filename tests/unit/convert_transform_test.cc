@@ -24,9 +24,9 @@ std::vector<std::byte> floats(std::initializer_list<float> v) {
 
 std::string model(const test::TempDir& dir) {
   const std::string path = dir.file("in.safetensors");
-  save_safetensors(path, {Tensor::copy_of("module.a", DType::kFloat32, {2, 3},
-                                          floats({1, 2, 3, 4, 5, 6})),
-                          Tensor::copy_of("module.b", DType::kFloat32, {2}, floats({0.1f, 1e-40f}))});
+  save_safetensors(
+      path, {Tensor::copy_of("module.a", DType::kFloat32, {2, 3}, floats({1, 2, 3, 4, 5, 6})),
+             Tensor::copy_of("module.b", DType::kFloat32, {2}, floats({0.1f, 1e-40f}))});
   return path;
 }
 
@@ -57,7 +57,7 @@ TEST(Transform, ElementConversionsRoundToNearestEven) {
   EXPECT_EQ(f32_to_f16_bits(0x477FEFFF), 0x7BFF);  // just below: 65504
   EXPECT_EQ(f32_to_f16_bits(0x33000000), 0x0000);  // 2^-25: a tie, to even zero
   EXPECT_EQ(f32_to_f16_bits(0x33000001), 0x0001);
-  EXPECT_EQ(f32_to_f16_bits(0xFF812345), 0xFE09);  // NaN: sign, quiet, high payload
+  EXPECT_EQ(f32_to_f16_bits(0xFF812345), 0xFE09);           // NaN: sign, quiet, high payload
   EXPECT_EQ(f32_to_bf16_bits(0x3F808000, 0xFFFF), 0x3F80);  // tie to even
   EXPECT_EQ(f32_to_bf16_bits(0x3F818000, 0xFFFF), 0x3F82);
   EXPECT_EQ(f32_to_bf16_bits(0x7FC00000, 0xFFFF), 0xFFFF);
@@ -91,8 +91,8 @@ TEST(Transform, EveryWriterWithDigestsAndRefusalsLeaveNothing) {
     size_t i = out.tensors()[0].name == d.name ? 0 : 1;
     EXPECT_EQ(d.sha256, tensor_sha256(out.tensor(i))) << d.name;
   }
-  for (ConvertTarget t : {ConvertTarget{PtTarget{}}, ConvertTarget{TensorizerTarget{}},
-                          ConvertTarget{DcpTarget{}}}) {
+  for (ConvertTarget t :
+       {ConvertTarget{PtTarget{}}, ConvertTarget{TensorizerTarget{}}, ConvertTarget{DcpTarget{}}}) {
     o.target = t;
     const std::string path = dir.file(std::string("out.") + convert_format_name(target_format(t)));
     EXPECT_EQ(convert(c, path, o).tensors, 2u) << path;

@@ -57,7 +57,8 @@ std::vector<std::byte> device_bytes(internal::CopyEngine& e, const Tensor& t) {
   return out;
 }
 
-void expect_same(internal::CopyEngine& e, const std::vector<Tensor>& dev, const std::vector<Tensor>& host) {
+void expect_same(internal::CopyEngine& e, const std::vector<Tensor>& dev,
+                 const std::vector<Tensor>& host) {
   ASSERT_EQ(dev.size(), host.size());
   for (size_t i = 0; i < dev.size(); ++i) {
     auto got = device_bytes(e, dev[i]);
@@ -72,8 +73,14 @@ thread_local int pending = 0;  // the runtime's sticky-until-read last error
 std::atomic<int> fail_malloc{0}, fail_event_record{0}, stream_syncs{0}, set_calls{0};
 constexpr int kErr = 2;  // cudaErrorMemoryAllocation
 int fail(int e) { return pending = e; }
-int GetDeviceCount(int* n) { *n = 4; return 0; }
-int GetDevice(int* d) { *d = current; return 0; }
+int GetDeviceCount(int* n) {
+  *n = 4;
+  return 0;
+}
+int GetDevice(int* d) {
+  *d = current;
+  return 0;
+}
 int SetDevice(int d) {
   if (d < 0 || d >= 4) return fail(101);
   ++set_calls;
@@ -86,32 +93,79 @@ int Malloc(void** p, size_t n) {
   *p = std::aligned_alloc(256, (n + 255) / 256 * 256);
   return 0;
 }
-int Free(void* p) { std::free(p); return 0; }
-int HostAlloc(void** p, size_t n, unsigned) { *p = std::aligned_alloc(4096, (n + 4095) / 4096 * 4096); return 0; }
-int StreamCreate(void** s, unsigned) { *s = new int(0); return 0; }
-int StreamDestroy(void* s) { delete static_cast<int*>(s); return 0; }
-int StreamSynchronize(void*) { ++stream_syncs; return 0; }
-int MemcpyAsync(void* d, const void* s, size_t n, int, void*) { std::memcpy(d, s, n); return 0; }
-int Memcpy(void* d, const void* s, size_t n, int) { std::memcpy(d, s, n); return 0; }
-int EventCreate(void** e, unsigned) { *e = new int(0); return 0; }
+int Free(void* p) {
+  std::free(p);
+  return 0;
+}
+int HostAlloc(void** p, size_t n, unsigned) {
+  *p = std::aligned_alloc(4096, (n + 4095) / 4096 * 4096);
+  return 0;
+}
+int StreamCreate(void** s, unsigned) {
+  *s = new int(0);
+  return 0;
+}
+int StreamDestroy(void* s) {
+  delete static_cast<int*>(s);
+  return 0;
+}
+int StreamSynchronize(void*) {
+  ++stream_syncs;
+  return 0;
+}
+int MemcpyAsync(void* d, const void* s, size_t n, int, void*) {
+  std::memcpy(d, s, n);
+  return 0;
+}
+int Memcpy(void* d, const void* s, size_t n, int) {
+  std::memcpy(d, s, n);
+  return 0;
+}
+int EventCreate(void** e, unsigned) {
+  *e = new int(0);
+  return 0;
+}
 int EventRecord(void*, void*) { return fail_event_record ? fail(700) : 0; }
 int EventSynchronize(void*) { return 0; }
-int EventDestroy(void* e) { delete static_cast<int*>(e); return 0; }
-int MemGetInfo(size_t* f, size_t* t) { *f = 3u << 30; *t = 4u << 30; return 0; }
-int RuntimeGetVersion(int* v) { *v = 12040; return 0; }
+int EventDestroy(void* e) {
+  delete static_cast<int*>(e);
+  return 0;
+}
+int MemGetInfo(size_t* f, size_t* t) {
+  *f = 3u << 30;
+  *t = 4u << 30;
+  return 0;
+}
+int RuntimeGetVersion(int* v) {
+  *v = 12040;
+  return 0;
+}
 const char* GetErrorString(int) { return "fake error"; }
 
 internal::cuda::Runtime runtime() {
   internal::cuda::Runtime r;
   r.handle = &r;  // non-null: "loaded"
   r.path = "fake";
-  r.GetDeviceCount = GetDeviceCount; r.GetDevice = GetDevice; r.SetDevice = SetDevice;
-  r.GetLastError = GetLastError; r.Malloc = Malloc; r.Free = Free; r.HostAlloc = HostAlloc;
-  r.FreeHost = Free; r.StreamCreateWithFlags = StreamCreate; r.StreamDestroy = StreamDestroy;
-  r.StreamSynchronize = StreamSynchronize; r.MemcpyAsync = MemcpyAsync; r.Memcpy = Memcpy;
-  r.EventCreateWithFlags = EventCreate; r.EventRecord = EventRecord;
-  r.EventSynchronize = EventSynchronize; r.EventDestroy = EventDestroy; r.MemGetInfo = MemGetInfo;
-  r.RuntimeGetVersion = RuntimeGetVersion; r.GetErrorString = GetErrorString;
+  r.GetDeviceCount = GetDeviceCount;
+  r.GetDevice = GetDevice;
+  r.SetDevice = SetDevice;
+  r.GetLastError = GetLastError;
+  r.Malloc = Malloc;
+  r.Free = Free;
+  r.HostAlloc = HostAlloc;
+  r.FreeHost = Free;
+  r.StreamCreateWithFlags = StreamCreate;
+  r.StreamDestroy = StreamDestroy;
+  r.StreamSynchronize = StreamSynchronize;
+  r.MemcpyAsync = MemcpyAsync;
+  r.Memcpy = Memcpy;
+  r.EventCreateWithFlags = EventCreate;
+  r.EventRecord = EventRecord;
+  r.EventSynchronize = EventSynchronize;
+  r.EventDestroy = EventDestroy;
+  r.MemGetInfo = MemGetInfo;
+  r.RuntimeGetVersion = RuntimeGetVersion;
+  r.GetErrorString = GetErrorString;
   return r;
 }
 }  // namespace fake
@@ -175,7 +229,9 @@ TEST(DeviceMemory, CudaWithoutIndexIsTheCurrentDevice) {
   HostCopyEngine::set_current_device(3);
   EXPECT_EQ(internal::resolve_device(Device::parse("cuda")), Device::cuda(3));
   EXPECT_EQ(internal::resolve_device(Device::parse("cuda:1")), Device::cuda(1));
-  std::thread([] { EXPECT_EQ(internal::resolve_device(Device::current_cuda()), Device::cuda(0)); }).join();
+  std::thread([] {
+    EXPECT_EQ(internal::resolve_device(Device::current_cuda()), Device::cuda(0));
+  }).join();
   HostCopyEngine::set_current_device(0);
 }
 
@@ -187,7 +243,12 @@ TEST(DeviceMemory, DeviceMemoryIsOutOfTheHostsReach) {
   lo.device = Device::cuda(0);
   auto dev = Checkpoint::open(f.path).load_all(lo);
   EXPECT_TRUE(engine.owns(dev[0].data()));
-  EXPECT_DEATH({ volatile std::byte b = *dev[0].data(); (void)b; }, "");
+  EXPECT_DEATH(
+      {
+        volatile std::byte b = *dev[0].data();
+        (void)b;
+      },
+      "");
 }
 
 TEST(DeviceMemory, WritersRefuseDeviceTensorsNamingThemAndWriteNothing) {
@@ -214,7 +275,8 @@ TEST(DeviceMemory, WritersRefuseDeviceTensorsNamingThemAndWriteNothing) {
 TEST(DeviceMemory, ALoadThatCannotFitIsRefusedBeforeAnyByteMoves) {
   Model f(4, 300000);  // 4.8 MB
   for (int which : {0, 1}) {
-    HostCopyEngine engine(HostEngineOptions{.free_bytes = which == 0 ? uint64_t{1} << 20 : UINT64_MAX});
+    HostCopyEngine engine(
+        HostEngineOptions{.free_bytes = which == 0 ? uint64_t{1} << 20 : UINT64_MAX});
     UseEngine use(engine);
     LoadOptions lo;
     lo.device = Device::cuda(0);
@@ -222,7 +284,8 @@ TEST(DeviceMemory, ALoadThatCannotFitIsRefusedBeforeAnyByteMoves) {
     Error e = test::capture_error([&] { Checkpoint::open(f.path).load_all(lo); });
     EXPECT_EQ(e.code(), ErrorCode::kLimitExceeded) << e.what();
     const std::string text = e.what();
-    EXPECT_NE(text.find(which == 0 ? "1048576 free" : "2097152 allowed"), std::string::npos) << text;
+    EXPECT_NE(text.find(which == 0 ? "1048576 free" : "2097152 allowed"), std::string::npos)
+        << text;
     EXPECT_NE(text.find("bytes needed"), std::string::npos) << text;
     EXPECT_EQ(engine.copies(), 0u);
     EXPECT_EQ(engine.staging_peak(), 0u);
@@ -294,10 +357,12 @@ TEST(DeviceMemory, LoadIntoCallerMemoryChecksEverythingFirst) {
   EXPECT_EQ(test::capture_error([&] { load_into(c, bad, lo); }).record(), "t3");
   bad = into;
   bad["t2"].dtype = DType::kInt32;
-  EXPECT_EQ(test::capture_error([&] { load_into(c, bad, lo); }).code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(test::capture_error([&] { load_into(c, bad, lo); }).code(),
+            ErrorCode::kInvalidArgument);
   bad = into;
   bad["t1"].device = Device::cuda(0);
-  EXPECT_EQ(test::capture_error([&] { load_into(c, bad, lo); }).code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(test::capture_error([&] { load_into(c, bad, lo); }).code(),
+            ErrorCode::kInvalidArgument);
   bad = into;
   bad["nope"] = into["t0"];
   EXPECT_EQ(test::capture_error([&] { load_into(c, bad, lo); }).code(), ErrorCode::kNotFound);
@@ -310,7 +375,8 @@ TEST(DeviceMemory, LoadIntoCallerMemoryChecksEverythingFirst) {
   std::map<std::string, Destination> dev;
   for (size_t i = 0; i < 4; ++i) {
     mem.push_back(engine.allocate(bufs[i].size() * 4));
-    dev["t" + std::to_string(i)] = {mem[i].get(), bufs[i].size() * 4, Device::cuda(0), DType::kFloat32};
+    dev["t" + std::to_string(i)] = {mem[i].get(), bufs[i].size() * 4, Device::cuda(0),
+                                    DType::kFloat32};
   }
   lo.device = Device::parse("cuda");  // the current device: 0
   load_into(c, dev, lo);
@@ -358,7 +424,8 @@ TEST(DeviceMemory, MetaTensorsGetNoBytes) {
   es[0].tensor = Tensor(ti, storage);
   es[0].meta = true;
   std::vector<float> small(1000, 2.f);
-  es[1].tensor = Tensor::copy_of("small", DType::kFloat32, {1000}, std::as_bytes(std::span<const float>(small)));
+  es[1].tensor = Tensor::copy_of("small", DType::kFloat32, {1000},
+                                 std::as_bytes(std::span<const float>(small)));
   save_tensorizer(path, es);
   Checkpoint c = Checkpoint::open(path);
   auto t0 = std::chrono::steady_clock::now();

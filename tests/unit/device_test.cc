@@ -2,12 +2,13 @@
 // errors, cancellation) driven by the host copy engine, and the CUDA engine's refusal where no
 // CUDA device is usable.
 
+#include "ckpt/device.h"
+
 #include <gtest/gtest.h>
 
 #include <cstring>
 
 #include "ckpt/ckpt.h"
-#include "ckpt/device.h"
 #include "ckpt/safetensors.h"
 #include "device/copy_engine.h"
 #include "test_util.h"
@@ -195,7 +196,7 @@ TEST(Device, StagingStaysWithinItsBudgetWhateverTheModelSize) {
   auto dev = c.load_all(lo);
   expect_same(engine, dev, c.load_all());
   EXPECT_LE(engine.staging_peak(), lo.staging_bytes);
-  EXPECT_GT(engine.copies(), 72u / 1);  // 1 MiB slots: every tensor in many chunks
+  EXPECT_GT(engine.copies(), 72u / 1);    // 1 MiB slots: every tensor in many chunks
   EXPECT_GE(engine.max_lanes_busy(), 2);  // copies ran on several lanes at once
   dev.clear();
   EXPECT_EQ(engine.device_in_use(), 0u);  // the device memory went with the last tensor
@@ -229,7 +230,10 @@ TEST(Device, OpenAndLoadSetsAndSingleStorages) {
   engine.to_host(got.data(), t.data(), got.size());
   EXPECT_EQ(std::memcmp(got.data(), c.tensor("t3").data(), got.size()), 0);
   EXPECT_EQ(test::capture_error([&] { (void)t.bytes(); }).code(), ErrorCode::kInvalidArgument);
-  EXPECT_EQ(test::capture_error([&] { c.stream(1 << 20, [](const Tensor&) {}, lo); }).code(),
+  EXPECT_EQ(test::capture_error([&] {
+              c.stream(
+                  1 << 20, [](const Tensor&) {}, lo);
+            }).code(),
             ErrorCode::kUnsupported);
 }
 

@@ -66,7 +66,7 @@ TEST(DcpWrite, ReadsBackWhatItWroteWithShard0Chunks) {
     names.push_back(e.path().filename().string());
   std::sort(names.begin(), names.end());
   EXPECT_EQ(names, (std::vector<std::string>{".metadata", "__0_0.distcp", "__1_0.distcp",
-                                              "__2_0.distcp", "__3_0.distcp"}));
+                                             "__2_0.distcp", "__3_0.distcp"}));
 
   Checkpoint c = Checkpoint::open(dir.file("out"));
   EXPECT_EQ(c.format(), Format::kTorchDcp);
@@ -92,7 +92,7 @@ TEST(DcpWrite, ReadsBackWhatItWroteWithShard0Chunks) {
   EXPECT_EQ(md.entries[3].fqn, "hist.0");
   ASSERT_EQ(md.entries[3].path.size(), 2u);
   EXPECT_EQ(md.entries[3].path[1]->kind(), Value::Kind::kInt);  // a list position
-  EXPECT_TRUE(md.entries[4].is_bytes);  // hist.1
+  EXPECT_TRUE(md.entries[4].is_bytes);                          // hist.1
 }
 
 TEST(DcpWrite, ConvertRoundTripAndReport) {
@@ -161,8 +161,7 @@ TEST(DcpWrite, RefusalsLeaveNothing) {
   ConvertOptions o;
   o.target = DcpTarget{};
   MemorySink sink;
-  EXPECT_EQ(test::capture_error([&] { convert(in, sink, o); }).code(),
-            ErrorCode::kInvalidArgument);
+  EXPECT_EQ(test::capture_error([&] { convert(in, sink, o); }).code(), ErrorCode::kInvalidArgument);
   fs::create_directories(dir.file("taken"));
   test::write_file(dir.file("taken/keep"), test::to_bytes("x"));
   EXPECT_EQ(test::capture_error([&] { convert(in, dir.file("taken"), o); }).code(),

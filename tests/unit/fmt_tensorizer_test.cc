@@ -7,8 +7,8 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
-#include <thread>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "ckpt/sink.h"
 #include "ckpt/tensorizer.h"
@@ -409,7 +409,8 @@ TEST(TensorizerWriter, RoundTripEncryptedPasswordWithMeta) {
   expect_read_back(d, es);
   OpenOptions bad;
   bad.decrypt_password = "hunter3";
-  EXPECT_CKPT_ERROR(open_tensorizer(memory_source(sink.bytes()), bad)->verify({}), ErrorCode::kAuth);
+  EXPECT_CKPT_ERROR(open_tensorizer(memory_source(sink.bytes()), bad)->verify({}),
+                    ErrorCode::kAuth);
 }
 
 TEST(TensorizerWriter, RefusesBadInput) {

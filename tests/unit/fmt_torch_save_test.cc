@@ -29,10 +29,11 @@ Tensor bytes_tensor(const std::string& name, size_t n, uint32_t seed) {
 TEST(TorchSave, FileAndMemorySinksWriteTheSameBytes) {
   constexpr size_t kMiB = 1 << 20;
   // Sizes around the 1 MiB slice and the 4-slice threshold of the two-thread path, odd tails.
-  std::vector<Tensor> ts = {bytes_tensor("small", 100, 1),     bytes_tensor("slice", kMiB, 2),
-                            bytes_tensor("two", kMiB + 3, 3),  bytes_tensor("four", 4 * kMiB, 4),
-                            bytes_tensor("empty", 0, 5),       bytes_tensor("odd", 13 * kMiB / 2 + 1, 6),
-                            bytes_tensor("big", 11 * kMiB + 5, 7)};
+  std::vector<Tensor> ts = {
+      bytes_tensor("small", 100, 1),        bytes_tensor("slice", kMiB, 2),
+      bytes_tensor("two", kMiB + 3, 3),     bytes_tensor("four", 4 * kMiB, 4),
+      bytes_tensor("empty", 0, 5),          bytes_tensor("odd", 13 * kMiB / 2 + 1, 6),
+      bytes_tensor("big", 11 * kMiB + 5, 7)};
   test::TempDir dir;
   std::string path = dir.file("model.pt");
   SaveOptions so;

@@ -123,7 +123,8 @@ TEST(TorchZip, OpenReadsAtMostThreeTimes) {
   TempDir dir;
   for (size_t n : {3u, 256u, 20000u}) {
     std::vector<Tensor> ts;
-    for (size_t i = 0; i < n; ++i) ts.push_back(float_tensor("layer." + std::to_string(i) + ".w", {4}));
+    for (size_t i = 0; i < n; ++i)
+      ts.push_back(float_tensor("layer." + std::to_string(i) + ".w", {4}));
     std::string path = dir.file("n" + std::to_string(n) + ".pt");
     SaveOptions so;
     so.fsync = false;
@@ -238,7 +239,8 @@ TEST(TorchZipValidation, OffsetPastStorage) {
 }
 
 TEST(TorchZipValidation, StrideOverflow) {
-  auto z = make_zip(tensor_pickle(4, {2, 2}, {INT64_MAX / 2, 1}), {{"data/0", std::string(16, '\0')}});
+  auto z =
+      make_zip(tensor_pickle(4, {2, 2}, {INT64_MAX / 2, 1}), {{"data/0", std::string(16, '\0')}});
   EXPECT_EQ(open_error(z).code(), ErrorCode::kCorrupt);
 }
 
@@ -260,7 +262,8 @@ TEST(TorchZipValidation, MissingStorageRecord) {
 }
 
 TEST(TorchZipValidation, UnknownStorageClass) {
-  auto z = make_zip(tensor_pickle(4, {4}, {1}, 0, "EvilStorage"), {{"data/0", std::string(16, '\0')}});
+  auto z =
+      make_zip(tensor_pickle(4, {4}, {1}, 0, "EvilStorage"), {{"data/0", std::string(16, '\0')}});
   EXPECT_EQ(open_error(z).code(), ErrorCode::kUnsupported);
 }
 
@@ -309,7 +312,8 @@ TEST(TorchZipValidation, PersistentIdNotAStorage) {
   std::string pkl;
   internal::PicklerHooks hooks;
   hooks.persistent_id = [](const Value& v) -> ValuePtr {
-    if (v.kind() == Value::Kind::kString && v.str() == "x") return Value::tuple({Value::string("module")});
+    if (v.kind() == Value::Kind::kString && v.str() == "x")
+      return Value::tuple({Value::string("module")});
     return nullptr;
   };
   internal::pickle(Value::list({Value::string("x")}), pkl, hooks);
@@ -382,7 +386,8 @@ TEST(TorchZip, AtomicSaveLeavesOldFileOnFailure) {
   save_torch(path, state_dict_value(ts), ts);
   auto before = test::read_file(path);
   // A tree that refers to a tensor that was not given fails mid-save.
-  EXPECT_CKPT_ERROR(save_torch(path, Value::list({Value::tensor(5)}), ts), ErrorCode::kInvalidArgument);
+  EXPECT_CKPT_ERROR(save_torch(path, Value::list({Value::tensor(5)}), ts),
+                    ErrorCode::kInvalidArgument);
   EXPECT_EQ(test::read_file(path), before);
   size_t files = 0;
   for (auto& e : std::filesystem::directory_iterator(dir.path())) (void)e, ++files;
@@ -393,7 +398,8 @@ TEST(TorchZip, AtomicSaveLeavesOldFileOnFailure) {
 TEST(TorchZip, Over4GiBZip64) {
   TempDir dir;
   const uint64_t big = (4ull << 30) + 4096;  // > 0xFFFFFFFF bytes
-  void* p = ::mmap(nullptr, big, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  void* p = ::mmap(nullptr, big, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   ASSERT_NE(p, MAP_FAILED);
   std::shared_ptr<void> owner(p, [big](void* q) { ::munmap(q, big); });
   auto* b = static_cast<std::byte*>(p);

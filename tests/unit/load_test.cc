@@ -43,8 +43,7 @@ struct Fixture {
   }
   bool same(const Tensor& t) const {
     size_t i = std::stoul(t.name().substr(1));
-    if (t.name() == "t0_tail")
-      return std::memcmp(t.data(), data[0].data() + 5, 40) == 0;
+    if (t.name() == "t0_tail") return std::memcmp(t.data(), data[0].data() + 5, 40) == 0;
     return t.info().nbytes() == data[i].size() * 4 &&
            std::memcmp(t.data(), data[i].data(), data[i].size() * 4) == 0;
   }
@@ -65,7 +64,8 @@ TEST(Load, EagerEveryThreadCountAndFilter) {
       for (auto& t : all) EXPECT_TRUE(f.same(t)) << t.name();
       EXPECT_EQ(all[0].storage().get(), all.back().storage().get());  // view shares
       // A sparse subset is packed rather than mirrored; still exact.
-      auto some = c.load_all(lo, [](const TensorInfo& t) { return t.name == "t3" || t.name == "t31"; });
+      auto some =
+          c.load_all(lo, [](const TensorInfo& t) { return t.name == "t3" || t.name == "t31"; });
       ASSERT_EQ(some.size(), 2u);
       for (auto& t : some) EXPECT_TRUE(f.same(t));
     }
@@ -100,7 +100,7 @@ TEST(Load, OpenAndLoadEqualsOpenThenLoadAll) {
 TEST(Load, FreedLoadMemoryIsKeptForTheNextLoad) {
   const uint64_t limit = kept_memory_limit();
   set_kept_memory_limit(uint64_t{1} << 40);
-  Fixture big(2, 9u << 20);  // 2 x 36 MiB
+  Fixture big(2, 9u << 20);    // 2 x 36 MiB
   Fixture other(1, 1u << 20);  // 4 MiB: an arena of its own, below the 64 MiB floor
   release_kept_memory();
   const std::byte* first = nullptr;
@@ -240,7 +240,8 @@ TEST(Load, StreamingKeepsToTheBudget) {
   LoadOptions v;
   v.verify = true;
   size_t n = 0;
-  c.stream(budget, [&](const Tensor&) { ++n; }, v, [](const TensorInfo& t) { return t.name != "t7"; });
+  c.stream(
+      budget, [&](const Tensor&) { ++n; }, v, [](const TensorInfo& t) { return t.name != "t7"; });
   EXPECT_EQ(n, f.tensors.size() - 1);
 }
 
@@ -257,19 +258,26 @@ TEST(Load, StreamingWithSeveralReaders) {
       lo.threads = threads;
       const uint64_t budget = 40 << 20;  // three storages at most
       std::vector<std::string> names;
-      c.stream(budget, [&](const Tensor& t) {
-        EXPECT_TRUE(f.same(t)) << t.name() << " threads " << threads;
-        names.push_back(t.name());
-      }, lo);
+      c.stream(
+          budget,
+          [&](const Tensor& t) {
+            EXPECT_TRUE(f.same(t)) << t.name() << " threads " << threads;
+            names.push_back(t.name());
+          },
+          lo);
       ASSERT_EQ(names.size(), f.tensors.size());
       EXPECT_EQ(names[0], "t0");
       EXPECT_EQ(names[1], "t0_tail");
       EXPECT_EQ(names.back(), "t5");
       // A consumer that stops early: the readers stop too, and the error propagates.
       int calls = 0;
-      EXPECT_THROW(c.stream(budget, [&](const Tensor&) {
-        if (++calls == 3) throw std::runtime_error("stop");
-      }, lo), std::runtime_error);
+      EXPECT_THROW(c.stream(
+                       budget,
+                       [&](const Tensor&) {
+                         if (++calls == 3) throw std::runtime_error("stop");
+                       },
+                       lo),
+                   std::runtime_error);
     }
 }
 
@@ -292,7 +300,9 @@ TEST(Load, StreamingErrors) {
   Checkpoint bad = Checkpoint::open(f.path);
   LoadOptions v;
   v.verify = true;
-  EXPECT_CKPT_ERROR(bad.stream(1 << 20, [](const Tensor&) {}, v), ErrorCode::kCorrupt);
+  EXPECT_CKPT_ERROR(bad.stream(
+                        1 << 20, [](const Tensor&) {}, v),
+                    ErrorCode::kCorrupt);
 }
 
 TEST(Load, ReadIntoCallerBuffers) {
@@ -391,9 +401,8 @@ TEST(Load, EveryPathAgreesOnEveryStorage) {
     lo.verify = true;
     auto all = c.load_all(lo);
     std::vector<std::vector<std::byte>> streamed(c.tensors().size());
-    c.stream(1 << 20, [&](const Tensor& t) {
-      streamed[*c.find(t.name())] = t.contiguous_bytes();
-    }, lo);
+    c.stream(
+        1 << 20, [&](const Tensor& t) { streamed[*c.find(t.name())] = t.contiguous_bytes(); }, lo);
     for (size_t i = 0; i < c.tensors().size(); ++i) {
       std::vector<std::byte> into(c.tensors()[i].nbytes());
       c.read_into(i, into, lo);
@@ -465,7 +474,8 @@ TEST(Load, ProgressReportsEveryPathToTheEnd) {
       ProgressLog log;
       LoadOptions lo;
       lo.progress = log.fn();
-      c.stream(8 << 20, [&](const Tensor& t) { EXPECT_TRUE(f.same(t)); }, lo);
+      c.stream(
+          8 << 20, [&](const Tensor& t) { EXPECT_TRUE(f.same(t)); }, lo);
       log.check(storage_bytes);
     }
     {

@@ -280,7 +280,9 @@ void expect_round_trip(const std::string& pkl) {
 TEST(PicklerOpaque, ReduceWithArgsAndDictStateComesBackTheSame) {
   // argparse.Namespace(lr=0.5) as CPython 3.11 pickles it: NEWOBJ of the class with () then
   // BUILD {'lr': 0.5}.
-  const std::string pkl = "\x80\x02""cargparse\nNamespace\nq\x00)\x81q\x01}q\x02X\x02\x00\x00\x00lrq\x03G?\xe0\x00\x00\x00\x00\x00\x00sb."s;
+  const std::string pkl =
+      "\x80\x02"
+      "cargparse\nNamespace\nq\x00)\x81q\x01}q\x02X\x02\x00\x00\x00lrq\x03G?\xe0\x00\x00\x00\x00\x00\x00sb."s;
   ValuePtr v = unpickled(pkl);
   ASSERT_EQ(v->kind(), Value::Kind::kObject);
   EXPECT_EQ(v->module(), "argparse");
@@ -293,7 +295,9 @@ TEST(PicklerOpaque, ReduceWithArgsAndDictStateComesBackTheSame) {
 
 TEST(PicklerOpaque, ReduceCallKeepsItsKindAndArguments) {
   // mymod.Point(1, 2) by REDUCE (a class with __reduce__ returning (cls, (1, 2))).
-  const std::string pkl = "\x80\x02""cmymod\nPoint\nq\x00K\x01K\x02\x86q\x01Rq\x02."s;
+  const std::string pkl =
+      "\x80\x02"
+      "cmymod\nPoint\nq\x00K\x01K\x02\x86q\x01Rq\x02."s;
   ValuePtr v = unpickled(pkl);
   ASSERT_EQ(v->kind(), Value::Kind::kObject);
   EXPECT_EQ(v->call(), Value::Call::kReduce);
@@ -307,14 +311,18 @@ TEST(PicklerOpaque, AppendedAndSetItemsOntoAnObjectAreKept) {
   // A list subclass with two items (NEWOBJ, then APPENDS), and a dict subclass with one item
   // (NEWOBJ, then SETITEMS).
   const std::string list_pkl =
-      "\x80\x02""cmymod\nMyList\nq\x00)\x81q\x01(K\x01K\x02""e."s;  // ("\x02e" would be one escape)
+      "\x80\x02"
+      "cmymod\nMyList\nq\x00)\x81q\x01(K\x01K\x02"
+      "e."s;  // ("\x02e" would be one escape)
   ValuePtr l = unpickled(list_pkl);
   ASSERT_EQ(l->kind(), Value::Kind::kObject);
   ASSERT_EQ(l->appended().size(), 2u);
   EXPECT_EQ(l->appended()[1]->as_int(), 2);
   expect_round_trip(list_pkl);
   const std::string dict_pkl =
-      "\x80\x02""cmymod\nMyDict\nq\x00)\x81q\x01X\x01\x00\x00\x00""aq\x02K\x07s."s;
+      "\x80\x02"
+      "cmymod\nMyDict\nq\x00)\x81q\x01X\x01\x00\x00\x00"
+      "aq\x02K\x07s."s;
   ValuePtr d = unpickled(dict_pkl);
   ASSERT_EQ(d->kind(), Value::Kind::kObject);
   ASSERT_EQ(d->entries().size(), 1u);
@@ -324,7 +332,12 @@ TEST(PicklerOpaque, AppendedAndSetItemsOntoAnObjectAreKept) {
 TEST(PicklerOpaque, WithoutAdmissionTheGlobalIsRefusedByName) {
   internal::UnpicklerHooks strict;
   strict.allow_global = [](const std::string&, const std::string&) { return false; };
-  Error e = capture_error([&] { unpickled("\x80\x02""cos\nsystem\nq\x00."s, strict); });
+  Error e = capture_error([&] {
+    unpickled(
+        "\x80\x02"
+        "cos\nsystem\nq\x00."s,
+        strict);
+  });
   EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
   EXPECT_NE(std::string(e.what()).find("os.system"), std::string::npos) << e.what();
 }

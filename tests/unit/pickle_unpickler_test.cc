@@ -9,8 +9,8 @@
 #include <set>
 
 #include "ckpt/error.h"
-#include "pickle/pickler.h"
 #include "pickle/builtin_calls.h"
+#include "pickle/pickler.h"
 #include "pickle/unpickler.h"
 #include "pickle/value_release.h"
 #include "pickle_cpython_data.h"
@@ -98,8 +98,7 @@ TEST(Unpickler, ReadsTorchStylePersistentIds) {
 
 TEST(Unpickler, HooksReplaceCallsAndBuild) {
   UnpicklerHooks hooks = allowing({"__main__.Point"});
-  hooks.call = [](internal::PickleHeap& h, internal::Ref callable,
-                  std::span<const internal::Ref>) {
+  hooks.call = [](internal::PickleHeap& h, internal::Ref callable, std::span<const internal::Ref>) {
     return h.name(callable) == "Point" ? h.string("called") : internal::kNoRef;
   };
   ValuePtr built_state;
@@ -171,10 +170,12 @@ TEST(Unpickler, AllowedDangerousGlobalIsRecordedNeverCalled) {
 // verifies in the sanitizer run.
 TEST(Unpickler, SelfReferentialContainersAreRefusedAndFreed) {
   // (Literals are split where a hex escape would swallow the next opcode letter.)
-  for (std::string p : {"\x80\x02]q\x00h\x00" "a."s,                // l.append(l)
-                        "\x80\x02}q\x00K\x01h\x00s."s,             // d[1] = d
-                        "\x80\x02]q\x00h\x00\x85q\x01" "a."s,      // l.append((l,))
-                        "\x80\x02]2a0N."s}) {                       // DUP: a cycle outside the memo
+  for (std::string p : {"\x80\x02]q\x00h\x00"
+                        "a."s,                          // l.append(l)
+                        "\x80\x02}q\x00K\x01h\x00s."s,  // d[1] = d
+                        "\x80\x02]q\x00h\x00\x85q\x01"
+                        "a."s,                 // l.append((l,))
+                        "\x80\x02]2a0N."s}) {  // DUP: a cycle outside the memo
     Error e = load_error(p);
     EXPECT_EQ(e.code(), ErrorCode::kUnsupported) << e.what();
     EXPECT_NE(e.message().find("cycle"), std::string::npos);
@@ -287,10 +288,10 @@ TEST(Unpickler, NewObjExWithKeywordsIsRecordedAsCopyregNewObjEx) {
   const std::string p2 =
       "\x80\x02"
       "cfunctools\npartial\nc__builtin__\ngetattr\nc__main__\nP\nq\x00"
-      "X\x07\x00\x00\x00__new__\x86R\x85R"   // partial(getattr(P, '__new__'))
+      "X\x07\x00\x00\x00__new__\x86R\x85R"  // partial(getattr(P, '__new__'))
       "(c__builtin__\ngetattr\nh\x00X\x07\x00\x00\x00__new__\x86R"  // state[0]
-      "h\x00K\x07\x86"                          // (P, 7)
-      "}X\x01\x00\x00\x00kK\x02sNtb)R."s;       // {'k': 2}, None; BUILD; ()
+      "h\x00K\x07\x86"                                              // (P, 7)
+      "}X\x01\x00\x00\x00kK\x02sNtb)R."s;                           // {'k': 2}, None; BUILD; ()
   check(load(p2, hooks));
 }
 
@@ -572,8 +573,8 @@ TEST(UnpicklerSpeed, HundredThousandTensors) {
   internal::PicklerHooks ph;
   ph.persistent_id = [&](const Value& v) -> ValuePtr {
     if (v.kind() != Value::Kind::kTensor) return nullptr;
-    return Value::tuple(
-        {storage, Value::global("torch", "FloatStorage"), S(std::to_string(v.as_int())), cpu, I(1 << 20)});
+    return Value::tuple({storage, Value::global("torch", "FloatStorage"),
+                         S(std::to_string(v.as_int())), cpu, I(1 << 20)});
   };
   std::string bytes;
   double p0 = thread_cpu_ms();

@@ -8,9 +8,9 @@
 #include <cstring>
 #include <thread>
 
+#include "api/checkpoint_kind.h"
 #include "ckpt/ckpt.h"
 #include "test_util.h"
-#include "api/checkpoint_kind.h"
 #include "util/box.h"
 
 namespace ckpt {
@@ -61,7 +61,8 @@ TEST(RankPlanRules, FirstMatchWinsInFileOrder) {
   EXPECT_EQ(p.placement_of("other")->kind, Placement::Kind::kReplicate);  // the default
   RankPlan strict = RankPlan::from_json(R"({"tensors": {"a*": "shard:1"}, "default": null})");
   EXPECT_FALSE(strict.placement_of("b").has_value());
-  for (const char* bad : {R"({"a": "shard:x"})", R"({"a": 3})", R"([1])", R"({"re:(": "replicate"})"})
+  for (const char* bad :
+       {R"({"a": "shard:x"})", R"({"a": 3})", R"([1])", R"({"re:(": "replicate"})"})
     EXPECT_EQ(test::capture_error([&] { RankPlan::from_json(bad, "p.json"); }).code(),
               ErrorCode::kInvalidArgument)
         << bad;
@@ -144,8 +145,9 @@ TEST(RankLoad, RefusedBeforeAnyByteMoves) {
   EXPECT_EQ(e.record(), "a.bias");
   e = test::capture_error([&] { resolve(c, RankPlan(), 2, 2); });
   EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
-  e = test::capture_error(
-      [&] { resolve(c, RankPlan().add("b.weight", Placement::box({0, 0}, {4, 7})), 0, 2); });
+  e = test::capture_error([&] {
+    resolve(c, RankPlan().add("b.weight", Placement::box({0, 0}, {4, 7})), 0, 2);
+  });
   EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
   EXPECT_EQ(process_bytes_read(), before);
 }

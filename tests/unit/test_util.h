@@ -51,12 +51,12 @@ std::vector<std::byte> read_file(const std::string& path);
 }  // namespace ckpt::test
 
 // EXPECT that `stmt` throws ckpt::Error with code `code_`.
-#define EXPECT_CKPT_ERROR(stmt, code_)                                               \
-  do {                                                                               \
-    try {                                                                            \
-      stmt;                                                                          \
-      ADD_FAILURE() << "expected ckpt::Error " << ::ckpt::error_code_name(code_);    \
-    } catch (const ::ckpt::Error& e_) {                                              \
-      EXPECT_EQ(e_.code(), code_) << e_.what();                                      \
-    }                                                                                \
+#define EXPECT_CKPT_ERROR(stmt, code_)                                            \
+  do {                                                                            \
+    try {                                                                         \
+      stmt;                                                                       \
+      ADD_FAILURE() << "expected ckpt::Error " << ::ckpt::error_code_name(code_); \
+    } catch (const ::ckpt::Error& e_) {                                           \
+      EXPECT_EQ(e_.code(), code_) << e_.what();                                   \
+    }                                                                             \
   } while (0)

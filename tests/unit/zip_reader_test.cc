@@ -591,7 +591,8 @@ TEST(ZipReaderHostile, IndexOutOfRange) {
 }
 
 TEST(ZipReader, TorchDataOffsetFormula) {
-  // docs/formats.md "torch.save zip", **Zip layout** example: "archive/data.pkl" at 0 -> data at 64.
+  // docs/formats.md "torch.save zip", **Zip layout** example: "archive/data.pkl" at 0 -> data
+  // at 64.
   EXPECT_EQ(internal::torch_data_offset(0, 16, 100, 64), 64u);
   EXPECT_EQ(internal::torch_data_offset(0, 16, 100, 1), 50u);
   // zip64: +4 extra header, +16 for a huge size, +8 for a huge offset.
@@ -600,7 +601,6 @@ TEST(ZipReader, TorchDataOffsetFormula) {
   EXPECT_EQ(internal::torch_data_offset(0xFFFFFFFF, 16, 0xFFFFFFFF, 1),
             0xFFFFFFFFull + 50 + 4 + 24);
 }
-
 
 // A deflated entry of several MiB: inflated into a caller's buffer and streamed in bounded
 // pieces, the CRC checked on the way (a whole inflate held the compressed and inflated bytes).

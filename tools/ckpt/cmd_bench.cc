@@ -1,10 +1,10 @@
-// ckpt bench FILE [--json] [--repeat N] [--threads N] [--device cuda:N]: times open, mmap load, eager load (with and without
-// verification), streaming, save, and convert to pt (ckpt::convert, against save_torch of the
-// same tensors loaded) of FILE, each beside its own limit: the same work done by plain system
-// calls with the same thread count into the same kind of memory (eager: T threads pread into
-// fresh huge pages; streaming: one thread pread into a warm ring; mmap: touching a fresh mapping;
-// save/convert: two threads pwrite to a new file), so no ratio exceeds 1 unless ckpt really does
-// better than the plain calls. Medians; GB/s = 1e9 bytes per second.
+// ckpt bench FILE [--json] [--repeat N] [--threads N] [--device cuda:N]: times open, mmap load,
+// eager load (with and without verification), streaming, save, and convert to pt (ckpt::convert,
+// against save_torch of the same tensors loaded) of FILE, each beside its own limit: the same work
+// done by plain system calls with the same thread count into the same kind of memory (eager: T
+// threads pread into fresh huge pages; streaming: one thread pread into a warm ring; mmap: touching
+// a fresh mapping; save/convert: two threads pwrite to a new file), so no ratio exceeds 1 unless
+// ckpt really does better than the plain calls. Medians; GB/s = 1e9 bytes per second.
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -12,15 +12,14 @@
 
 #include <algorithm>
 #include <atomic>
-#include <thread>
 #include <cstdio>
 #include <cstring>
 #include <functional>
 #include <optional>
+#include <thread>
 
 #include "ckpt/convert.h"
 #include "ckpt/remote.h"
-
 #include "common.h"
 #include "progress.h"
 
@@ -34,7 +33,8 @@ double median(std::vector<double> v) {
 
 // One untimed run first (it pays one-time costs such as huge-page compaction), then the median
 // of `repeat` timed runs; `setup` runs untimed before each.
-double time_it(int repeat, const std::function<void()>& fn, const std::function<void()>& setup = {}) {
+double time_it(int repeat, const std::function<void()>& fn,
+               const std::function<void()>& setup = {}) {
   if (setup) setup();
   fn();
   std::vector<double> t;
@@ -119,10 +119,14 @@ struct DeviceFacts {
 
 void print_device_rows(const DeviceFacts& f, const std::vector<TimedRow>& rows, bool json) {
   if (json) {
-    nlohmann::ordered_json j{{"file", f.file}, {"device", f.what}, {"bytes", f.bytes},
-                             {"threads", f.threads}, {"cores", f.all}};
+    nlohmann::ordered_json j{{"file", f.file},
+                             {"device", f.what},
+                             {"bytes", f.bytes},
+                             {"threads", f.threads},
+                             {"cores", f.all}};
     for (size_t i = 0; i < rows.size(); ++i) {
-      nlohmann::ordered_json x{{"name", rows[i].name}, {"seconds", rows[i].seconds},
+      nlohmann::ordered_json x{{"name", rows[i].name},
+                               {"seconds", rows[i].seconds},
                                {"gb_per_s", f.bytes / rows[i].seconds / 1e9}};
       if (i >= f.first_dev) x["vs_goal"] = f.goal / rows[i].seconds;
       j["results"].push_back(std::move(x));
@@ -144,9 +148,10 @@ void print_device_rows(const DeviceFacts& f, const std::vector<TimedRow>& rows, 
     else
       std::printf(" %8s\n", "-");
   }
-  std::printf("goal: min(link, ckpt eager load at all %d cores) = %.2f GB/s; host load at all "
-              "cores vs the best thread count: %.2fx\n",
-              f.all, f.bytes / f.goal / 1e9, f.best_host / f.all_host);
+  std::printf(
+      "goal: min(link, ckpt eager load at all %d cores) = %.2f GB/s; host load at all "
+      "cores vs the best thread count: %.2fx\n",
+      f.all, f.bytes / f.goal / 1e9, f.best_host / f.all_host);
 }
 
 // `ckpt bench FILE --device cuda:N`: loads into the device beside the limits that bound them,
@@ -188,8 +193,9 @@ void bench_device(const std::string& file, const Device& device, int r, int thre
   for (int t : counts) {
     LoadOptions lo;
     lo.threads = t;
-    double s = time_it(r, [&] { LoadedCheckpoint l = Checkpoint::open_and_load(file, {}, lo); },
-                       [] { release_kept_memory(); });
+    double s = time_it(
+        r, [&] { LoadedCheckpoint l = Checkpoint::open_and_load(file, {}, lo); },
+        [] { release_kept_memory(); });
     rows.push_back({"ckpt: eager load into host memory, " + tstr(t), s});
     best_host = std::min(best_host, s);
     if (t == all) all_host = s;
@@ -210,10 +216,9 @@ void bench_device(const std::string& file, const Device& device, int r, int thre
                       s});
     }
   const double goal = std::max(link, all_host);  // the slower of the two bounds
-  print_device_rows(
-      {file, what, bytes, warm.tensors().size(), threads, all, r, first_dev, goal, best_host,
-       all_host},
-      rows, json);
+  print_device_rows({file, what, bytes, warm.tensors().size(), threads, all, r, first_dev, goal,
+                     best_host, all_host},
+                    rows, json);
 }
 
 struct BenchOptions {
@@ -258,7 +263,10 @@ struct HostBench {
   static constexpr size_t kRows = 15;
 
   HostBench(const BenchOptions& opts, int repeat, int nthreads)
-      : o(opts), r(repeat), threads(nthreads), warm(Checkpoint::open(opts.file)),
+      : o(opts),
+        r(repeat),
+        threads(nthreads),
+        warm(Checkpoint::open(opts.file)),
         line(opts.progress, "bench") {
     // Warm the page cache and get the size.
     for (const auto& s : warm.storages()) bytes += s.nbytes;
@@ -266,12 +274,14 @@ struct HostBench {
     fsize = src->size();
     {
       volatile uint64_t sink = 0;
-      for (uint64_t off = 0; off < fsize; off += 4096) sink += std::to_integer<uint8_t>(src->memory()[off]);
+      for (uint64_t off = 0; off < fsize; off += 4096)
+        sink += std::to_integer<uint8_t>(src->memory()[off]);
     }
     line.count_items("measurements");
     // 64 MiB, or the largest storage when one is bigger (a storage is handed over whole).
     budget = 64ull << 20;
-    for (const auto& st : warm.storages()) budget = std::max(budget, (st.nbytes + 63) & ~uint64_t(63));
+    for (const auto& st : warm.storages())
+      budget = std::max(budget, (st.nbytes + 63) & ~uint64_t(63));
   }
   int add(const std::string& n, double s, uint64_t b, int limit = -1) {
     rows.push_back({n, s, b, limit});
@@ -289,45 +299,68 @@ LimitRows measure_limits(HostBench& b) {
   // Machine facts (no ratio): memcpy into fresh pages of either kind.
   std::vector<std::byte> warm_buf(fsize);
   std::memcpy(warm_buf.data(), b.src->memory(), fsize);
-  b.add("machine: memcpy into fresh 4 KiB pages", fresh_memcpy(warm_buf.data(), fsize, false, r), fsize);
-  b.add("machine: memcpy into fresh huge pages", fresh_memcpy(warm_buf.data(), fsize, true, r), fsize);
+  b.add("machine: memcpy into fresh 4 KiB pages", fresh_memcpy(warm_buf.data(), fsize, false, r),
+        fsize);
+  b.add("machine: memcpy into fresh huge pages", fresh_memcpy(warm_buf.data(), fsize, true, r),
+        fsize);
   // Limits: the work of a ckpt row done by plain system calls, same threads, same memory.
   const int fd = ::open(b.o.file.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw Error(ErrorCode::kIo, "cannot open", b.o.file);
   LimitRows lim;
-  lim.eager = b.add("limit: pread into fresh huge pages, " + b.tstr(threads), time_it(r, [&] {
-        auto dst = fresh_memory(fsize, true);
-        in_pieces(fsize, threads, [&](uint64_t off, uint64_t len) { pread_all(fd, dst.get() + off, off, len); });
-      }), fsize);
+  lim.eager = b.add("limit: pread into fresh huge pages, " + b.tstr(threads),
+                    time_it(r,
+                            [&] {
+                              auto dst = fresh_memory(fsize, true);
+                              in_pieces(fsize, threads, [&](uint64_t off, uint64_t len) {
+                                pread_all(fd, dst.get() + off, off, len);
+                              });
+                            }),
+                    fsize);
   // The same into memory a previous run already faulted in: the limit of an eager load that
   // reuses the arena the last load freed (ckpt/memory.h).
-  lim.warm = b.add("limit: pread into warm huge pages, " + b.tstr(threads), [&] {
+  lim.warm = b.add(
+      "limit: pread into warm huge pages, " + b.tstr(threads),
+      [&] {
         auto dst = fresh_memory(fsize, true);
         std::memset(dst.get(), 0, fsize);
         return time_it(r, [&] {
-          in_pieces(fsize, threads, [&](uint64_t off, uint64_t len) { pread_all(fd, dst.get() + off, off, len); });
+          in_pieces(fsize, threads,
+                    [&](uint64_t off, uint64_t len) { pread_all(fd, dst.get() + off, off, len); });
         });
-      }(), fsize);
-  lim.stream = b.add("limit: pread into a warm " + human_bytes(budget) + " ring, " + b.tstr(threads), [&] {
+      }(),
+      fsize);
+  lim.stream = b.add(
+      "limit: pread into a warm " + human_bytes(budget) + " ring, " + b.tstr(threads),
+      [&] {
         auto ring = fresh_memory(budget, true);
         std::memset(ring.get(), 0, budget);
         // 4 MiB pieces of the file, each to its place modulo the ring (a piece never wraps).
         constexpr uint64_t kPiece = 4 << 20;
         const uint64_t slots = std::max<uint64_t>(1, budget / kPiece);
         return time_it(r, [&] {
-          in_pieces(fsize, threads, [&](uint64_t off, uint64_t len) {
-            pread_all(fd, ring.get() + (off / kPiece % slots) * kPiece, off, std::min(len, budget));
-          }, kPiece);
+          in_pieces(
+              fsize, threads,
+              [&](uint64_t off, uint64_t len) {
+                pread_all(fd, ring.get() + (off / kPiece % slots) * kPiece, off,
+                          std::min(len, budget));
+              },
+              kPiece);
         });
-      }(), fsize);
-  lim.mmap = b.add("limit: touch a fresh mapping of the file, 1 thread", time_it(r, [&] {
-        void* p = ::mmap(nullptr, fsize, PROT_READ, MAP_PRIVATE, fd, 0);
-        if (p == MAP_FAILED) throw Error(ErrorCode::kIo, "mmap failed", b.o.file);
-        volatile uint64_t sink = 0;
-        const auto* m = static_cast<const std::byte*>(p);
-        for (uint64_t off = 0; off < fsize; off += 4096) sink += std::to_integer<uint8_t>(m[off]);
-        ::munmap(p, fsize);
-      }), fsize);
+      }(),
+      fsize);
+  lim.mmap = b.add("limit: touch a fresh mapping of the file, 1 thread",
+                   time_it(r,
+                           [&] {
+                             void* p = ::mmap(nullptr, fsize, PROT_READ, MAP_PRIVATE, fd, 0);
+                             if (p == MAP_FAILED)
+                               throw Error(ErrorCode::kIo, "mmap failed", b.o.file);
+                             volatile uint64_t sink = 0;
+                             const auto* m = static_cast<const std::byte*>(p);
+                             for (uint64_t off = 0; off < fsize; off += 4096)
+                               sink += std::to_integer<uint8_t>(m[off]);
+                             ::munmap(p, fsize);
+                           }),
+                   fsize);
   // Saves write loaded tensors (a warm huge-page arena) in 1 MiB slices from two threads into
   // a preallocated file: the limit writes the same way from the same kind of memory — with two
   // threads and with one, keeping the faster: ext4 serializes buffered writes to one file on
@@ -337,14 +370,23 @@ LimitRows measure_limits(HostBench& b) {
   auto warm_huge = fresh_memory(fsize, true);
   std::memcpy(warm_huge.get(), warm_buf.data(), fsize);
   auto write_limit = [&](int writers) {
-    return time_it(r, [&] {
+    return time_it(
+        r,
+        [&] {
           int wfd = ::open(scratch.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
           if (wfd < 0) throw Error(ErrorCode::kIo, "cannot create", scratch);
-          (void)::fallocate(wfd, FALLOC_FL_KEEP_SIZE, 0, static_cast<off_t>(fsize));  // as the sink reserves
-          in_pieces(fsize, writers, [&](uint64_t off, uint64_t len) { pwrite_all(wfd, warm_huge.get() + off, off, len); },
-                    1 << 20);
+          (void)::fallocate(wfd, FALLOC_FL_KEEP_SIZE, 0,
+                            static_cast<off_t>(fsize));  // as the sink reserves
+          in_pieces(
+              fsize, writers,
+              [&](uint64_t off, uint64_t len) { pwrite_all(wfd, warm_huge.get() + off, off, len); },
+              1 << 20);
           ::close(wfd);
-        }, [&] { std::remove(scratch.c_str()); ::sync(); });
+        },
+        [&] {
+          std::remove(scratch.c_str());
+          ::sync();
+        });
   };
   lim.write = b.add("limit: pwrite to a new file (page cache), best of 1 and 2 threads",
                     std::min(write_limit(2), write_limit(1)), fsize);
@@ -359,50 +401,76 @@ void measure_loads(HostBench& b, const LimitRows& lim) {
   const int r = b.r, threads = b.threads;
   const std::string& file = b.o.file;
   const uint64_t bytes = b.bytes, budget = b.budget;
-  b.add("ckpt: open + list", time_it(r, [&] {
-        Checkpoint c = Checkpoint::open(file);
-        volatile size_t n = c.tensors().size();
-        (void)n;
-      }), 0);
-  b.add("ckpt: mmap load (views, pages touched), 1 thread", time_it(r, [&] {
-        Checkpoint c = Checkpoint::open(file);
-        volatile uint64_t sink = 0;
-        for (size_t i = 0; i < c.tensors().size(); ++i) {
-          Tensor t = c.tensor(i);
-          const std::byte* p = t.storage()->data;
-          for (uint64_t off = 0; off < t.storage()->info.nbytes; off += 4096) sink += std::to_integer<uint8_t>(p[off]);
-        }
-      }), bytes, lim.mmap);
+  b.add("ckpt: open + list",
+        time_it(r,
+                [&] {
+                  Checkpoint c = Checkpoint::open(file);
+                  volatile size_t n = c.tensors().size();
+                  (void)n;
+                }),
+        0);
+  b.add("ckpt: mmap load (views, pages touched), 1 thread",
+        time_it(r,
+                [&] {
+                  Checkpoint c = Checkpoint::open(file);
+                  volatile uint64_t sink = 0;
+                  for (size_t i = 0; i < c.tensors().size(); ++i) {
+                    Tensor t = c.tensor(i);
+                    const std::byte* p = t.storage()->data;
+                    for (uint64_t off = 0; off < t.storage()->info.nbytes; off += 4096)
+                      sink += std::to_integer<uint8_t>(p[off]);
+                  }
+                }),
+        bytes, lim.mmap);
   // Eager: open_and_load (reads overlap the metadata parse); the sequential form beside it.
   // Eager rows load into fresh memory, as their limit does: the arena a load keeps for the
   // next one (ckpt/memory.h) is released before each run; one row shows what keeping gives.
   auto no_kept = [] { release_kept_memory(); };
   LoadOptions host_lo;
   host_lo.threads = threads;
-  b.add("ckpt: eager load, " + b.tstr(threads), time_it(r, [&] {
-        LoadedCheckpoint l = Checkpoint::open_and_load(file, {}, host_lo);
-      }, no_kept), bytes, lim.eager);
-  b.add("ckpt: eager load + verify CRC32, " + b.tstr(threads), time_it(r, [&] {
-        LoadOptions lo = host_lo;
-        lo.verify = true;
-        LoadedCheckpoint l = Checkpoint::open_and_load(file, {}, lo);
-      }, no_kept), bytes, lim.eager);
-  b.add("ckpt: eager, open then load_all, " + b.tstr(threads), time_it(r, [&] {
-        Checkpoint c = Checkpoint::open(file);
-        auto t = c.load_all(host_lo);
-      }, no_kept), bytes, lim.eager);
-  b.add("ckpt: eager load again (memory kept from the last load), " + b.tstr(threads), time_it(r, [&] {
-        LoadedCheckpoint l = Checkpoint::open_and_load(file, {}, host_lo);
-      }), bytes, lim.warm);
-  std::string budget_name = "ckpt: streaming load, " + human_bytes(budget) + " budget, " + b.tstr(threads);
-  b.add(budget_name, time_it(r, [&] {
-        Checkpoint c = Checkpoint::open(file);
-        volatile uint64_t sink = 0;
-        c.stream(budget, [&](const Tensor& t) {
-          const std::byte* p = t.data();
-          for (uint64_t off = 0; off < t.info().nbytes(); off += 4096) sink += std::to_integer<uint8_t>(p[off]);
-        }, host_lo);
-      }), bytes, lim.stream);
+  b.add("ckpt: eager load, " + b.tstr(threads),
+        time_it(
+            r, [&] { LoadedCheckpoint l = Checkpoint::open_and_load(file, {}, host_lo); }, no_kept),
+        bytes, lim.eager);
+  b.add("ckpt: eager load + verify CRC32, " + b.tstr(threads),
+        time_it(
+            r,
+            [&] {
+              LoadOptions lo = host_lo;
+              lo.verify = true;
+              LoadedCheckpoint l = Checkpoint::open_and_load(file, {}, lo);
+            },
+            no_kept),
+        bytes, lim.eager);
+  b.add("ckpt: eager, open then load_all, " + b.tstr(threads),
+        time_it(
+            r,
+            [&] {
+              Checkpoint c = Checkpoint::open(file);
+              auto t = c.load_all(host_lo);
+            },
+            no_kept),
+        bytes, lim.eager);
+  b.add("ckpt: eager load again (memory kept from the last load), " + b.tstr(threads),
+        time_it(r, [&] { LoadedCheckpoint l = Checkpoint::open_and_load(file, {}, host_lo); }),
+        bytes, lim.warm);
+  std::string budget_name =
+      "ckpt: streaming load, " + human_bytes(budget) + " budget, " + b.tstr(threads);
+  b.add(budget_name,
+        time_it(r,
+                [&] {
+                  Checkpoint c = Checkpoint::open(file);
+                  volatile uint64_t sink = 0;
+                  c.stream(
+                      budget,
+                      [&](const Tensor& t) {
+                        const std::byte* p = t.data();
+                        for (uint64_t off = 0; off < t.info().nbytes(); off += 4096)
+                          sink += std::to_integer<uint8_t>(p[off]);
+                      },
+                      host_lo);
+                }),
+        bytes, lim.stream);
 }
 
 // Save what an eager load produced, to the page cache and then to disk (fsync), and convert to
@@ -423,12 +491,18 @@ double measure_save_convert(HostBench& b, int lim_write) {
     // Every save starts from a clean page cache (sync untimed): otherwise earlier writes
     // still waiting for the disk throttle this one (vm.dirty_ratio) and the figure measures
     // the disk's backlog.
-    double s = time_it(r, [&] {
+    double s = time_it(
+        r,
+        [&] {
           if (torch_tree)
             save_torch(out, c.root(), tensors, so);
           else
             save_torch(out, state_dict, tensors, so);
-        }, [&] { std::remove(out.c_str()); ::sync(); });
+        },
+        [&] {
+          std::remove(out.c_str());
+          ::sync();
+        });
     b.add(fsync ? "ckpt: save (+ fsync)" : "ckpt: save (page cache), 2 threads", s, b.bytes,
           fsync ? -1 : lim_write);
     if (!fsync) save_seconds = s;
@@ -439,11 +513,13 @@ double measure_save_convert(HostBench& b, int lim_write) {
   ConvertOptions co;
   co.target = PtTarget{};
   co.fsync = false;
-  convert_seconds = time_it(r, [&] { convert(*fresh, out, co); }, [&] {
-    std::remove(out.c_str());
-    ::sync();
-    fresh.emplace(Checkpoint::open(file));
-  });
+  convert_seconds = time_it(
+      r, [&] { convert(*fresh, out, co); },
+      [&] {
+        std::remove(out.c_str());
+        ::sync();
+        fresh.emplace(Checkpoint::open(file));
+      });
   b.add("ckpt: convert to pt (page cache), 2 threads", convert_seconds, b.bytes, lim_write);
   std::remove(out.c_str());
   return convert_seconds / save_seconds;
@@ -489,7 +565,8 @@ void print_host_json(const HostBench& b, double convert_ratio, const std::vector
   j["tensors"] = b.warm.tensors().size();
   j["threads"] = b.threads;
   for (auto& row : b.rows) {
-    nlohmann::ordered_json x{{"name", row.name}, {"seconds", row.seconds},
+    nlohmann::ordered_json x{{"name", row.name},
+                             {"seconds", row.seconds},
                              {"gb_per_s", row.bytes ? rate(row) / 1e9 : 0.0}};
     if (row.limit >= 0) {
       x["limit"] = b.rows[row.limit].name;
@@ -499,14 +576,16 @@ void print_host_json(const HostBench& b, double convert_ratio, const std::vector
   }
   j["convert_vs_save"] = convert_ratio;
   for (auto& m : rss)
-    j["memory"].push_back({{"name", m.name}, {"peak_rss_bytes", m.bytes}, {"target_bytes", m.target}});
+    j["memory"].push_back(
+        {{"name", m.name}, {"peak_rss_bytes", m.bytes}, {"target_bytes", m.target}});
   std::printf("%s\n", j.dump(1).c_str());
 }
 
 void print_host_text(const HostBench& b, double convert_ratio, const std::vector<Rss>& rss) {
-  std::printf("%s: %s in %zu tensors, medians of %d runs; each ckpt row beside its limit "
-              "(same work by plain system calls, same threads and memory)\n",
-              b.o.file.c_str(), human_bytes(b.bytes).c_str(), b.warm.tensors().size(), b.r);
+  std::printf(
+      "%s: %s in %zu tensors, medians of %d runs; each ckpt row beside its limit "
+      "(same work by plain system calls, same threads and memory)\n",
+      b.o.file.c_str(), human_bytes(b.bytes).c_str(), b.warm.tensors().size(), b.r);
   // The name column fits the longest name (a long one no longer pushes its row's figures
   // out of their columns).
   int w = 58;
@@ -524,9 +603,10 @@ void print_host_text(const HostBench& b, double convert_ratio, const std::vector
                   rate(row) / 1e9, "-");
     }
   }
-  std::printf("%-*s %10.2fx  (time of convert to pt / time to save the loaded tensors; 1.00: "
-              "converting costs nothing over saving)\n",
-              w, "convert vs save", convert_ratio);
+  std::printf(
+      "%-*s %10.2fx  (time of convert to pt / time to save the loaded tensors; 1.00: "
+      "converting costs nothing over saving)\n",
+      w, "convert vs save", convert_ratio);
   for (auto& m : rss)
     std::printf("%-*s %10s   (expected at most %s)\n", w, m.name.c_str(),
                 human_bytes(m.bytes).c_str(), human_bytes(m.target).c_str());
@@ -565,7 +645,8 @@ void add_bench(CLI::App& app) {
   cmd->add_option("FILE", o->file, "checkpoint")->required();
   cmd->add_flag("--json", o->json, "machine-readable output");
   cmd->add_option("--repeat", o->repeat, "runs per measurement (median)")->check(at_least(1));
-  cmd->add_option("--threads", o->threads, "reader threads (default: every core)")->check(at_least(0));
+  cmd->add_option("--threads", o->threads, "reader threads (default: every core)")
+      ->check(at_least(0));
   cmd->add_option("--device", o->device,
                   "cuda or cuda:N: time loads into that device beside the link and the page "
                   "cache's limit, instead of the host rows");

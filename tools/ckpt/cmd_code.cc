@@ -44,10 +44,9 @@ void print_file(const TorchScriptArchive& a, const TorchScriptCodeFile& f, bool 
     return;
   }
   auto lines = a.source_lines(f.path);
-  std::erase_if(lines,
-                [lo = first, hi = last](const TorchScriptSourceLine& l) {
-                  return l.line < lo || l.line > hi;  // bindings are not capturable in C++20
-                });
+  std::erase_if(lines, [lo = first, hi = last](const TorchScriptSourceLine& l) {
+    return l.line < lo || l.line > hi;  // bindings are not capturable in C++20
+  });
   if (!ranges) {
     for (const auto& l : lines) std::printf("%s\n", l.text.c_str());
     return;

@@ -37,7 +37,8 @@ struct ConvertFlags {
   bool digests = false;
   Common common;
   ProgressMode progress = ProgressMode::kAuto;
-  std::shared_ptr<TransformFlags> transforms;  // --rename, --cast, --dequantize... (transform_flags.h)
+  std::shared_ptr<TransformFlags>
+      transforms;  // --rename, --cast, --dequantize... (transform_flags.h)
 };
 
 TargetSettings settings_of(const ConvertFlags& f) {
@@ -131,11 +132,19 @@ void copy_model_files(const ConvertFlags& f) {
   if (f.in.size() != 1 || is_url(f.in[0]) || !fs::is_directory(f.in[0], ec) ||
       !fs::is_directory(f.out, ec) || fs::equivalent(f.in[0], f.out, ec))
     return;
-  static constexpr const char* kFiles[] = {
-      "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-      "special_tokens_map.json", "tokenizer.model", "vocab.json", "vocab.txt", "merges.txt",
-      "added_tokens.json", "chat_template.jinja", "chat_template.json",
-      "preprocessor_config.json"};
+  static constexpr const char* kFiles[] = {"config.json",
+                                           "generation_config.json",
+                                           "tokenizer.json",
+                                           "tokenizer_config.json",
+                                           "special_tokens_map.json",
+                                           "tokenizer.model",
+                                           "vocab.json",
+                                           "vocab.txt",
+                                           "merges.txt",
+                                           "added_tokens.json",
+                                           "chat_template.jinja",
+                                           "chat_template.json",
+                                           "preprocessor_config.json"};
   std::string copied;
   for (const char* name : kFiles) {
     const fs::path from = fs::path(f.in[0]) / name, to = fs::path(f.out) / name;

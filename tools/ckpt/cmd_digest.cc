@@ -40,8 +40,8 @@ void run_digest(const DigestCmdOptions& o) {
     sink->write(json);
     sink->commit();
     std::printf("wrote %s: %zu tensors, file sha256 %s (%s, %.3f s)\n", o.out.c_str(),
-                m.tensors.size(), to_hex(m.file->sha256).c_str(),
-                human_bytes(m.file->size).c_str(), dt);
+                m.tensors.size(), to_hex(m.file->sha256).c_str(), human_bytes(m.file->size).c_str(),
+                dt);
   } else if (o.json) {
     std::fputs(manifest_to_json(m).c_str(), stdout);
   } else {
@@ -60,10 +60,11 @@ void add_digest(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "digest", "SHA-256 of every tensor's elements and of the file: a manifest for verify");
   cmd->add_option("FILE", o->file, "checkpoint")->required();
-  auto* out = cmd->add_option("-o,--output", o->out,
-                              "write the JSON manifest to this file (atomically)");
-  cmd->add_flag("--json", o->json, "print the JSON manifest (the default without -o prints "
-                                   "sha256sum-style lines)")
+  auto* out =
+      cmd->add_option("-o,--output", o->out, "write the JSON manifest to this file (atomically)");
+  cmd->add_flag("--json", o->json,
+                "print the JSON manifest (the default without -o prints "
+                "sha256sum-style lines)")
       ->excludes(out);
   cmd->add_option("--threads", o->threads, "storages hashed at once (0: the machine's cores)")
       ->check(at_least(0));

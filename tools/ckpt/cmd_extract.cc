@@ -21,15 +21,22 @@ std::pair<std::string, bool> npy_descr(DType d) {
   const auto& info = dtype_info(d);
   if (info.numpy) return {info.numpy, false};
   switch (d) {
-    case DType::kQInt8: return {"|i1", true};
-    case DType::kQInt32: return {"<i4", true};
-    default: break;
+    case DType::kQInt8:
+      return {"|i1", true};
+    case DType::kQInt32:
+      return {"<i4", true};
+    default:
+      break;
   }
   switch (info.bits) {
-    case 16: return {"<u2", true};
-    case 32: return {"<u4", true};
-    case 64: return {"<u8", true};
-    default: return {"|u1", true};
+    case 16:
+      return {"<u2", true};
+    case 32:
+      return {"<u4", true};
+    case 64:
+      return {"<u8", true};
+    default:
+      return {"|u1", true};
   }
 }
 
@@ -91,7 +98,10 @@ nlohmann::ordered_json json_values(const Tensor& t) {
 // the "~N" that tells equal ones apart and ".npy".
 std::string safe_name(const std::string& name) {
   std::string s;
-  for (char ch : name) s += (std::isalnum(static_cast<unsigned char>(ch)) || ch == '.' || ch == '_' || ch == '-') ? ch : '_';
+  for (char ch : name)
+    s += (std::isalnum(static_cast<unsigned char>(ch)) || ch == '.' || ch == '_' || ch == '-')
+             ? ch
+             : '_';
   if (s.empty() || s[0] == '.') s = "_" + s;
   if (s.size() > 200) {
     uint64_t h = 14695981039346656037ull;
@@ -228,8 +238,8 @@ void run_extract(ExtractOptions& o) {
   sink->commit();
   out->commit();
   line.finish(total);
-  std::printf("wrote %zu tensors (%s) to %s\n", index["tensors"].size(),
-              human_bytes(total).c_str(), o.dir.c_str());
+  std::printf("wrote %zu tensors (%s) to %s\n", index["tensors"].size(), human_bytes(total).c_str(),
+              o.dir.c_str());
   if (metas)
     std::fprintf(stderr, "ckpt: note: %zu meta tensors (no bytes) %s\n", metas,
                  o.meta == "skip" ? "left out" : "written as zeros");

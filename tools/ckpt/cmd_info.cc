@@ -12,8 +12,7 @@ namespace ckpt::cli {
 namespace {
 
 void count_values(const ConstValuePtr& v, std::map<std::string, size_t>& kinds,
-                  std::map<std::string, size_t>& foreign, std::set<const Value*>& seen,
-                  int depth) {
+                  std::map<std::string, size_t>& foreign, std::set<const Value*>& seen, int depth) {
   if (!v || depth > 200 || !seen.insert(v.get()).second) return;
   if (v->foreign()) foreign[v->module() + "." + v->name()]++;
   auto count_values = [&](const ConstValuePtr& c, auto&, auto&, int d) {
@@ -22,10 +21,9 @@ void count_values(const ConstValuePtr& v, std::map<std::string, size_t>& kinds,
   switch (v->kind()) {
     case Value::Kind::kTensor:
       // A tensor subclass or a tensor with attributes: its class and its attributes' values.
-      if (auto& o = v->origin(); o && o->kind() == Value::Kind::kObject &&
-                                 o->items().size() == 2 &&
-                                 (o->name() == "_rebuild_from_type_v2" ||
-                                  o->name() == "_rebuild_parameter_with_state")) {
+      if (auto& o = v->origin();
+          o && o->kind() == Value::Kind::kObject && o->items().size() == 2 &&
+          (o->name() == "_rebuild_from_type_v2" || o->name() == "_rebuild_parameter_with_state")) {
         if (auto& cls = o->items()[0]; cls && cls->foreign())
           foreign[cls->module() + "." + cls->name()]++;
         count_values(o->items()[1], kinds, seen, depth + 1);
@@ -35,17 +33,39 @@ void count_values(const ConstValuePtr& v, std::map<std::string, size_t>& kinds,
       kinds[v->name().empty() ? "dict" : v->name()]++;
       for (auto& [k, val] : v->entries()) count_values(val, kinds, seen, depth + 1);
       return;
-    case Value::Kind::kList: kinds["list"]++; break;
-    case Value::Kind::kTuple: kinds["tuple"]++; break;
-    case Value::Kind::kSet: kinds["set"]++; break;
-    case Value::Kind::kObject: kinds[v->module() + "." + v->name()]++; break;
-    case Value::Kind::kNone: kinds["None"]++; return;
-    case Value::Kind::kBool: kinds["bool"]++; return;
-    case Value::Kind::kInt: kinds["int"]++; return;
-    case Value::Kind::kFloat: kinds["float"]++; return;
-    case Value::Kind::kString: kinds["str"]++; return;
-    case Value::Kind::kBytes: kinds["bytes"]++; return;
-    default: kinds[v->repr(30)]++; return;
+    case Value::Kind::kList:
+      kinds["list"]++;
+      break;
+    case Value::Kind::kTuple:
+      kinds["tuple"]++;
+      break;
+    case Value::Kind::kSet:
+      kinds["set"]++;
+      break;
+    case Value::Kind::kObject:
+      kinds[v->module() + "." + v->name()]++;
+      break;
+    case Value::Kind::kNone:
+      kinds["None"]++;
+      return;
+    case Value::Kind::kBool:
+      kinds["bool"]++;
+      return;
+    case Value::Kind::kInt:
+      kinds["int"]++;
+      return;
+    case Value::Kind::kFloat:
+      kinds["float"]++;
+      return;
+    case Value::Kind::kString:
+      kinds["str"]++;
+      return;
+    case Value::Kind::kBytes:
+      kinds["bytes"]++;
+      return;
+    default:
+      kinds[v->repr(30)]++;
+      return;
   }
   for (auto& it : v->items()) count_values(it, kinds, seen, depth + 1);
   for (auto& it : v->appended()) count_values(it, kinds, seen, depth + 1);
@@ -58,8 +78,10 @@ void count_values(const ConstValuePtr& v, std::map<std::string, size_t>& kinds,
 std::optional<nlohmann::ordered_json> top_level_scalar(const ConstValuePtr& v) {
   if (!v) return nlohmann::ordered_json(nullptr);
   switch (v->kind()) {
-    case Value::Kind::kNone: return nlohmann::ordered_json(nullptr);
-    case Value::Kind::kBool: return nlohmann::ordered_json(v->as_bool());
+    case Value::Kind::kNone:
+      return nlohmann::ordered_json(nullptr);
+    case Value::Kind::kBool:
+      return nlohmann::ordered_json(v->as_bool());
     case Value::Kind::kInt:
       if (v->is_big_int()) return nlohmann::ordered_json(v->str());
       return nlohmann::ordered_json(v->as_int());
@@ -82,7 +104,8 @@ std::optional<nlohmann::ordered_json> top_level_scalar(const ConstValuePtr& v) {
       }
       return arr;
     }
-    default: return std::nullopt;
+    default:
+      return std::nullopt;
   }
 }
 

@@ -1,7 +1,7 @@
-// ckpt load FILE [--mode eager|mmap|stream] [--device cuda:N [--gds]] [--budget-mb N] [--verify] [--json]: loads every
-// tensor once and reports time, throughput and this process's peak RSS (used by `ckpt bench` to
-// measure memory in a fresh process). With --rank/--world/--plan: the dry run of one rank's
-// load (rank_plan_print.cc).
+// ckpt load FILE [--mode eager|mmap|stream] [--device cuda:N [--gds]] [--budget-mb N] [--verify]
+// [--json]: loads every tensor once and reports time, throughput and this process's peak RSS (used
+// by `ckpt bench` to measure memory in a fresh process). With --rank/--world/--plan: the dry run of
+// one rank's load (rank_plan_print.cc).
 
 #include <sys/resource.h>
 #include <zlib.h>
@@ -84,17 +84,21 @@ void add_load(CLI::App& app) {
     lo.staging_bytes = static_cast<uint64_t>(o->staging_mb * 1024 * 1024);
     lo.max_device_bytes = static_cast<uint64_t>(o->max_device_mb * 1024 * 1024);
     if (!lo.device.is_cpu() && o->mode != "eager")
-      throw Error(ErrorCode::kInvalidArgument,
-                  "--device " + o->device + " loads eagerly: it cannot be used with --mode " + o->mode);
+      throw Error(
+          ErrorCode::kInvalidArgument,
+          "--device " + o->device + " loads eagerly: it cannot be used with --mode " + o->mode);
     std::string gds_note;  // why GPUDirect Storage is not used, when asked for
     if (o->gds) {
       if (lo.device.is_cpu())
-        throw Error(ErrorCode::kInvalidArgument, "--gds reads into a CUDA device: add --device cuda");
+        throw Error(ErrorCode::kInvalidArgument,
+                    "--gds reads into a CUDA device: add --device cuda");
       lo.gds = true;
       if (device_unavailable(lo.device).empty()) gds_note = gds_unavailable(lo.device);
       if (!gds_note.empty())
-        std::fprintf(stderr, "ckpt: note: GPUDirect Storage is not used (%s); reading through "
-                     "pinned staging\n", gds_note.c_str());
+        std::fprintf(stderr,
+                     "ckpt: note: GPUDirect Storage is not used (%s); reading through "
+                     "pinned staging\n",
+                     gds_note.c_str());
     }
     ProgressLine line(o->progress);
     lo.progress = line.fn();
@@ -117,8 +121,9 @@ void add_load(CLI::App& app) {
         b = Tensor(t.info(), host).contiguous_bytes();
       }
       char hex[9];
-      std::snprintf(hex, sizeof hex, "%08lx",
-                    ::crc32(0, reinterpret_cast<const Bytef*>(b.data()), static_cast<uInt>(b.size())));
+      std::snprintf(
+          hex, sizeof hex, "%08lx",
+          ::crc32(0, reinterpret_cast<const Bytef*>(b.data()), static_cast<uInt>(b.size())));
       digests[t.name()] = hex;
     };
     if (o->mode == "eager") {
@@ -128,8 +133,8 @@ void add_load(CLI::App& app) {
                                : load_set(o->files, o->common, lo);
       const Checkpoint& c = l.checkpoint;
       auto& all = l.tensors;
-      tensors = std::count_if(all.begin(), all.end(),
-                              [](const Tensor& t) { return listed(t.info()); });
+      tensors =
+          std::count_if(all.begin(), all.end(), [](const Tensor& t) { return listed(t.info()); });
       for (const auto& s : c.storages()) bytes += s.nbytes;
       for (auto& t : all) {
         if (t.storage()->on_host())
@@ -153,15 +158,18 @@ void add_load(CLI::App& app) {
       line.finish(bytes);
     } else {
       uint64_t budget = static_cast<uint64_t>(o->budget_mb * 1024 * 1024);
-      c.stream(budget, [&](const Tensor& t) {
-        tensors += listed(t.info());
-        bytes += t.info().nbytes();
-        // Touch the bytes the way a consumer copying them elsewhere would.
-        const std::byte* p = t.data();
-        for (uint64_t off = 0; off < t.info().nbytes(); off += 4096)
-          checksum += std::to_integer<uint8_t>(p[off]);
-        digest(t);
-      }, lo);
+      c.stream(
+          budget,
+          [&](const Tensor& t) {
+            tensors += listed(t.info());
+            bytes += t.info().nbytes();
+            // Touch the bytes the way a consumer copying them elsewhere would.
+            const std::byte* p = t.data();
+            for (uint64_t off = 0; off < t.info().nbytes(); off += 4096)
+              checksum += std::to_integer<uint8_t>(p[off]);
+            digest(t);
+          },
+          lo);
     }
     line.end_line();
     double dt = now_seconds() - t0;
@@ -169,18 +177,22 @@ void add_load(CLI::App& app) {
     ::getrusage(RUSAGE_SELF, &ru);
     uint64_t rss = static_cast<uint64_t>(ru.ru_maxrss) * 1024;
     if (o->json) {
-      nlohmann::ordered_json j{{"mode", o->mode}, {"device", lo.device.str()},
+      nlohmann::ordered_json j{{"mode", o->mode},
+                               {"device", lo.device.str()},
                                {"gds", gds_bytes_read() > direct_before},
                                {"gds_bytes", gds_bytes_read() - direct_before},
-                               {"tensors", tensors}, {"bytes", bytes},
-                               {"seconds", dt}, {"peak_rss_bytes", rss}, {"checksum", checksum}};
+                               {"tensors", tensors},
+                               {"bytes", bytes},
+                               {"seconds", dt},
+                               {"peak_rss_bytes", rss},
+                               {"checksum", checksum}};
       if (o->digest) j["digests"] = std::move(digests);
       std::printf("%s\n", j.dump().c_str());
     } else {
       std::printf("%s load%s%s: %zu tensors, %s in %.3f s (%.2f GB/s), peak RSS %s\n",
                   o->mode.c_str(), lo.device.is_cpu() ? "" : " into ",
-                  lo.device.is_cpu() ? "" : lo.device.str().c_str(), tensors, human_bytes(bytes).c_str(), dt, bytes / dt / 1e9,
-                  human_bytes(rss).c_str());
+                  lo.device.is_cpu() ? "" : lo.device.str().c_str(), tensors,
+                  human_bytes(bytes).c_str(), dt, bytes / dt / 1e9, human_bytes(rss).c_str());
     }
   });
 }

@@ -36,8 +36,8 @@ void list_prepacked(const LsOptions& o, const Checkpoint& c) {
       r["location"] = p.location;
       r["buffers"] = nlohmann::ordered_json::array();
       for (const auto& b : p.buffers)
-        r["buffers"].push_back({{"offset", b.offset}, {"length", b.length},
-                                {"checksum", b.checksum}});
+        r["buffers"].push_back(
+            {{"offset", b.offset}, {"length", b.length}, {"checksum", b.checksum}});
       j["prepacked"].push_back(std::move(r));
     }
     std::printf("%s\n", j.dump(1).c_str());
@@ -48,8 +48,8 @@ void list_prepacked(const LsOptions& o, const Checkpoint& c) {
     wt = std::max(wt, p.tensor.size());
     wk = std::max(wk, p.key.size());
   }
-  std::printf("%-*s  %-*s  %12s  %12s  %s\n", int(wt), "tensor", int(wk), "key", "offset",
-              "length", "location");
+  std::printf("%-*s  %-*s  %12s  %12s  %s\n", int(wt), "tensor", int(wk), "key", "offset", "length",
+              "location");
   uint64_t total = 0;
   size_t nbuf = 0;
   for (const auto& p : packs)
@@ -91,8 +91,7 @@ void list_json(const Checkpoint& c, const std::vector<OnnxTensorPlace>& places) 
       const OnnxTensorPlace& p = places[ti];
       r["data"] = p.how;  // raw_data, external, float_data, int32_data, ...
       if (p.how == "external")
-        r["external"] = {{"location", p.location}, {"offset", p.offset},
-                         {"length", p.length}};
+        r["external"] = {{"location", p.location}, {"offset", p.offset}, {"length", p.length}};
     }
     if (t.quantization) {
       // Per-channel scales and zero points are tensors of their own, listed here only as
@@ -130,15 +129,17 @@ void list_table(const Checkpoint& c, const std::vector<OnnxTensorPlace>& places)
     if (sharded)
       shard = base_name(c.files()[c.files_of(static_cast<size_t>(&t - c.tensors().data()))[0]]);
     // A numpy array's bytes are in the pickle (no offset of their own): marked "numpy".
-    std::string where = off ? std::to_string(*off)
-                            : (c.storages()[t.storage].meta ? "meta"
-                                                            : (t.type == "numpy" ? "numpy" : "-"));
+    std::string where =
+        off ? std::to_string(*off)
+            : (c.storages()[t.storage].meta ? "meta" : (t.type == "numpy" ? "numpy" : "-"));
     if (t.type == "numpy") ++numpy_rows;
     // ONNX: external data shows as location:offset, typed fields by their field's name.
     if (size_t ti = static_cast<size_t>(&t - c.tensors().data()); ti < places.size()) {
       const OnnxTensorPlace& p = places[ti];
-      if (p.how == "external") where = p.location + ":" + std::to_string(p.offset);
-      else if (p.how != "raw_data" && p.how != "empty") where = p.how;
+      if (p.how == "external")
+        where = p.location + ":" + std::to_string(p.offset);
+      else if (p.how != "raw_data" && p.how != "empty")
+        where = p.how;
     }
     rows.push_back({printable(t.name), std::string(dtype_name(t.dtype)), shape,
                     std::to_string(t.nbytes()), printable(where), printable(shard)});
@@ -165,13 +166,13 @@ void list_table(const Checkpoint& c, const std::vector<OnnxTensorPlace>& places)
   std::printf("%s\n", std::string(width, '-').c_str());
   std::printf("%zu tensor%s, %llu bytes (%s); %zu storage%s, %llu bytes (%s)\n", rows.size(),
               rows.size() == 1 ? "" : "s", static_cast<unsigned long long>(total),
-              human_bytes(total).c_str(), c.storages().size(),
-              c.storages().size() == 1 ? "" : "s", static_cast<unsigned long long>(stored),
-              human_bytes(stored).c_str());
+              human_bytes(total).c_str(), c.storages().size(), c.storages().size() == 1 ? "" : "s",
+              static_cast<unsigned long long>(stored), human_bytes(stored).c_str());
   if (numpy_rows)
-    std::printf("%zu numpy array%s (offset \"numpy\"): pickled by numpy, bytes inside the "
-                "pickle; Python's ckpt.load returns them as numpy.ndarray\n",
-                numpy_rows, numpy_rows == 1 ? "" : "s");
+    std::printf(
+        "%zu numpy array%s (offset \"numpy\"): pickled by numpy, bytes inside the "
+        "pickle; Python's ckpt.load returns them as numpy.ndarray\n",
+        numpy_rows, numpy_rows == 1 ? "" : "s");
 }
 
 void run_ls(LsOptions& o) {

@@ -31,7 +31,8 @@ void run_gc(const PrepackOptions& o) {
     dir = x && *x ? std::string(x) + "/ckpt" : std::string(home ? home : "") + "/.cache/ckpt";
   }
   if (dir.empty() && !o.file.empty()) dir = o.file + ".ckpt-prepack";
-  if (dir.empty()) throw Error(ErrorCode::kInvalidArgument, "--gc needs --cache-dir, --xdg or FILE");
+  if (dir.empty())
+    throw Error(ErrorCode::kInvalidArgument, "--gc needs --cache-dir, --xdg or FILE");
   PrepackGcReport r = prepack_gc(dir, o.max_size);
   std::printf("%s: %zu entries (%s) -> %zu entries (%s); %zu temporaries removed\n", dir.c_str(),
               r.entries_before, human_bytes(r.bytes_before).c_str(), r.entries_after,
@@ -108,8 +109,8 @@ void run_prepack(const PrepackOptions& o) {
                             .dump(1)
                             .c_str());
   } else {
-    std::printf("%zu tensors (%zu from the cache), %s packed bytes in %.3f s (%s)\n",
-                names.size(), hits, human_bytes(bytes).c_str(), total, packer.id.c_str());
+    std::printf("%zu tensors (%zu from the cache), %s packed bytes in %.3f s (%s)\n", names.size(),
+                hits, human_bytes(bytes).c_str(), total, packer.id.c_str());
   }
 }
 
@@ -122,14 +123,16 @@ void add_prepack(CLI::App& app) {
   cmd->add_option("FILE", o->file, "checkpoint (any format)");
   cmd->add_option("--packer", o->packer, "transpose-blocks64 (GEMM column blocks) or int8-rows")
       ->check(CLI::IsMember({"transpose-blocks64", "int8-rows"}));
-  cmd->add_option("--tensor", o->tensors, "tensor to pack (repeatable; default every 2-D one "
-                                          "the packer takes)");
+  cmd->add_option("--tensor", o->tensors,
+                  "tensor to pack (repeatable; default every 2-D one "
+                  "the packer takes)");
   cmd->add_option("--cache-dir", o->dir, "cache folder (default FILE.ckpt-prepack beside it)");
   cmd->add_flag("--xdg", o->xdg, "cache in $XDG_CACHE_HOME/ckpt (~/.cache/ckpt)");
   cmd->add_option("--align", o->align, "payload alignment (4096; 2MiB for huge pages)")
       ->transform(CLI::AsSizeValue(false));
-  cmd->add_option("--max-size", o->max_size, "bound the cache to this size (least recently "
-                                             "used entries go)")
+  cmd->add_option("--max-size", o->max_size,
+                  "bound the cache to this size (least recently "
+                  "used entries go)")
       ->transform(CLI::AsSizeValue(false));
   cmd->add_flag("--gc", o->gc, "only bound the cache folder to --max-size");
   cmd->add_flag("--json", o->json, "machine-readable output");

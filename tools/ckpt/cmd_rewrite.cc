@@ -36,8 +36,7 @@ void rewrite_onnx(const RewriteOptions& o) {
   ro.weights = o.weights;
   OnnxRewriteReport r = onnx_rewrite(o.in, o.out, ro);
   std::printf("wrote %s (%llu bytes): %zu tensors, %zu inline, %zu external", o.out.c_str(),
-              static_cast<unsigned long long>(r.model_bytes), r.tensors, r.inlined,
-              r.external);
+              static_cast<unsigned long long>(r.model_bytes), r.tensors, r.inlined, r.external);
   if (!r.data_path.empty())
     std::printf(" in %s (%llu bytes)", r.data_path.c_str(),
                 static_cast<unsigned long long>(r.data_bytes));
@@ -54,7 +53,7 @@ void rewrite_torchscript(const RewriteOptions& o, Checkpoint in) {
   TorchScriptRewriteOptions ro;
   ro.debug = o.debug == "table"   ? TorchScriptRewriteOptions::Debug::kTable
              : o.debug == "strip" ? TorchScriptRewriteOptions::Debug::kStrip
-                                   : TorchScriptRewriteOptions::Debug::kKeep;
+                                  : TorchScriptRewriteOptions::Debug::kKeep;
   ro.alignment = o.align ? static_cast<uint32_t>(o.align) : 64;
   ProgressLine line(o.progress);
   ro.progress = line.fn();
@@ -62,8 +61,8 @@ void rewrite_torchscript(const RewriteOptions& o, Checkpoint in) {
   line.end_line();
   std::printf("wrote %s: %zu of %zu records\n", o.out.c_str(), r.records_out, r.records_in);
   if (ro.debug == TorchScriptRewriteOptions::Debug::kTable) {
-    long long saved = static_cast<long long>(r.debug_bytes_before) -
-                      static_cast<long long>(r.debug_bytes_after);
+    long long saved =
+        static_cast<long long>(r.debug_bytes_before) - static_cast<long long>(r.debug_bytes_after);
     long long saved_stored = static_cast<long long>(r.debug_stored_before) -
                              static_cast<long long>(r.debug_stored_after);
     std::printf(
@@ -104,9 +103,10 @@ void add_rewrite(CLI::App& app) {
                   "keep: debug_pkl as is; table: convert per-range debug_pkl to the string-table "
                   "format; strip: drop debug_pkl records")
       ->check(CLI::IsMember({"keep", "table", "strip"}));
-  cmd->add_option("--align", o->align,
-                  "data alignment of every record, power of two (default 64, torch's; 4096 for "
-                  "page-aligned tensors); ONNX: of large initializers and pre-packs (default 4096)");
+  cmd->add_option(
+      "--align", o->align,
+      "data alignment of every record, power of two (default 64, torch's; 4096 for "
+      "page-aligned tensors); ONNX: of large initializers and pre-packs (default 4096)");
   cmd->add_option("--external-data", o->external_data,
                   "ONNX: the external-data file, inside OUT's folder (default OUT.data)");
   cmd->add_option("--align-threshold", o->align_threshold,

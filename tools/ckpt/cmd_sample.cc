@@ -33,8 +33,10 @@ void fill(std::byte* p, uint64_t numel, DType dtype, uint64_t seed) {
         uint32_t sign = (w >> 16) & 0x8000;
         int exp = static_cast<int>((w >> 23) & 0xff) - 127 + 15;
         uint32_t man = w & 0x7fffff;
-        if (exp <= 0) h = static_cast<uint16_t>(sign | ((man | 0x800000) >> (14 - exp)));
-        else h = static_cast<uint16_t>(sign | (exp << 10) | (man >> 13));
+        if (exp <= 0)
+          h = static_cast<uint16_t>(sign | ((man | 0x800000) >> (14 - exp)));
+        else
+          h = static_cast<uint16_t>(sign | (exp << 10) | (man >> 13));
       }
       std::memcpy(p + 2 * i, &h, 2);
     }
@@ -63,7 +65,8 @@ std::vector<Spec> transformer(uint64_t budget, int64_t hidden, uint64_t es) {
   const uint64_t layers = std::max<uint64_t>(1, budget * 3 / 4 / per_layer);
   const uint64_t used = layers * per_layer + static_cast<uint64_t>(h) * es;
   const int64_t vocab = std::max<int64_t>(
-      1, used < budget ? static_cast<int64_t>((budget - used) / (2 * static_cast<uint64_t>(h) * es)) : 1);
+      1, used < budget ? static_cast<int64_t>((budget - used) / (2 * static_cast<uint64_t>(h) * es))
+                       : 1);
   std::vector<Spec> specs;
   specs.push_back({"model.embed_tokens.weight", {vocab, h}});
   for (uint64_t l = 0; l < layers; ++l) {
@@ -165,17 +168,19 @@ void run_sample(const SampleOptions& o) {
   double t1 = now_seconds();
   line.set_label("writing");
   auto file = create_file_sink(o.out);
-  ProgressSink sink(*file, total, [&line](uint64_t done, uint64_t all) { line.update(done, all); },
-                    std::chrono::steady_clock::duration::zero());
+  ProgressSink sink(
+      *file, total, [&line](uint64_t done, uint64_t all) { line.update(done, all); },
+      std::chrono::steady_clock::duration::zero());
   save_sample(sink, tensors, target);
   sink.commit();
   line.finish(file->position());
   double t2 = now_seconds();
-  std::printf("wrote %s (%s): %zu tensors, %s of data, %s file (generated in %.2f s, saved in "
-              "%.2f s: %.2f GB/s)\n",
-              o.out.c_str(), convert_format_name(target_format(target)), tensors.size(),
-              human_bytes(total).c_str(), human_bytes(file->position()).c_str(), t1 - t0, t2 - t1,
-              static_cast<double>(total) / (t2 - t1) / 1e9);
+  std::printf(
+      "wrote %s (%s): %zu tensors, %s of data, %s file (generated in %.2f s, saved in "
+      "%.2f s: %.2f GB/s)\n",
+      o.out.c_str(), convert_format_name(target_format(target)), tensors.size(),
+      human_bytes(total).c_str(), human_bytes(file->position()).c_str(), t1 - t0, t2 - t1,
+      static_cast<double>(total) / (t2 - t1) / 1e9);
 }
 
 }  // namespace

@@ -6,8 +6,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <functional>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <set>
 
@@ -19,9 +19,12 @@ namespace {
 double half_to_double(uint16_t h) {
   int sign = h >> 15, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
   double v;
-  if (exp == 0) v = std::ldexp(man, -24);
-  else if (exp == 31) v = man ? NAN : INFINITY;
-  else v = std::ldexp(man + 1024, exp - 25);
+  if (exp == 0)
+    v = std::ldexp(man, -24);
+  else if (exp == 31)
+    v = man ? NAN : INFINITY;
+  else
+    v = std::ldexp(man + 1024, exp - 25);
   return sign ? -v : v;
 }
 double fp8_to_double(uint8_t b, int ebits, int mbits, bool fn) {
@@ -30,8 +33,10 @@ double fp8_to_double(uint8_t b, int ebits, int mbits, bool fn) {
   double v;
   if (fn && exp == (1 << ebits) - 1 && man == (1 << mbits) - 1) return NAN;
   if (!fn && exp == (1 << ebits) - 1) return man ? NAN : (sign ? -INFINITY : INFINITY);
-  if (exp == 0) v = std::ldexp(man, 1 - bias - mbits);
-  else v = std::ldexp(man + (1 << mbits), exp - bias - mbits);
+  if (exp == 0)
+    v = std::ldexp(man, 1 - bias - mbits);
+  else
+    v = std::ldexp(man + (1 << mbits), exp - bias - mbits);
   return sign ? -v : v;
 }
 
@@ -39,25 +44,89 @@ double fp8_to_double(uint8_t b, int ebits, int mbits, bool fn) {
 std::optional<double> element(DType d, const std::byte* p, bool imag = false) {
   auto u8 = [&] { return std::to_integer<uint8_t>(p[0]); };
   switch (d) {
-    case DType::kFloat32: { float f; std::memcpy(&f, p, 4); return f; }
-    case DType::kFloat64: { double f; std::memcpy(&f, p, 8); return f; }
-    case DType::kFloat16: { uint16_t h; std::memcpy(&h, p, 2); return half_to_double(h); }
-    case DType::kBFloat16: { uint16_t h; std::memcpy(&h, p, 2); uint32_t w = uint32_t(h) << 16; float f; std::memcpy(&f, &w, 4); return f; }
-    case DType::kFloat8_e4m3fn: return fp8_to_double(u8(), 4, 3, true);
-    case DType::kFloat8_e5m2: return fp8_to_double(u8(), 5, 2, false);
-    case DType::kComplex64: { float f[2]; std::memcpy(f, p, 8); return f[imag]; }
-    case DType::kComplex128: { double f[2]; std::memcpy(f, p, 16); return f[imag]; }
-    case DType::kComplex32: { uint16_t h[2]; std::memcpy(h, p, 4); return half_to_double(h[imag]); }
-    case DType::kBool: return u8() ? 1 : 0;
-    case DType::kInt8: case DType::kQInt8: return static_cast<int8_t>(u8());
-    case DType::kUInt8: case DType::kQUInt8: return u8();
-    case DType::kInt16: { int16_t v; std::memcpy(&v, p, 2); return v; }
-    case DType::kUInt16: { uint16_t v; std::memcpy(&v, p, 2); return v; }
-    case DType::kInt32: case DType::kQInt32: { int32_t v; std::memcpy(&v, p, 4); return v; }
-    case DType::kUInt32: { uint32_t v; std::memcpy(&v, p, 4); return v; }
-    case DType::kInt64: { int64_t v; std::memcpy(&v, p, 8); return static_cast<double>(v); }
-    case DType::kUInt64: { uint64_t v; std::memcpy(&v, p, 8); return static_cast<double>(v); }
-    default: return std::nullopt;
+    case DType::kFloat32: {
+      float f;
+      std::memcpy(&f, p, 4);
+      return f;
+    }
+    case DType::kFloat64: {
+      double f;
+      std::memcpy(&f, p, 8);
+      return f;
+    }
+    case DType::kFloat16: {
+      uint16_t h;
+      std::memcpy(&h, p, 2);
+      return half_to_double(h);
+    }
+    case DType::kBFloat16: {
+      uint16_t h;
+      std::memcpy(&h, p, 2);
+      uint32_t w = uint32_t(h) << 16;
+      float f;
+      std::memcpy(&f, &w, 4);
+      return f;
+    }
+    case DType::kFloat8_e4m3fn:
+      return fp8_to_double(u8(), 4, 3, true);
+    case DType::kFloat8_e5m2:
+      return fp8_to_double(u8(), 5, 2, false);
+    case DType::kComplex64: {
+      float f[2];
+      std::memcpy(f, p, 8);
+      return f[imag];
+    }
+    case DType::kComplex128: {
+      double f[2];
+      std::memcpy(f, p, 16);
+      return f[imag];
+    }
+    case DType::kComplex32: {
+      uint16_t h[2];
+      std::memcpy(h, p, 4);
+      return half_to_double(h[imag]);
+    }
+    case DType::kBool:
+      return u8() ? 1 : 0;
+    case DType::kInt8:
+    case DType::kQInt8:
+      return static_cast<int8_t>(u8());
+    case DType::kUInt8:
+    case DType::kQUInt8:
+      return u8();
+    case DType::kInt16: {
+      int16_t v;
+      std::memcpy(&v, p, 2);
+      return v;
+    }
+    case DType::kUInt16: {
+      uint16_t v;
+      std::memcpy(&v, p, 2);
+      return v;
+    }
+    case DType::kInt32:
+    case DType::kQInt32: {
+      int32_t v;
+      std::memcpy(&v, p, 4);
+      return v;
+    }
+    case DType::kUInt32: {
+      uint32_t v;
+      std::memcpy(&v, p, 4);
+      return v;
+    }
+    case DType::kInt64: {
+      int64_t v;
+      std::memcpy(&v, p, 8);
+      return static_cast<double>(v);
+    }
+    case DType::kUInt64: {
+      uint64_t v;
+      std::memcpy(&v, p, 8);
+      return static_cast<double>(v);
+    }
+    default:
+      return std::nullopt;
   }
 }
 
@@ -121,9 +190,12 @@ struct Formatter {
     if (std::isnan(*v)) return "nan";
     if (std::isinf(*v)) return *v > 0 ? "inf" : "-inf";
     char buf[64];
-    if (mode == Mode::kInt) std::snprintf(buf, sizeof buf, "%.0f.", *v);
-    else if (mode == Mode::kSci) std::snprintf(buf, sizeof buf, "%.4e", *v);
-    else std::snprintf(buf, sizeof buf, "%.4f", *v);
+    if (mode == Mode::kInt)
+      std::snprintf(buf, sizeof buf, "%.0f.", *v);
+    else if (mode == Mode::kSci)
+      std::snprintf(buf, sizeof buf, "%.4e", *v);
+    else
+      std::snprintf(buf, sizeof buf, "%.4f", *v);
     return buf;
   }
 };
@@ -266,10 +338,20 @@ nlohmann::ordered_json element_json(DType d, const std::byte* p) {
     return nlohmann::ordered_json(v);
   };
   switch (d) {
-    case DType::kBool: return std::to_integer<uint8_t>(p[0]) != 0;
-    case DType::kInt64: { int64_t v; std::memcpy(&v, p, 8); return v; }
-    case DType::kUInt64: { uint64_t v; std::memcpy(&v, p, 8); return v; }
-    default: break;
+    case DType::kBool:
+      return std::to_integer<uint8_t>(p[0]) != 0;
+    case DType::kInt64: {
+      int64_t v;
+      std::memcpy(&v, p, 8);
+      return v;
+    }
+    case DType::kUInt64: {
+      uint64_t v;
+      std::memcpy(&v, p, 8);
+      return v;
+    }
+    default:
+      break;
   }
   auto v = element(d, p);
   if (!v) {
@@ -285,8 +367,8 @@ nlohmann::ordered_json element_json(DType d, const std::byte* p) {
 // A tensor as JSON: name, dtype, shape and its values as nested arrays (row-major).
 nlohmann::ordered_json tensor_json(const Tensor& t) {
   const TensorInfo& info = t.info();
-  nlohmann::ordered_json j{{"name", info.name}, {"dtype", dtype_name(info.dtype)},
-                           {"shape", info.shape}};
+  nlohmann::ordered_json j{
+      {"name", info.name}, {"dtype", dtype_name(info.dtype)}, {"shape", info.shape}};
   const size_t es = dtype_size(info.dtype);
   if (es == 0) {
     j["values"] = nullptr;  // sub-byte kinds: no element to show
@@ -321,17 +403,24 @@ nlohmann::ordered_json value_json(const Checkpoint& c, const ConstValuePtr& v,
     return J(x);
   };
   switch (v->kind()) {
-    case Value::Kind::kNone: return nullptr;
-    case Value::Kind::kBool: return v->as_bool();
-    case Value::Kind::kInt: return v->is_big_int() ? J(v->str()) : J(v->as_int());
-    case Value::Kind::kFloat: return num(v->as_float());
-    case Value::Kind::kComplex: return J{{"real", num(v->as_complex().real())}, {"imag", num(v->as_complex().imag())}};
-    case Value::Kind::kString: return v->str();
+    case Value::Kind::kNone:
+      return nullptr;
+    case Value::Kind::kBool:
+      return v->as_bool();
+    case Value::Kind::kInt:
+      return v->is_big_int() ? J(v->str()) : J(v->as_int());
+    case Value::Kind::kFloat:
+      return num(v->as_float());
+    case Value::Kind::kComplex:
+      return J{{"real", num(v->as_complex().real())}, {"imag", num(v->as_complex().imag())}};
+    case Value::Kind::kString:
+      return v->str();
     case Value::Kind::kTensor: {
       const TensorInfo& t = c.tensors()[static_cast<size_t>(v->as_int())];
       return J{{"tensor", t.name}, {"dtype", dtype_name(t.dtype)}, {"shape", t.shape}};
     }
-    default: break;
+    default:
+      break;
   }
   if (v->kind() == Value::Kind::kBytes) return J{{"bytes", v->repr(1 << 20)}};
   if (!seen.insert(v.get()).second || depth > 1000) return J{{"shown_above", v->repr(40)}};
@@ -415,15 +504,19 @@ void show_name(const Checkpoint& c, std::string name, bool json) {
   }
   if (!ti) {
     if (!idx.empty())
-      throw Error(ErrorCode::kInvalidArgument, "only a tensor can be indexed", c.source().name(), full);
+      throw Error(ErrorCode::kInvalidArgument, "only a tensor can be indexed", c.source().name(),
+                  full);
     print_value(v);
     return;
   }
   const TensorInfo& info = c.tensors()[*ti];
   if (json && c.storages()[info.storage].meta) {
     TensorInfo view = idx.empty() ? info : index_view(info, idx, c.source().name());
-    nlohmann::ordered_json j{{"name", view.name}, {"dtype", dtype_name(view.dtype)},
-                             {"shape", view.shape}, {"meta", true}, {"values", nullptr}};
+    nlohmann::ordered_json j{{"name", view.name},
+                             {"dtype", dtype_name(view.dtype)},
+                             {"shape", view.shape},
+                             {"meta", true},
+                             {"values", nullptr}};
     std::printf("%s\n", j.dump(1).c_str());
     return;
   }
@@ -501,12 +594,14 @@ std::string elements_text(const TensorInfo& info, const std::vector<std::byte>& 
         out += "[";
         for (int64_t i = 0; i < len; ++i) {
           if (summarize && len > 2 * kEdge && i == kEdge) {
-            out += "...,\n" + std::string(info.shape.size() - dim - 2, '\n') + std::string(indent + 1, ' ');
+            out += "...,\n" + std::string(info.shape.size() - dim - 2, '\n') +
+                   std::string(indent + 1, ' ');
             i = len - kEdge;
           }
           rec(dim + 1, base + i * strides[dim], indent + 1);
           if (i + 1 < len)
-            out += "," + std::string(info.shape.size() - dim - 1, '\n') + std::string(indent + 1, ' ');
+            out +=
+                "," + std::string(info.shape.size() - dim - 1, '\n') + std::string(indent + 1, ' ');
         }
         out += "]";
       };
@@ -548,8 +643,8 @@ void print_values(const Checkpoint& c, const Tensor& t) {
   auto bytes = t.contiguous_bytes();
   uint64_t n = info.numel();
   std::string out = "tensor(" + elements_text(info, bytes);
-  bool default_dtype = info.dtype == DType::kFloat32 || info.dtype == DType::kInt64 ||
-                       info.dtype == DType::kBool;
+  bool default_dtype =
+      info.dtype == DType::kFloat32 || info.dtype == DType::kInt64 || info.dtype == DType::kBool;
   if (!default_dtype || n == 0) {
     if (n == 0 && info.shape.size() > 1) out += ", size=" + shape_str(info.shape);
     if (!default_dtype) out += ", dtype=torch." + std::string(dtype_name(info.dtype));

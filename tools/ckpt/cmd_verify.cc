@@ -18,9 +18,12 @@ namespace {
 void print_json(const std::string& file, const Checkpoint& c, const char* result, size_t checked,
                 size_t total, const std::string& what, double t0,
                 const nlohmann::ordered_json& extra = {}) {
-  nlohmann::ordered_json j{{"file", file},       {"format", format_name(c.format())},
-                           {"result", result},   {"checked", checked},
-                           {"total", total},     {"what", what},
+  nlohmann::ordered_json j{{"file", file},
+                           {"format", format_name(c.format())},
+                           {"result", result},
+                           {"checked", checked},
+                           {"total", total},
+                           {"what", what},
                            {"seconds", now_seconds() - t0}};
   if (extra.is_object())
     for (auto& [k, v] : extra.items()) j[k] = v;
@@ -33,7 +36,8 @@ void report_digests(const std::string& file, const Checkpoint& c,
   if (json) {
     nlohmann::ordered_json extra{{"against", against}};
     extra["mismatches"] = nlohmann::ordered_json::array();
-    for (const auto& b : bad) extra["mismatches"].push_back({{"tensor", b.tensor}, {"problem", b.problem}});
+    for (const auto& b : bad)
+      extra["mismatches"].push_back({{"tensor", b.tensor}, {"problem", b.problem}});
     print_json(file, c, bad.empty() ? "ok" : "corrupt", computed, expected, "tensors", t0, extra);
   }
   if (bad.empty()) {
@@ -48,8 +52,8 @@ void report_digests(const std::string& file, const Checkpoint& c,
     if (stored && problem == "not in the manifest") problem = "no stored SHA-256";
     if (stored && problem == "not in the file")
       problem = "has a stored SHA-256 but is not in the file";
-    std::fprintf(stderr, "ckpt: error: %s: %s: %s [corrupt]\n", file.c_str(),
-                 bad[i].tensor.c_str(), problem.c_str());
+    std::fprintf(stderr, "ckpt: error: %s: %s: %s [corrupt]\n", file.c_str(), bad[i].tensor.c_str(),
+                 problem.c_str());
   }
   if (bad.size() > kShown) std::fprintf(stderr, "ckpt: ... and %zu more\n", bad.size() - kShown);
   std::fprintf(stderr, "ckpt: %zu tensor%s do%s not match %s\n", bad.size(),
@@ -77,7 +81,8 @@ size_t check_records(const VerifyOptions& o, const Checkpoint& c, ProgressLine& 
       nlohmann::ordered_json extra = nlohmann::ordered_json::object();
       extra["error"] = error_line(e);
       extra["record"] = e.record();
-      extra["offset"] = e.offset() ? nlohmann::ordered_json(*e.offset()) : nlohmann::ordered_json(nullptr);
+      extra["offset"] =
+          e.offset() ? nlohmann::ordered_json(*e.offset()) : nlohmann::ordered_json(nullptr);
       print_json(o.file, c, "corrupt", 0,
                  c.records().empty() ? c.storages().size() : c.records().size(),
                  c.records().empty() ? "storages" : "records", t0, extra);
@@ -91,15 +96,13 @@ size_t check_records(const VerifyOptions& o, const Checkpoint& c, ProgressLine& 
 [[noreturn]] void refuse_nothing_checked(const VerifyOptions& o, const Checkpoint& c, size_t total,
                                          const char* what, double t0) {
   if (o.json) print_json(o.file, c, "not_verified", 0, total, what, t0);
-  const bool has_checksums =
-format_traits(c.format()).stores_checksums;
+  const bool has_checksums = format_traits(c.format()).stores_checksums;
   std::fprintf(stderr, "ckpt: not verified: %s: %s; 0 of %zu %s checked [not_verified]\n",
                o.file.c_str(),
-               total == 0          ? "it holds nothing to check"
-               : has_checksums     ? "its records were written without checksums"
-                                   : (std::string(format_name(c.format())) +
-                                      " files store no checksums")
-                                         .c_str(),
+               total == 0 ? "it holds nothing to check"
+               : has_checksums
+                   ? "its records were written without checksums"
+                   : (std::string(format_name(c.format())) + " files store no checksums").c_str(),
                total, what);
   if (total != 0)
     std::fprintf(stderr,
@@ -161,8 +164,8 @@ void run_verify(VerifyOptions& o) {
   if (n == 0) refuse_nothing_checked(o, c, total, what, t0);
   refuse_unchecked_storages(o, c, n, total, what, t0);
   if (o.json) return print_json(o.file, c, "ok", n, total, what, t0);
-  std::printf("OK: %zu of %zu %s checked (%s, %.3f s)\n", n, total, what,
-              format_name(c.format()), dt);
+  std::printf("OK: %zu of %zu %s checked (%s, %.3f s)\n", n, total, what, format_name(c.format()),
+              dt);
 }
 
 }  // namespace

@@ -1,12 +1,11 @@
 #include "common.h"
 
-#include <cstring>
-
 #include <sys/stat.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 
@@ -22,8 +21,7 @@ void add_common(CLI::App& cmd, Common& c) {
   cmd.add_option("--decrypt-key", c.key_file, "tensorizer: file with the raw key (hex or binary)");
   cmd.add_option("--decrypt-password-file", c.password_file,
                  "tensorizer: file whose first line is the password");
-  cmd.add_option("--connections", c.connections,
-                 "a URL: ranged requests in flight per read")
+  cmd.add_option("--connections", c.connections, "a URL: ranged requests in flight per read")
       ->capture_default_str()
       ->check(CLI::Range(1, 64))
       ->group("Remote");
@@ -132,8 +130,8 @@ size_t edit_distance(const std::string& a, const std::string& b) {
   for (size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
   for (size_t i = 1; i <= a.size(); ++i)
     for (size_t j = 1; j <= b.size(); ++j) {
-      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1,
-                          d[i - 1][j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      d[i][j] = std::min(
+          {d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
       if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
         d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
     }
@@ -285,7 +283,9 @@ RemoteOptions remote_options(const Common& c) {
   r.ca_file = c.ca_bundle;
   r.timeout_s = c.timeout;
   r.download_whole = c.download_whole;
-  r.on_note = [](const std::string& note) { std::fprintf(stderr, "ckpt: note: %s\n", note.c_str()); };
+  r.on_note = [](const std::string& note) {
+    std::fprintf(stderr, "ckpt: note: %s\n", note.c_str());
+  };
   return r;
 }
 

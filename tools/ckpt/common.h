@@ -46,7 +46,7 @@ std::string nearest(const std::string& word, const std::vector<std::string>& can
 
 struct Common {
   bool no_mmap = false;
-  bool strict = false;  // refuse classes ckpt does not know (OpenOptions::strict)
+  bool strict = false;                  // refuse classes ckpt does not know (OpenOptions::strict)
   std::string key_file, password_file;  // tensorizer decryption
   // --max-* options (docs/security.md): the bounds a file may ask for; defaults are Limits'.
   uint64_t max_metadata_mb = Limits{}.max_metadata_bytes >> 20;

@@ -54,8 +54,9 @@ std::string unknown_option_hint(const CLI::App& app, int argc, char** argv) {
 
 int main(int argc, char** argv) {
   ckpt::cli::install_interrupt_cleanup();
-  CLI::App app{"ckpt: read, verify, convert and load model checkpoints (torch, safetensors, "
-               "tensorizer) without Python"};
+  CLI::App app{
+      "ckpt: read, verify, convert and load model checkpoints (torch, safetensors, "
+      "tensorizer) without Python"};
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string("ckpt 0.1.0\nfeatures: ") + ckpt::build_features());
   ckpt::cli::add_ls(app);

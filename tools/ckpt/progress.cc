@@ -21,7 +21,8 @@ void add_progress_flags(CLI::App& cmd, ProgressMode& mode) {
 }
 
 ProgressLine::ProgressLine(ProgressMode mode, std::string label)
-    : draw_(mode == ProgressMode::kOn || (mode == ProgressMode::kAuto && isatty(STDERR_FILENO) == 1)),
+    : draw_(mode == ProgressMode::kOn ||
+            (mode == ProgressMode::kAuto && isatty(STDERR_FILENO) == 1)),
       // Asked for (--progress): drawn from the start, the final line always. On a terminal by
       // default: only once the work has taken a quarter of a second.
       delay_(mode == ProgressMode::kOn ? 0.0 : 0.25),
@@ -92,8 +93,9 @@ void ProgressLine::draw(uint64_t done, uint64_t total, bool last) {
   if (last) pct = 100;
   const double secs = std::max(now - t0_, 1e-9);
   const double rate = static_cast<double>(done) / secs;
-  std::string tail = last ? "in " + clock_str(secs)
-                          : "ETA " + clock_str(rate > 0 ? static_cast<double>(total - done) / rate : -1);
+  std::string tail =
+      last ? "in " + clock_str(secs)
+           : "ETA " + clock_str(rate > 0 ? static_cast<double>(total - done) / rate : -1);
   // \r and erase-to-end: the line is redrawn in place, shorter text leaves nothing behind.
   if (!items_.empty()) {
     std::fprintf(stderr, "\r%s%s%llu / %llu %s  %3d%%  %s\033[K", label_.c_str(),
@@ -105,8 +107,8 @@ void ProgressLine::draw(uint64_t done, uint64_t total, bool last) {
     return;
   }
   std::fprintf(stderr, "\r%s%s%s / %s  %3d%%  %s/s  %s\033[K", label_.c_str(),
-               label_.empty() ? "" : "  ", human_bytes(done).c_str(), human_bytes(total).c_str(), pct,
-               human_bytes(static_cast<uint64_t>(rate)).c_str(), tail.c_str());
+               label_.empty() ? "" : "  ", human_bytes(done).c_str(), human_bytes(total).c_str(),
+               pct, human_bytes(static_cast<uint64_t>(rate)).c_str(), tail.c_str());
   std::fflush(stderr);
   drawn_ = true;
   drawn_at_ = now;

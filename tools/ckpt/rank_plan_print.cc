@@ -51,7 +51,8 @@ void print_text(const Checkpoint& c, const RankLoadPlan& p) {
     }
     std::printf("  %zu range%s:", t.ranges.size(), t.ranges.size() == 1 ? "" : "s");
     for (size_t i = 0; i < t.ranges.size() && i < kShown; ++i)
-      std::printf(" %s@%llu+%llu", c.files().size() > 1 ? std::to_string(t.ranges[i].file).c_str() : "",
+      std::printf(" %s@%llu+%llu",
+                  c.files().size() > 1 ? std::to_string(t.ranges[i].file).c_str() : "",
                   static_cast<unsigned long long>(t.ranges[i].offset),
                   static_cast<unsigned long long>(t.ranges[i].length));
     std::printf("%s\n", t.ranges.size() > kShown ? " ..." : "");
@@ -70,9 +71,12 @@ void print_rank_plan(const std::vector<std::string>& files, const Common& common
   if (run.json) {
     nlohmann::ordered_json tensors = nlohmann::ordered_json::array();
     for (const RankTensor& t : p.tensors) tensors.push_back(tensor_json(c, t));
-    nlohmann::ordered_json j{{"rank", run.rank}, {"world", run.world},
-                             {"files", c.files()}, {"tensors", std::move(tensors)},
-                             {"read_bytes", p.read_bytes()}, {"model_bytes", model}};
+    nlohmann::ordered_json j{{"rank", run.rank},
+                             {"world", run.world},
+                             {"files", c.files()},
+                             {"tensors", std::move(tensors)},
+                             {"read_bytes", p.read_bytes()},
+                             {"model_bytes", model}};
     std::printf("%s\n", j.dump().c_str());
     return;
   }

@@ -3,9 +3,9 @@
 // --cast, --dequantize, --split, --fuse, --transpose, --recipe): docs/cli.md, "Converting for
 // serving".
 
+#include <CLI/CLI.hpp>
 #include <memory>
 
-#include <CLI/CLI.hpp>
 #include "ckpt/convert.h"
 
 namespace ckpt::cli {

@@ -102,7 +102,8 @@ void check_tiling(DcpEntry& e, const ChunkFail& fail) {
   uint64_t numel = 1;
   for (int64_t s : e.size) {
     const auto u = static_cast<uint64_t>(s);
-    if (u && numel > UINT64_MAX / u) fail(ErrorCode::kCorrupt, "the tensor's size overflows", nullptr);
+    if (u && numel > UINT64_MAX / u)
+      fail(ErrorCode::kCorrupt, "the tensor's size overflows", nullptr);
     numel *= u;
   }
   uint64_t covered = 0;

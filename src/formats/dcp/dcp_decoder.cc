@@ -35,8 +35,10 @@ void place_chunk(const DcpLayout& l, const DcpPiece& p, std::span<std::byte> dst
   size_t k = n;
   while (k > 0 && p.sizes[k - 1] == p.shape[k - 1]) --k;
   uint64_t run = elsize;
-  if (k > 0) run *= static_cast<uint64_t>(p.sizes[k - 1]) * stride[k - 1];
-  else if (n > 0) run *= static_cast<uint64_t>(p.sizes[0]) * stride[0];
+  if (k > 0)
+    run *= static_cast<uint64_t>(p.sizes[k - 1]) * stride[k - 1];
+  else if (n > 0)
+    run *= static_cast<uint64_t>(p.sizes[0]) * stride[0];
   uint64_t base = 0;
   for (size_t d = 0; d < n; ++d) base += static_cast<uint64_t>(p.offsets[d]) * stride[d];
   base *= elsize;
@@ -112,7 +114,7 @@ class DcpDecoder final : public StorageDecoder {
     if (failed) std::rethrow_exception(failed);
   }
 
- // Only the chunks that meet the box are read (a tensor-parallel rank's slice).
+  // Only the chunks that meet the box are read (a tensor-parallel rank's slice).
   bool read_box(size_t index, const TensorInfo& t, std::span<const int64_t> begin,
                 std::span<const int64_t> end, std::span<std::byte> dst) const override {
     const std::vector<DcpPiece>& pieces = l_->pieces.at(index);

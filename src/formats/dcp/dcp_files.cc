@@ -68,7 +68,10 @@ class CachedFile final : public ByteSource {
  public:
   CachedFile(std::shared_ptr<DataFiles> files, size_t id, std::string path, uint64_t size,
              std::string name)
-      : files_(std::move(files)), id_(id), path_(std::move(path)), size_(size),
+      : files_(std::move(files)),
+        id_(id),
+        path_(std::move(path)),
+        size_(size),
         name_(std::move(name)) {}
 
   uint64_t size() const override { return size_; }

@@ -31,9 +31,9 @@ struct DcpPiece {
 };
 
 struct DcpLayout {
-  std::string dir;                   // the folder, as opened
-  std::vector<std::string> paths;    // the data files (the model's files)
-  std::vector<SourcePtr> sources;    // in paths order (pread sources)
+  std::string dir;                            // the folder, as opened
+  std::vector<std::string> paths;             // the data files (the model's files)
+  std::vector<SourcePtr> sources;             // in paths order (pread sources)
   std::vector<std::vector<DcpPiece>> pieces;  // per storage of the model
 };
 

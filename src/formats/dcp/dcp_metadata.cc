@@ -116,7 +116,8 @@ class Reader {
   std::vector<int64_t> ints(const ValuePtr& v, const char* what, const std::string& key) const {
     ValuePtr seq = v;
     if (v && v->kind() == Value::Kind::kObject && v->module() == "torch" && v->name() == "Size") {
-      if (v->items().size() != 1) fail(ErrorCode::kCorrupt, std::string(what) + ": torch.Size takes one argument", key);
+      if (v->items().size() != 1)
+        fail(ErrorCode::kCorrupt, std::string(what) + ": torch.Size takes one argument", key);
       seq = v->items()[0];
     }
     if (!seq || !seq->is_sequence())
@@ -163,8 +164,10 @@ class Reader {
   // from its __getstate__, or a dict with those names (the dataclass default).
   void properties(const ValuePtr& p, DcpEntry& e) const {
     if (!is(p, "TensorProperties"))
-      fail(ErrorCode::kCorrupt, "properties are " + (p ? p->repr(40) : std::string("missing")) +
-                                    ", not TensorProperties", e.fqn);
+      fail(
+          ErrorCode::kCorrupt,
+          "properties are " + (p ? p->repr(40) : std::string("missing")) + ", not TensorProperties",
+          e.fqn);
     ValuePtr dtype, layout;
     const ValuePtr& st = p->state();
     if (st && st->kind() == Value::Kind::kTuple && st->items().size() >= 2) {
@@ -203,8 +206,9 @@ class Reader {
     }
     if (!is(v, "TensorStorageMetadata"))
       fail(ErrorCode::kUnsupported,
-           "storage metadata " + (v ? (v->module().empty() ? v->repr(40) : v->module() + "." + v->name())
-                                    : std::string("null")) +
+           "storage metadata " +
+               (v ? (v->module().empty() ? v->repr(40) : v->module() + "." + v->name())
+                  : std::string("null")) +
                " is not TensorStorageMetadata or BytesStorageMetadata",
            e.fqn);
     properties(field(v, "properties"), e);
@@ -226,9 +230,9 @@ class Reader {
   DcpStorage storage(const ValuePtr& k, const ValuePtr& v) const {
     DcpStorage s;
     if (!is(k, "MetadataIndex"))
-      fail(ErrorCode::kUnsupported,
-           "a storage_data key is " + (k ? k->repr(40) : std::string("null")) +
-               ", not MetadataIndex");
+      fail(ErrorCode::kUnsupported, "a storage_data key is " +
+                                        (k ? k->repr(40) : std::string("null")) +
+                                        ", not MetadataIndex");
     s.fqn = text(field(k, "fqn"), "MetadataIndex.fqn", {});
     ValuePtr off = field(k, "offset");
     if (off && !off->is_none()) s.chunk_offsets = ints(off, "MetadataIndex.offset", s.fqn);
@@ -242,7 +246,8 @@ class Reader {
     s.length = uint(field(v, "length"), "_StorageInfo.length", s.fqn);
     ValuePtr tr = field(v, "transform_descriptors");
     if (tr && !tr->is_none()) {
-      if (!tr->is_sequence()) fail(ErrorCode::kCorrupt, "transform_descriptors are not a list", s.fqn);
+      if (!tr->is_sequence())
+        fail(ErrorCode::kCorrupt, "transform_descriptors are not a list", s.fqn);
       for (const ValuePtr& t : tr->items()) {
         s.transformed = true;
         s.transforms += (s.transforms.empty() ? "" : ", ") + (t ? t->repr(40) : std::string("?"));
@@ -253,15 +258,14 @@ class Reader {
 
   DcpMetadata read(const ValuePtr& root) const {
     if (!is(root, "Metadata"))
-      fail(ErrorCode::kUnsupported,
-           "the pickle holds " + (root ? root->repr(40) : std::string("nothing")) +
-               ", not torch.distributed.checkpoint.metadata.Metadata");
+      fail(ErrorCode::kUnsupported, "the pickle holds " +
+                                        (root ? root->repr(40) : std::string("nothing")) +
+                                        ", not torch.distributed.checkpoint.metadata.Metadata");
     DcpMetadata md;
     ValuePtr sdm = field(root, "state_dict_metadata");
     if (!sdm || !sdm->is_dict()) fail(ErrorCode::kCorrupt, "state_dict_metadata is not a dict");
     if (sdm->entries().size() > limits_.max_tensors)
-      fail(ErrorCode::kLimitExceeded, std::to_string(sdm->entries().size()) +
-                                          " entries (limit " +
+      fail(ErrorCode::kLimitExceeded, std::to_string(sdm->entries().size()) + " entries (limit " +
                                           std::to_string(limits_.max_tensors) + ")");
     const auto planner = planner_paths(field(root, "planner_data"));
     PathTree tree(limits_.object_bytes_for(metadata_bytes_) / PickleHeap::kBytesPerObject);
@@ -301,8 +305,9 @@ class Reader {
       md.storage.push_back(storage(k, v));
       const DcpStorage& s = md.storage.back();
       if (!items.emplace(s.fqn, &s.chunk_offsets).second)
-        fail(ErrorCode::kCorrupt, "storage_data lists the item at chunk offsets " +
-                                      offsets_text(s.chunk_offsets) + " twice",
+        fail(ErrorCode::kCorrupt,
+             "storage_data lists the item at chunk offsets " + offsets_text(s.chunk_offsets) +
+                 " twice",
              s.fqn);
     }
     if (ValuePtr ver = field(root, "version"); ver && ver->kind() == Value::Kind::kString)
@@ -332,8 +337,9 @@ class Reader {
                std::to_string(limits_.max_pickle_depth) + ")",
            e.fqn);
     for (const ValuePtr& part : p.items())
-      if (!part || (part->kind() != Value::Kind::kString &&
-                    (part->kind() != Value::Kind::kInt || part->is_big_int() || part->as_int() < 0)))
+      if (!part ||
+          (part->kind() != Value::Kind::kString &&
+           (part->kind() != Value::Kind::kInt || part->is_big_int() || part->as_int() < 0)))
         fail(ErrorCode::kCorrupt,
              "planner_data path holds " + (part ? part->repr(40) : std::string("null")), e.fqn);
     e.path = p.items();

@@ -30,7 +30,7 @@ struct DcpChunk {
 
 // One entry of Metadata.state_dict_metadata, in the pickle's order.
 struct DcpEntry {
-  std::string fqn;       // the flattened key ("model.layers.0.weight")
+  std::string fqn;        // the flattened key ("model.layers.0.weight")
   bool is_bytes = false;  // BytesStorageMetadata: a torch.save blob of any value
   // TensorStorageMetadata only:
   DType dtype = DType::kFloat32;

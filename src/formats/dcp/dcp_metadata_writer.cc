@@ -76,17 +76,16 @@ class MetadataBuilder {
                         fields({{"fqn", Value::string(e.fqn)},
                                 {"index", Value::integer(index[it.entry]++)},
                                 {"offset", torch_size(it.offsets)}}));
-        chunk_lists[it.entry]->items().push_back(
-            dataclass(kMetadataModule, "ChunkStorageMetadata",
-                      fields({{"offsets", torch_size(it.offsets)},
-                              {"sizes", torch_size(it.sizes)}})));
+        chunk_lists[it.entry]->items().push_back(dataclass(
+            kMetadataModule, "ChunkStorageMetadata",
+            fields({{"offsets", torch_size(it.offsets)}, {"sizes", torch_size(it.sizes)}})));
       }
       // _StorageInfo.__getstate__ leaves out the fields that are None (transform_descriptors).
-      ValuePtr info = dataclass(
-          kFilesystemModule, "_StorageInfo",
-          fields({{"relative_path", Value::string(it.file)},
-                  {"offset", Value::integer(static_cast<int64_t>(it.offset))},
-                  {"length", Value::integer(static_cast<int64_t>(it.length))}}));
+      ValuePtr info =
+          dataclass(kFilesystemModule, "_StorageInfo",
+                    fields({{"relative_path", Value::string(it.file)},
+                            {"offset", Value::integer(static_cast<int64_t>(it.offset))},
+                            {"length", Value::integer(static_cast<int64_t>(it.length))}}));
       storage->entries().emplace_back(key, info);
     }
     // StorageMeta: FileSystemWriter stores the folder's path and a random save id; this writer
@@ -110,14 +109,14 @@ class MetadataBuilder {
   // encoding, pin_memory). The layout and encoding objects are shared, as pickle's memo would.
   ValuePtr properties(const DcpWrittenEntry& e) {
     if (!strided_) {
-      strided_ = Value::object("torch.serialization", "_get_layout",
-                               {Value::string("torch.strided")});
+      strided_ =
+          Value::object("torch.serialization", "_get_layout", {Value::string("torch.strided")});
       contiguous_ = Value::object(kMetadataModule, "_MEM_FORMAT_ENCODING", {Value::integer(0)});
     }
     ValuePtr& dtype = dtypes_[static_cast<size_t>(e.dtype)];
     if (!dtype) dtype = Value::global("torch", dtype_info(e.dtype).name);
-    ValuePtr state = Value::tuple({dtype, strided_, Value::boolean(e.requires_grad), contiguous_,
-                                   Value::boolean(false)});
+    ValuePtr state = Value::tuple(
+        {dtype, strided_, Value::boolean(e.requires_grad), contiguous_, Value::boolean(false)});
     return dataclass(kMetadataModule, "TensorProperties", state);
   }
 

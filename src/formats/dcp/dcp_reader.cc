@@ -1,9 +1,10 @@
-// The reader of torch.distributed.checkpoint (DCP) folders (formats/dcp/dcp_layout.h): `.metadata` read as
-// data (formats/dcp), every storage item checked against its data file, every chunk's torch.save
-// blob opened as the small torch zip it is (its tensor's bytes are one raw run of the data file),
-// the chunks of each tensor checked to tile it exactly, and the tree torch's dcp_to_torch_save
-// rebuilds (planner_data paths, as torch's set_element nests them) made over one tensor per
-// global tensor. The folder's layout: docs/formats.md, "torch.distributed.checkpoint folders".
+// The reader of torch.distributed.checkpoint (DCP) folders (formats/dcp/dcp_layout.h): `.metadata`
+// read as data (formats/dcp), every storage item checked against its data file, every chunk's
+// torch.save blob opened as the small torch zip it is (its tensor's bytes are one raw run of the
+// data file), the chunks of each tensor checked to tile it exactly, and the tree torch's
+// dcp_to_torch_save rebuilds (planner_data paths, as torch's set_element nests them) made over one
+// tensor per global tensor. The folder's layout: docs/formats.md, "torch.distributed.checkpoint
+// folders".
 
 #include <algorithm>
 #include <atomic>
@@ -103,11 +104,15 @@ class Opener {
     for (size_t i = 0; i < md_.storage.size(); ++i) {
       const DcpStorage& s = md_.storage[i];
       if (!plain_name(s.relative_path))
-        fail(ErrorCode::kCorrupt, "data file name '" + s.relative_path + "' is not a plain file name in the folder", {}, s.fqn);
-      auto [it, fresh] = file_of.emplace(s.relative_path, static_cast<uint32_t>(layout_->paths.size()));
+        fail(ErrorCode::kCorrupt,
+             "data file name '" + s.relative_path + "' is not a plain file name in the folder", {},
+             s.fqn);
+      auto [it, fresh] =
+          file_of.emplace(s.relative_path, static_cast<uint32_t>(layout_->paths.size()));
       if (fresh) {  // a URL's data file is one more object under the same prefix
         const std::string path = join(layout_->dir, s.relative_path);
-        if (!remote_) check_inside(path, layout_->dir, "data file", "the folder", meta_name_, s.fqn);
+        if (!remote_)
+          check_inside(path, layout_->dir, "data file", "the folder", meta_name_, s.fqn);
         try {
           layout_->sources.push_back(open_data_file(files_, path, options_.remote));
         } catch (Error& e) {
@@ -190,7 +195,8 @@ class Opener {
         continue;
       }
       if (e.size.size() > options_.limits.max_dims)
-        fail(ErrorCode::kLimitExceeded, "the tensor has " + std::to_string(e.size.size()) + " dimensions", {}, e.fqn);
+        fail(ErrorCode::kLimitExceeded,
+             "the tensor has " + std::to_string(e.size.size()) + " dimensions", {}, e.fqn);
       check_chunks(e);
       for (const DcpChunk& c : e.chunks) {
         uint64_t vol = 1;
@@ -246,7 +252,8 @@ class Opener {
       w->read_into(0, head);
       if (std::memcmp(head, "PK\x03\x04", 4) != 0)
         fail(ErrorCode::kUnsupported,
-             "the chunk at " + dims(j.chunk->offsets) + " is not a torch.save zip (a storage layout this reader does not know; a "
+             "the chunk at " + dims(j.chunk->offsets) +
+                 " is not a torch.save zip (a storage layout this reader does not know; a "
                  "safetensors blob is what torch writes with SerializationFormat.SAFETENSORS)",
              layout_->paths[f], j.entry->fqn, s->offset);
     }
@@ -297,12 +304,15 @@ void Opener::place(const ValuePtr& root, const DcpEntry& e, ValuePtr v) const {
   auto slot = [&](const ValuePtr& cur, const ValuePtr& key, bool create_list) -> ValuePtr* {
     if (cur->is_dict()) {
       std::optional<std::string> text = key_text(*key);
-      if (!text) fail(ErrorCode::kCorrupt, "planner_data's path holds a key that is neither a string nor an int", {}, e.fqn);
+      if (!text)
+        fail(ErrorCode::kCorrupt,
+             "planner_data's path holds a key that is neither a string nor an int", {}, e.fqn);
       auto [pos, first_visit] = dict_index_.try_emplace(cur.get());
       auto& index = pos->second;
       if (first_visit)
         for (size_t i = 0; i < cur->entries().size(); ++i)
-          if (std::optional<std::string> t = key_text(*cur->entries()[i].first)) index.try_emplace(*t, i);
+          if (std::optional<std::string> t = key_text(*cur->entries()[i].first))
+            index.try_emplace(*t, i);
       auto [it, fresh] = index.try_emplace(*text, cur->entries().size());
       if (!fresh) return &cur->entries()[it->second].second;
       cur->entries().emplace_back(key, nullptr);
@@ -337,7 +347,9 @@ void Opener::build(CheckpointModel& m) {
       for (size_t s = 0; s < b.storages.size(); ++s) {
         StorageInfo si = b.storages[s];
         if (!si.meta && (b.kind(s) != StorageKind::kRaw || si.byteswap))
-          fail(ErrorCode::kUnsupported, "a tensor inside the bytes item is stored in a way this reader does not assemble", b.source->name(), e.fqn);
+          fail(ErrorCode::kUnsupported,
+               "a tensor inside the bytes item is stored in a way this reader does not assemble",
+               b.source->name(), e.fqn);
         DcpPiece p;
         p.whole = true;
         if (!si.meta) {
@@ -391,15 +403,17 @@ void Opener::build(CheckpointModel& m) {
       const ValuePtr& r = b.root;
       if (!r || r->kind() != Value::Kind::kTensor || r->tensor_index() >= b.tensors.size())
         fail(ErrorCode::kUnsupported,
-             "the chunk at " + dims(c.offsets) + " is stored as " + (r ? r->repr(40) : std::string("nothing")) +
+             "the chunk at " + dims(c.offsets) + " is stored as " +
+                 (r ? r->repr(40) : std::string("nothing")) +
                  ", not one tensor (a storage layout this reader does not know)",
              file, e.fqn, st->offset);
       const TensorInfo& t = b.tensors[r->tensor_index()];
       const StorageInfo& bs = b.storages[t.storage];
       if (t.dtype != e.dtype || t.shape != c.sizes)
         fail(ErrorCode::kCorrupt,
-             "the chunk at " + dims(c.offsets) + " holds a " + std::string(dtype_name(t.dtype)) + " tensor " +
-                 dims(t.shape) + "; .metadata says " + std::string(dtype_name(e.dtype)) + " " + dims(c.sizes),
+             "the chunk at " + dims(c.offsets) + " holds a " + std::string(dtype_name(t.dtype)) +
+                 " tensor " + dims(t.shape) + "; .metadata says " +
+                 std::string(dtype_name(e.dtype)) + " " + dims(c.sizes),
              file, e.fqn, st->offset);
       if (!t.is_contiguous() || bs.meta || b.kind(t.storage) != StorageKind::kRaw || bs.byteswap)
         fail(ErrorCode::kUnsupported,

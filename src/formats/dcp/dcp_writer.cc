@@ -57,9 +57,7 @@ struct Leaf {
   size_t tensor = 0;    // tensor items: index into the content's tensors
 };
 
-bool is_numpy(const Value& v) {
-  return v.origin() && v.origin()->module().rfind("numpy", 0) == 0;
-}
+bool is_numpy(const Value& v) { return v.origin() && v.origin()->module().rfind("numpy", 0) == 0; }
 // What DCP treats as a tensor (isinstance(value, torch.Tensor)): a numpy array is a value.
 bool is_tensor(const ConstValuePtr& v) {
   return v && v->kind() == Value::Kind::kTensor && !is_numpy(*v);
@@ -123,10 +121,8 @@ class Flattener {
   ValuePtr key_text(const ConstValuePtr& k) const {
     if (k && k->kind() == Value::Kind::kString) return Value::string(k->str());
     if (k && k->kind() == Value::Kind::kInt && k->is_big_int()) return Value::string(k->str());
-    if (k && k->kind() == Value::Kind::kInt)
-      return Value::string(std::to_string(k->as_int()));
-    if (k && k->kind() == Value::Kind::kBool)
-      return Value::string(k->as_bool() ? "True" : "False");
+    if (k && k->kind() == Value::Kind::kInt) return Value::string(std::to_string(k->as_int()));
+    if (k && k->kind() == Value::Kind::kBool) return Value::string(k->as_bool() ? "True" : "False");
     if (k && k->kind() == Value::Kind::kNone) return Value::string("None");
     fail(ErrorCode::kUnsupported, "a dict key " + (k ? k->repr() : std::string("?")) +
                                       " is not a string, an int, a bool or None: DCP keys are "
@@ -178,7 +174,8 @@ class Flattener {
                                             " of " + std::to_string(tensors_.size()));
     const Tensor& t = tensors_[index];
     const TensorInfo& info = t.info();
-    if (info.quantization) fail(ErrorCode::kUnsupported, "quantized tensors cannot be written to DCP");
+    if (info.quantization)
+      fail(ErrorCode::kUnsupported, "quantized tensors cannot be written to DCP");
     if (t.storage() && t.storage()->info.meta)
       fail(ErrorCode::kUnsupported,
            "is a meta tensor (a dtype and shape without bytes), which DCP cannot hold");
@@ -219,9 +216,9 @@ class DcpWriter final : public Writer {
  public:
   explicit DcpWriter(const DcpSaveOptions& o) : files_(o.files) {
     if (files_ == 0 || files_ > kMaxFiles)
-      throw Error(ErrorCode::kInvalidArgument,
-                  "DCP files must be 1 to " + std::to_string(kMaxFiles) + ", not " +
-                      std::to_string(files_));
+      throw Error(ErrorCode::kInvalidArgument, "DCP files must be 1 to " +
+                                                   std::to_string(kMaxFiles) + ", not " +
+                                                   std::to_string(files_));
   }
 
   const WriterCaps& caps() const override {
@@ -235,9 +232,7 @@ class DcpWriter final : public Writer {
     }();
     return caps;
   }
-  bool holds(DType d) const override {
-    return dtype_size(d) != 0 && !dtype_info(d).is_quantized;
-  }
+  bool holds(DType d) const override { return dtype_size(d) != 0 && !dtype_info(d).is_quantized; }
 
   WriteResult write(WriteOutput& out, WriteContent& content) override {
     const TensorFeed* feed = content.feed.get();
@@ -448,13 +443,14 @@ std::unique_ptr<Writer> make_dcp_writer(const DcpSaveOptions& options) {
 
 namespace ckpt {
 
-void save_dcp(const std::string& dir, const ConstValuePtr& root,
-              const std::vector<Tensor>& tensors, const DcpSaveOptions& options) {
+void save_dcp(const std::string& dir, const ConstValuePtr& root, const std::vector<Tensor>& tensors,
+              const DcpSaveOptions& options) {
   std::unique_ptr<internal::Writer> writer = internal::make_dcp_writer(options);
   internal::WriteContent content;
   content.tensors = tensors;
   content.root = root;
-  std::unique_ptr<FolderSink> folder = create_folder_sink(dir, FolderSinkOptions{false, options.fsync});
+  std::unique_ptr<FolderSink> folder =
+      create_folder_sink(dir, FolderSinkOptions{false, options.fsync});
   internal::FolderOutput out(*folder);
   writer->write(out, content);
   out.commit();

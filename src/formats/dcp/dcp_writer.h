@@ -23,8 +23,8 @@ struct DcpWrittenItem {
   size_t entry = 0;              // index into DcpWrittenState::entries
   std::vector<int64_t> offsets;  // the chunk's box (tensor items)
   std::vector<int64_t> sizes;
-  std::string file;              // "__<rank>_0.distcp"
-  uint64_t offset = 0;           // where its bytes start in the file
+  std::string file;     // "__<rank>_0.distcp"
+  uint64_t offset = 0;  // where its bytes start in the file
   uint64_t length = 0;
 };
 

@@ -14,7 +14,6 @@
 // Refused with Error naming the tensor: string tensors, dtypes ckpt has no type for (int4,
 // uint4, int2, uint2), segments, sparse initializers and sparse Constant values.
 
-
 #include <algorithm>
 #include <filesystem>
 #include <map>
@@ -74,8 +73,8 @@ class OnnxDecoder final : public StorageDecoder {
     if (s.kind != Slot::kTyped)
       throw Error(ErrorCode::kCorrupt, "no data for this storage", src_->name(), names_[index]);
     Bytes msg = src_->read(s.msg_offset, s.msg_size);
-    auto bytes = std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(msg.begin()),
-                                          msg.size());
+    auto bytes =
+        std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(msg.begin()), msg.size());
     TypedField tf = typed_field(s.dtype);
     size_t at = 0;
     bool ok = for_each_typed(bytes, s.msg_offset, src_->size(), tf, [&](uint64_t v) {
@@ -109,10 +108,10 @@ class OnnxDecoder final : public StorageDecoder {
       f = file(s.path, names_[index]);
     } catch (const Error& e) {
       if (e.code() == ErrorCode::kUnsupported) throw;
-      throw Error(e.code(),
-                  "external data file \"" + s.location + "\" of model " + src_->name() + ": " +
-                      e.message(),
-                  s.path, names_[index]);
+      throw Error(
+          e.code(),
+          "external data file \"" + s.location + "\" of model " + src_->name() + ": " + e.message(),
+          s.path, names_[index]);
     }
     if (s.offset > f->size() || nbytes > f->size() - s.offset)
       throw Error(ErrorCode::kTruncated,
@@ -207,9 +206,8 @@ size_t verify_tensors(const CheckpointModel& m, const OnnxExtension& ext,
       if (!place.checksum.empty()) {
         auto [it, fresh] = checksums.emplace(s.path, place.checksum);
         if (!fresh && it->second != place.checksum)
-          throw Error(ErrorCode::kCorrupt,
-                      "two different checksums given for " + s.location, f->name(),
-                      m.tensors[i].name);
+          throw Error(ErrorCode::kCorrupt, "two different checksums given for " + s.location,
+                      f->name(), m.tensors[i].name);
       }
       ++checked;
     } else if (s.kind == Slot::kTyped) {
@@ -235,20 +233,20 @@ size_t verify_prepacked(const CheckpointModel& m, const OnnxExtension& ext,
     for (const auto& b : p.buffers) {
       if (b.offset > f->size() || b.length > f->size() - b.offset)
         throw Error(ErrorCode::kTruncated,
-                    "pre-packed buffer " + p.key + " (" + std::to_string(b.length) +
-                        " bytes at " + std::to_string(b.offset) + ") passes the end of " +
-                        p.location + " (" + std::to_string(f->size()) + " bytes)",
+                    "pre-packed buffer " + p.key + " (" + std::to_string(b.length) + " bytes at " +
+                        std::to_string(b.offset) + ") passes the end of " + p.location + " (" +
+                        std::to_string(f->size()) + " bytes)",
                     f->name(), p.tensor, b.offset);
       if (b.length)
-        by_file[path].push_back({b.offset, b.offset + b.length, "pre-pack " + p.key + " of " +
-                                                                    p.tensor});
+        by_file[path].push_back(
+            {b.offset, b.offset + b.length, "pre-pack " + p.key + " of " + p.tensor});
       if (b.checksum.size() == 64) {
         std::string got = sha_hex<Sha256Stream>(*f, b.offset, b.length);
         if (got != b.checksum)
-          throw Error(ErrorCode::kCorrupt,
-                      "pre-packed buffer " + p.key + " has SHA-256 " + got + ", expected " +
-                          b.checksum,
-                      f->name(), p.tensor, b.offset);
+          throw Error(
+              ErrorCode::kCorrupt,
+              "pre-packed buffer " + p.key + " has SHA-256 " + got + ", expected " + b.checksum,
+              f->name(), p.tensor, b.offset);
         ++checked;
       }
     }
@@ -263,9 +261,9 @@ void refuse_overlapping_ranges(RangesByFile& by_file) {
     for (size_t i = 1; i < ranges.size(); ++i)
       if (ranges[i].begin < ranges[i - 1].end)
         throw Error(ErrorCode::kCorrupt,
-                    ranges[i].what + " (at " + std::to_string(ranges[i].begin) +
-                        ") overlaps " + ranges[i - 1].what + " (ending at " +
-                        std::to_string(ranges[i - 1].end) + ")",
+                    ranges[i].what + " (at " + std::to_string(ranges[i].begin) + ") overlaps " +
+                        ranges[i - 1].what + " (ending at " + std::to_string(ranges[i - 1].end) +
+                        ")",
                     path, {}, ranges[i].begin);
   }
 }
@@ -317,13 +315,12 @@ class Parser {
   };
   void tensor(std::span<const uint8_t> b, uint64_t base, const std::string& kind,
               const std::string& fallback_name);
-  Checked check_tensor(const TensorProtoFields& f, const std::string& name,
-                       const std::string& kind, uint64_t base);
+  Checked check_tensor(const TensorProtoFields& f, const std::string& name, const std::string& kind,
+                       uint64_t base);
   void place_external(const TensorProtoFields& f, const std::string& name, const Checked& c,
                       uint64_t base, Slot& slot, OnnxTensorPlace& place);
   void place_typed(std::span<const uint8_t> b, uint64_t base, const TensorProtoFields& f,
-                   const std::string& name, const Checked& c, Slot& slot,
-                   OnnxTensorPlace& place);
+                   const std::string& name, const Checked& c, Slot& slot, OnnxTensorPlace& place);
   [[noreturn]] void corrupt(const std::string& msg, uint64_t at, const std::string& t = {}) {
     throw Error(ErrorCode::kCorrupt, msg, src_->name(), t, at);
   }
@@ -444,8 +441,8 @@ void Parser::node(std::span<const uint8_t> b, uint64_t base, int depth) {
     if (f.number == 5 && f.wire == onnx::kLen) attribute(f.bytes, f.offset, depth, op, out0);
 }
 
-void Parser::attribute(std::span<const uint8_t> b, uint64_t base, int depth,
-                       const std::string& op, const std::string& out0) {
+void Parser::attribute(std::span<const uint8_t> b, uint64_t base, int depth, const std::string& op,
+                       const std::string& out0) {
   std::string name;
   {
     Reader r(b, base, file_end_, "an AttributeProto");
@@ -499,8 +496,8 @@ void Parser::tensor(std::span<const uint8_t> b, uint64_t base, const std::string
     if (f.raw->bytes.size() != c.nbytes)
       throw Error(ErrorCode::kCorrupt,
                   "raw_data holds " + std::to_string(f.raw->bytes.size()) + " bytes but " +
-                      std::to_string(c.numel) + " elements of " +
-                      std::string(dtype_name(c.dtype)) + " need " + std::to_string(c.nbytes),
+                      std::to_string(c.numel) + " elements of " + std::string(dtype_name(c.dtype)) +
+                      " need " + std::to_string(c.nbytes),
                   src_->name(), name, f.raw->offset);
     st.offset = f.raw->offset;
     place.how = "raw_data";
@@ -548,8 +545,7 @@ Parser::Checked Parser::check_tensor(const TensorProtoFields& f, const std::stri
   auto dt = dtype_from_onnx(f.data_type);
   if (!dt)
     fail(ErrorCode::kUnsupported, std::string("ONNX data type ") + std::to_string(f.data_type) +
-                                      " (" + onnx_type_name(f.data_type) +
-                                      ") has no ckpt dtype");
+                                      " (" + onnx_type_name(f.data_type) + ") has no ckpt dtype");
   uint64_t numel = 1;
   // The product of the non-zero dims bounds every contiguous stride (int64): a zero dim makes
   // the tensor empty but its strides still multiply the others.
@@ -568,10 +564,10 @@ Parser::Checked Parser::check_tensor(const TensorProtoFields& f, const std::stri
   if (!names_.insert(name).second)
     fail(ErrorCode::kCorrupt, "a second tensor named \"" + name + "\" (" + kind + ")");
   if (m_->tensors.size() >= opt_.limits.max_tensors)
-    throw Error(ErrorCode::kLimitExceeded,
-                "more than " + std::to_string(opt_.limits.max_tensors) +
-                    " tensors (Limits::max_tensors)",
-                src_->name(), name, base);
+    throw Error(
+        ErrorCode::kLimitExceeded,
+        "more than " + std::to_string(opt_.limits.max_tensors) + " tensors (Limits::max_tensors)",
+        src_->name(), name, base);
   return {*dt, numel, *nb};
 }
 
@@ -583,10 +579,14 @@ void Parser::place_external(const TensorProtoFields& f, const std::string& name,
   std::string location;
   std::optional<uint64_t> offset, length;
   for (auto& [k, v] : f.ext) {
-    if (k == "location") location = v;
-    else if (k == "offset") offset = parse_decimal(v, "offset", name, ext_at);
-    else if (k == "length") length = parse_decimal(v, "length", name, ext_at);
-    else if (k == "checksum") place.checksum = v;
+    if (k == "location")
+      location = v;
+    else if (k == "offset")
+      offset = parse_decimal(v, "offset", name, ext_at);
+    else if (k == "length")
+      length = parse_decimal(v, "length", name, ext_at);
+    else if (k == "checksum")
+      place.checksum = v;
   }
   slot.kind = Slot::kExternal;
   slot.path = onnx_external_path(dir_, location, name);
@@ -634,8 +634,7 @@ void Parser::place_typed(std::span<const uint8_t> b, uint64_t base, const Tensor
                   src_->name(), name, at);
   uint64_t count = 0;
   if (!for_each_typed(b, base, file_end_, tf, [&](uint64_t) { ++count; }))
-    throw Error(ErrorCode::kCorrupt, std::string("malformed ") + tf.name, src_->name(), name,
-                base);
+    throw Error(ErrorCode::kCorrupt, std::string("malformed ") + tf.name, src_->name(), name, base);
   if (count * tf.width != c.nbytes)
     throw Error(ErrorCode::kCorrupt,
                 std::string(tf.name) + " holds " + std::to_string(count) +

@@ -32,14 +32,18 @@ TensorProtoFields read_tensor_proto(std::span<const uint8_t> b, uint64_t base, u
         }
         if (t.dims.size() > max_dims)
           throw Error(ErrorCode::kLimitExceeded,
-                      "more than " + std::to_string(max_dims) + " dims (Limits::max_dims)",
-                      file, {}, f.offset);
+                      "more than " + std::to_string(max_dims) + " dims (Limits::max_dims)", file,
+                      {}, f.offset);
         break;
       case 2:
         if (f.wire == onnx::kVarint) t.data_type = static_cast<int64_t>(f.value);
         break;
-      case 3: t.segment = true; break;
-      case 6: t.has_strings = true; break;
+      case 3:
+        t.segment = true;
+        break;
+      case 6:
+        t.has_strings = true;
+        break;
       case 8:
         if (f.wire == onnx::kLen) t.name = std::string(f.str());
         break;
@@ -48,7 +52,11 @@ TensorProtoFields read_tensor_proto(std::span<const uint8_t> b, uint64_t base, u
         if (t.raw) corrupt(file, "a second raw_data field", f.tag_offset);
         t.raw = f;
         break;
-      case 4: case 5: case 7: case 10: case 11:
+      case 4:
+      case 5:
+      case 7:
+      case 10:
+      case 11:
         t.typed_seen.emplace(f.number, f.tag_offset);
         break;
       case 13: {
@@ -78,15 +86,16 @@ TensorProtoFields read_tensor_proto(std::span<const uint8_t> b, uint64_t base, u
 uint64_t parse_decimal(const std::string& s, const char* key, const std::string& tensor,
                        uint64_t at) {
   if (s.empty() || s.size() > 20)
-    throw Error(ErrorCode::kCorrupt, std::string("external data ") + key + " \"" + s +
-                                         "\" is not a decimal number",
-                {}, tensor, at);
+    throw Error(ErrorCode::kCorrupt,
+                std::string("external data ") + key + " \"" + s + "\" is not a decimal number", {},
+                tensor, at);
   uint64_t v = 0;
   for (char c : s) {
     if (c < '0' || c > '9' || v > (UINT64_MAX - 9) / 10)
-      throw Error(ErrorCode::kCorrupt, std::string("external data ") + key + " \"" + s +
-                                           "\" is not a decimal number below 2^64",
-                  {}, tensor, at);
+      throw Error(
+          ErrorCode::kCorrupt,
+          std::string("external data ") + key + " \"" + s + "\" is not a decimal number below 2^64",
+          {}, tensor, at);
     v = v * 10 + static_cast<uint64_t>(c - '0');
   }
   return v;
@@ -118,8 +127,7 @@ OnnxPrepacked parse_prepacked(const std::string& tensor, const std::string& loca
                 "\" that is not offset;length;checksum");
     OnnxPrepackedBuffer buf;
     buf.offset = parse_decimal(grp.substr(0, s1), "pre-pack offset", tensor, ext_at);
-    buf.length =
-        parse_decimal(grp.substr(s1 + 1, s2 - s1 - 1), "pre-pack length", tensor, ext_at);
+    buf.length = parse_decimal(grp.substr(s1 + 1, s2 - s1 - 1), "pre-pack length", tensor, ext_at);
     buf.checksum = grp.substr(s2 + 1);
     p.buffers.push_back(std::move(buf));
     if (next == std::string::npos) break;

@@ -16,39 +16,61 @@ namespace ckpt::internal {
 // ONNX TensorProto.DataType → ckpt dtype; nullopt for those ckpt has no type for.
 inline std::optional<DType> dtype_from_onnx(int64_t t) {
   switch (t) {
-    case 1: return DType::kFloat32;
-    case 2: return DType::kUInt8;
-    case 3: return DType::kInt8;
-    case 4: return DType::kUInt16;
-    case 5: return DType::kInt16;
-    case 6: return DType::kInt32;
-    case 7: return DType::kInt64;
-    case 9: return DType::kBool;
-    case 10: return DType::kFloat16;
-    case 11: return DType::kFloat64;
-    case 12: return DType::kUInt32;
-    case 13: return DType::kUInt64;
-    case 14: return DType::kComplex64;
-    case 15: return DType::kComplex128;
-    case 16: return DType::kBFloat16;
-    case 17: return DType::kFloat8_e4m3fn;
-    case 18: return DType::kFloat8_e4m3fnuz;
-    case 19: return DType::kFloat8_e5m2;
-    case 20: return DType::kFloat8_e5m2fnuz;
-    case 23: return DType::kFloat4_e2m1;
-    case 24: return DType::kFloat8_e8m0fnu;
-    default: return std::nullopt;
+    case 1:
+      return DType::kFloat32;
+    case 2:
+      return DType::kUInt8;
+    case 3:
+      return DType::kInt8;
+    case 4:
+      return DType::kUInt16;
+    case 5:
+      return DType::kInt16;
+    case 6:
+      return DType::kInt32;
+    case 7:
+      return DType::kInt64;
+    case 9:
+      return DType::kBool;
+    case 10:
+      return DType::kFloat16;
+    case 11:
+      return DType::kFloat64;
+    case 12:
+      return DType::kUInt32;
+    case 13:
+      return DType::kUInt64;
+    case 14:
+      return DType::kComplex64;
+    case 15:
+      return DType::kComplex128;
+    case 16:
+      return DType::kBFloat16;
+    case 17:
+      return DType::kFloat8_e4m3fn;
+    case 18:
+      return DType::kFloat8_e4m3fnuz;
+    case 19:
+      return DType::kFloat8_e5m2;
+    case 20:
+      return DType::kFloat8_e5m2fnuz;
+    case 23:
+      return DType::kFloat4_e2m1;
+    case 24:
+      return DType::kFloat8_e8m0fnu;
+    default:
+      return std::nullopt;
   }
 }
 
 inline const char* onnx_type_name(int64_t t) {
-  static const char* names[] = {"UNDEFINED", "FLOAT",        "UINT8",          "INT8",
-                                "UINT16",    "INT16",        "INT32",          "INT64",
-                                "STRING",    "BOOL",         "FLOAT16",        "DOUBLE",
-                                "UINT32",    "UINT64",       "COMPLEX64",      "COMPLEX128",
-                                "BFLOAT16",  "FLOAT8E4M3FN", "FLOAT8E4M3FNUZ", "FLOAT8E5M2",
-                                "FLOAT8E5M2FNUZ", "UINT4",   "INT4",           "FLOAT4E2M1",
-                                "FLOAT8E8M0", "UINT2",       "INT2"};
+  static const char* names[] = {
+      "UNDEFINED",      "FLOAT",    "UINT8",        "INT8",           "UINT16",
+      "INT16",          "INT32",    "INT64",        "STRING",         "BOOL",
+      "FLOAT16",        "DOUBLE",   "UINT32",       "UINT64",         "COMPLEX64",
+      "COMPLEX128",     "BFLOAT16", "FLOAT8E4M3FN", "FLOAT8E4M3FNUZ", "FLOAT8E5M2",
+      "FLOAT8E5M2FNUZ", "UINT4",    "INT4",         "FLOAT4E2M1",     "FLOAT8E8M0",
+      "UINT2",          "INT2"};
   return t >= 0 && t < static_cast<int64_t>(std::size(names)) ? names[t] : "unknown";
 }
 
@@ -62,18 +84,26 @@ struct TypedField {
 inline TypedField typed_field(DType d) {
   switch (d) {
     case DType::kFloat32:
-    case DType::kComplex64: return {4, onnx::kFixed32, 4, "float_data"};
+    case DType::kComplex64:
+      return {4, onnx::kFixed32, 4, "float_data"};
     case DType::kFloat64:
-    case DType::kComplex128: return {10, onnx::kFixed64, 8, "double_data"};
-    case DType::kInt64: return {7, onnx::kVarint, 8, "int64_data"};
-    case DType::kUInt32: return {11, onnx::kVarint, 4, "uint64_data"};
-    case DType::kUInt64: return {11, onnx::kVarint, 8, "uint64_data"};
-    case DType::kInt32: return {5, onnx::kVarint, 4, "int32_data"};
+    case DType::kComplex128:
+      return {10, onnx::kFixed64, 8, "double_data"};
+    case DType::kInt64:
+      return {7, onnx::kVarint, 8, "int64_data"};
+    case DType::kUInt32:
+      return {11, onnx::kVarint, 4, "uint64_data"};
+    case DType::kUInt64:
+      return {11, onnx::kVarint, 8, "uint64_data"};
+    case DType::kInt32:
+      return {5, onnx::kVarint, 4, "int32_data"};
     case DType::kInt16:
     case DType::kUInt16:
     case DType::kFloat16:
-    case DType::kBFloat16: return {5, onnx::kVarint, 2, "int32_data"};
-    default: return {5, onnx::kVarint, 1, "int32_data"};  // 8-bit kinds, bool, float4 pairs
+    case DType::kBFloat16:
+      return {5, onnx::kVarint, 2, "int32_data"};
+    default:
+      return {5, onnx::kVarint, 1, "int32_data"};  // 8-bit kinds, bool, float4 pairs
   }
 }
 

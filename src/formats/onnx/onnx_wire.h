@@ -23,11 +23,11 @@ enum WireType : uint8_t { kVarint = 0, kFixed64 = 1, kLen = 2, kFixed32 = 5 };
 struct Field {
   uint32_t number = 0;
   uint8_t wire = 0;
-  uint64_t value = 0;                // varint / fixed value
-  std::span<const uint8_t> bytes;    // kLen payload
-  uint64_t tag_offset = 0;           // absolute offset of the tag
-  uint64_t offset = 0;               // absolute offset of the payload (kLen) or value
-  uint64_t end = 0;                  // absolute offset just past the field
+  uint64_t value = 0;              // varint / fixed value
+  std::span<const uint8_t> bytes;  // kLen payload
+  uint64_t tag_offset = 0;         // absolute offset of the tag
+  uint64_t offset = 0;             // absolute offset of the payload (kLen) or value
+  uint64_t end = 0;                // absolute offset just past the field
 
   std::string_view str() const {
     return {reinterpret_cast<const char*>(bytes.data()), bytes.size()};

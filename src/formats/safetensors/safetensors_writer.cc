@@ -80,9 +80,7 @@ int alignment_rank(DType d) {
 
 // The dtype a tensor is stored as: torch's float4_e2m1fn_x2 (two 4-bit floats a byte) is F4,
 // as safetensors writes it.
-DType stored_dtype(DType d) {
-  return d == DType::kFloat4_e2m1fn_x2 ? DType::kFloat4_e2m1 : d;
-}
+DType stored_dtype(DType d) { return d == DType::kFloat4_e2m1fn_x2 ? DType::kFloat4_e2m1 : d; }
 
 // save_safetensors, with the tensors' bytes from `feed` when it is set.
 void write_safetensors(ByteSink& sink, const std::vector<Tensor>& tensors,
@@ -111,8 +109,8 @@ void write_safetensors(ByteSink& sink, const std::vector<Tensor>& tensors,
       throw Error(ErrorCode::kInvalidArgument, "duplicate tensor name", sink.name(), name);
     if (t.dtype() == DType::kFloat4_e2m1fn_x2 && t.shape().empty())
       throw Error(ErrorCode::kInvalidArgument,
-                  "a 0-d float4_e2m1fn_x2 tensor has no last dim to write as F4 pairs",
-                  sink.name(), name);
+                  "a 0-d float4_e2m1fn_x2 tensor has no last dim to write as F4 pairs", sink.name(),
+                  name);
     if (!dtype_info(stored_dtype(t.dtype())).safetensors)
       throw Error(ErrorCode::kUnsupported,
                   "dtype " + std::string(dtype_name(t.dtype())) + " has no safetensors code",

@@ -38,9 +38,9 @@
 
 #include "ckpt/error.h"
 #include "ckpt/sink.h"  // checkpoint.h needs it (until it includes it itself)
+#include "formats/open.h"
 #include "formats/tensorizer/tensorizer_crypt.h"
 #include "formats/tensorizer/tensorizer_format.h"
-#include "formats/open.h"
 #include "util/bytes.h"
 #include "util/crc32.h"
 #include "util/progress.h"
@@ -295,8 +295,7 @@ struct TzrState {
       meter.add(n);
     }
     if (th.crc && c != *th.crc) throw crc_mismatch(source, names[i], t.data_off, *th.crc, c);
-    if (h && h->finish() != *th.sha)
-      fail(ErrorCode::kCorrupt, i, "SHA-256 mismatch", t.data_off);
+    if (h && h->finish() != *th.sha) fail(ErrorCode::kCorrupt, i, "SHA-256 mismatch", t.data_off);
   }
 
   size_t verify_all(const ProgressFn& progress) const {

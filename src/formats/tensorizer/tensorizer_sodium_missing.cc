@@ -9,7 +9,9 @@
 
 namespace ckpt::internal::tzr {
 
-void ensure_sodium() { throw missing_feature("libsodium", "tensorizer encryption and decryption need"); }
+void ensure_sodium() {
+  throw missing_feature("libsodium", "tensorizer encryption and decryption need");
+}
 
 Key derive_key(std::string_view, const KdfParams&) {
   ensure_sodium();

@@ -309,13 +309,11 @@ std::optional<std::pair<std::string, int64_t>> debug_origin(const DebugInfo& inf
     if (r.byte_offset > begin && r.byte_offset >= end) break;
     const DebugSource& s = info.sources[r.source];
     if (s.null) continue;
-    int64_t line =
-        s.starting_line +
-        std::count(s.text.begin(),
-                   s.text.begin() + static_cast<ptrdiff_t>(
-                                        std::min<uint64_t>(static_cast<uint64_t>(r.start),
-                                                           s.text.size())),
-                   '\n');
+    int64_t line = s.starting_line +
+                   std::count(s.text.begin(),
+                              s.text.begin() + static_cast<ptrdiff_t>(std::min<uint64_t>(
+                                                   static_cast<uint64_t>(r.start), s.text.size())),
+                              '\n');
     return std::make_pair(s.filename.value_or(""), line);
   }
   return std::nullopt;

@@ -12,8 +12,8 @@
 #include <unordered_map>
 
 #include "ckpt/error.h"
-#include "formats/torch/torch_unpickle.h"
 #include "formats/open.h"
+#include "formats/torch/torch_unpickle.h"
 #include "pickle/unpickler.h"
 #include "util/bytes.h"
 
@@ -87,7 +87,8 @@ std::shared_ptr<CheckpointModel> open_torch_legacy(SourcePtr source, const OpenO
       uo.record = "sys_info";
       uo.base_offset = pos;
       auto sys = unpickle(buf.subspan(pos), plain, uo, &used);
-      if (auto le = sys->get("little_endian"); le && le->kind() == Value::Kind::kBool && !le->as_bool())
+      if (auto le = sys->get("little_endian");
+          le && le->kind() == Value::Kind::kBool && !le->as_bool())
         throw Error(ErrorCode::kUnsupported, "big-endian legacy files are not supported", src);
       pos += used;
 
@@ -117,7 +118,8 @@ std::shared_ptr<CheckpointModel> open_torch_legacy(SourcePtr source, const OpenO
           throw Error(ErrorCode::kCorrupt, "storage key is not a string", src);
         auto it = by_key.find(k->str());
         if (it == by_key.end())
-          throw Error(ErrorCode::kCorrupt, "storage " + k->str() + " is not used by the object", src);
+          throw Error(ErrorCode::kCorrupt, "storage " + k->str() + " is not used by the object",
+                      src);
         StorageInfo& st = tp.storages[it->second];
         if (st.offset != kNoOffset)
           throw Error(ErrorCode::kCorrupt, "storage " + k->str() + " listed twice", src);

@@ -21,9 +21,8 @@ void walk(const ValuePtr& v, std::string& path, std::vector<TensorInfo>& tensors
           std::unordered_set<const Value*>& seen) {
   if (!v) return;
   if (depth > max_depth)
-    throw Error(ErrorCode::kLimitExceeded,
-                "object tree deeper than Limits::max_pickle_depth (" + std::to_string(max_depth) +
-                    ")");
+    throw Error(ErrorCode::kLimitExceeded, "object tree deeper than Limits::max_pickle_depth (" +
+                                               std::to_string(max_depth) + ")");
   if (v.use_count() > 1 && (!v->items().empty() || !v->entries().empty() || v->state()) &&
       !seen.insert(v.get()).second)
     return;

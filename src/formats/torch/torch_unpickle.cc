@@ -10,13 +10,13 @@
 #include "formats/torch/torch_unpickle.h"
 
 #include <algorithm>
-#include <utility>
 #include <charconv>
 #include <cmath>
 #include <cstring>
 #include <string_view>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 
 #include "ckpt/error.h"
 #include "formats/torch/weights_only.h"
@@ -153,7 +153,8 @@ class Builder {
   }
 
   int64_t as_int(const PickleHeap& h, Ref v, const char* what) const {
-    if (!h.is_small_int(v)) fail(ErrorCode::kCorrupt, std::string("expected an integer for ") + what);
+    if (!h.is_small_int(v))
+      fail(ErrorCode::kCorrupt, std::string("expected an integer for ") + what);
     return h.int_value(v);
   }
   static bool as_flag(const PickleHeap& h, Ref v) { return h.truth(v); }
@@ -377,10 +378,10 @@ class Builder {
 
   Ref add_tensor(PickleHeap& h, TensorInfo t) {
     if (out_.tensors.size() >= opt_.limits.max_tensors)
-      throw Error(ErrorCode::kLimitExceeded,
-                  "more tensors than Limits::max_tensors (" +
-                      std::to_string(opt_.limits.max_tensors) + ")",
-                  opt_.source, opt_.record);
+      throw Error(
+          ErrorCode::kLimitExceeded,
+          "more tensors than Limits::max_tensors (" + std::to_string(opt_.limits.max_tensors) + ")",
+          opt_.source, opt_.record);
     if (t.strides.size() != t.shape.size())
       fail(ErrorCode::kCorrupt, "tensor size and stride have different lengths");
     out_.tensors.push_back(std::move(t));
@@ -446,8 +447,7 @@ class Builder {
         t.requires_grad = as_flag(h, a[1]);
         // A Parameter with Python attributes (param.tag = ...): the attributes are kept with
         // the tensor (origin: _rebuild_parameter_with_state(None, state)) for writers.
-        if (n == "_rebuild_parameter_with_state" && a.size() >= 4 &&
-            !empty_state(h, a[3]))
+        if (n == "_rebuild_parameter_with_state" && a.size() >= 4 && !empty_state(h, a[3]))
           return wrapped_tensor(h, fn, i, h.none(), a[3]);
         return a[0];
       }
@@ -464,7 +464,7 @@ class Builder {
         if ((qz.scheme == "per_tensor_affine" || qz.scheme == "per_tensor_symmetric") &&
             qi.size() >= 3) {
           qz.scale = h.kind(qi[1]) == Kind::kFloat ? h.float_value(qi[1])
-                                                    : static_cast<double>(h.int_value(qi[1]));
+                                                   : static_cast<double>(h.int_value(qi[1]));
           qz.zero_point = as_int(h, qi[2], "zero point");
         } else if (qi.size() >= 4 && h.kind(qi[1]) == Kind::kTensor &&
                    h.kind(qi[2]) == Kind::kTensor) {
@@ -514,11 +514,11 @@ class Builder {
       need(3);
       if (h.kind(a[0]) != Kind::kGlobal || h.kind(a[2]) != Kind::kTuple)
         fail(ErrorCode::kCorrupt, "bad _rebuild_from_type_v2 call");
-      const bool parameter = h.kind(a[1]) == Kind::kGlobal && h.name(a[1]) == "Parameter" &&
-                             (h.module(a[1]) == "torch.nn.parameter" ||
-                              h.module(a[1]) == "torch.nn");
-      const bool plain = h.kind(a[1]) == Kind::kGlobal && h.module(a[1]) == "torch" &&
-                         h.name(a[1]) == "Tensor";
+      const bool parameter =
+          h.kind(a[1]) == Kind::kGlobal && h.name(a[1]) == "Parameter" &&
+          (h.module(a[1]) == "torch.nn.parameter" || h.module(a[1]) == "torch.nn");
+      const bool plain =
+          h.kind(a[1]) == Kind::kGlobal && h.module(a[1]) == "torch" && h.name(a[1]) == "Tensor";
       const Ref type = a[1];
       const Ref state = a.size() > 3 ? a[3] : h.none();
       std::vector<Ref> inner(h.items(a[2]).begin(), h.items(a[2]).end());
@@ -574,10 +574,10 @@ class Builder {
     auto args = h.items(d);
     if (args.empty() || h.kind(args[0]) != Kind::kString) return std::nullopt;
     static const std::pair<std::string_view, DType> kTypes[] = {
-        {"b1", DType::kBool},    {"i1", DType::kInt8},     {"i2", DType::kInt16},
-        {"i4", DType::kInt32},   {"i8", DType::kInt64},    {"u1", DType::kUInt8},
-        {"u2", DType::kUInt16},  {"u4", DType::kUInt32},   {"u8", DType::kUInt64},
-        {"f2", DType::kFloat16}, {"f4", DType::kFloat32},  {"f8", DType::kFloat64},
+        {"b1", DType::kBool},      {"i1", DType::kInt8},       {"i2", DType::kInt16},
+        {"i4", DType::kInt32},     {"i8", DType::kInt64},      {"u1", DType::kUInt8},
+        {"u2", DType::kUInt16},    {"u4", DType::kUInt32},     {"u8", DType::kUInt64},
+        {"f2", DType::kFloat16},   {"f4", DType::kFloat32},    {"f8", DType::kFloat64},
         {"c8", DType::kComplex64}, {"c16", DType::kComplex128}};
     std::optional<NpType> t;
     for (auto& [code, dt] : kTypes)
@@ -619,25 +619,52 @@ class Builder {
     };
     Ref v;
     switch (t->dtype) {
-      case DType::kBool: v = h.own_boolean(raw[0] != 0); break;  // not the shared one
-      case DType::kInt8: v = h.integer(rd(int8_t{})); break;
-      case DType::kInt16: v = h.integer(rd(int16_t{})); break;
-      case DType::kInt32: v = h.integer(rd(int32_t{})); break;
-      case DType::kInt64: v = h.integer(rd(int64_t{})); break;
-      case DType::kUInt8: v = h.integer(rd(uint8_t{})); break;
-      case DType::kUInt16: v = h.integer(rd(uint16_t{})); break;
-      case DType::kUInt32: v = h.integer(rd(uint32_t{})); break;
+      case DType::kBool:
+        v = h.own_boolean(raw[0] != 0);
+        break;  // not the shared one
+      case DType::kInt8:
+        v = h.integer(rd(int8_t{}));
+        break;
+      case DType::kInt16:
+        v = h.integer(rd(int16_t{}));
+        break;
+      case DType::kInt32:
+        v = h.integer(rd(int32_t{}));
+        break;
+      case DType::kInt64:
+        v = h.integer(rd(int64_t{}));
+        break;
+      case DType::kUInt8:
+        v = h.integer(rd(uint8_t{}));
+        break;
+      case DType::kUInt16:
+        v = h.integer(rd(uint16_t{}));
+        break;
+      case DType::kUInt32:
+        v = h.integer(rd(uint32_t{}));
+        break;
       case DType::kUInt64: {
         uint64_t x = rd(uint64_t{});
         v = x <= INT64_MAX ? h.integer(static_cast<int64_t>(x)) : h.big_integer(std::to_string(x));
         break;
       }
-      case DType::kFloat16: v = h.real(half_to_double(rd(uint16_t{}))); break;
-      case DType::kFloat32: v = h.real(rd(float{})); break;
-      case DType::kFloat64: v = h.real(rd(double{})); break;
-      case DType::kComplex64: v = h.complex({rd(float{}), rd(float{}, 4)}); break;
-      case DType::kComplex128: v = h.complex({rd(double{}), rd(double{}, 8)}); break;
-      default: return kNoRef;
+      case DType::kFloat16:
+        v = h.real(half_to_double(rd(uint16_t{})));
+        break;
+      case DType::kFloat32:
+        v = h.real(rd(float{}));
+        break;
+      case DType::kFloat64:
+        v = h.real(rd(double{}));
+        break;
+      case DType::kComplex64:
+        v = h.complex({rd(float{}), rd(float{}, 4)});
+        break;
+      case DType::kComplex128:
+        v = h.complex({rd(double{}), rd(double{}, 8)});
+        break;
+      default:
+        return kNoRef;
     }
     const Ref args[2] = {a[0], a[1]};
     Ref call = h.object(fn, h.tuple(args));

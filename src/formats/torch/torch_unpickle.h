@@ -38,7 +38,7 @@ struct TorchUnpickleOptions {
   std::string source, record;
   uint64_t base_offset = 0;
   Limits limits;
-  uint64_t file_size = 0;  // UnpickleOptions::file_size
+  uint64_t file_size = 0;    // UnpickleOptions::file_size
   bool torchscript = false;  // also allow __torch__.* classes and torch.jit._pickle helpers
   // Refuse classes outside the allow-list (torch's weights_only) rather than keeping them as
   // opaque objects (OpenOptions::strict).
@@ -47,8 +47,8 @@ struct TorchUnpickleOptions {
 
 // A decoder that serves `inline_bytes` storages and hands every other one to `inner` (may be
 // null when there is none).
-std::shared_ptr<const StorageDecoder> inline_decoder(
-    std::shared_ptr<const StorageDecoder> inner, std::unordered_map<size_t, std::string> bytes);
+std::shared_ptr<const StorageDecoder> inline_decoder(std::shared_ptr<const StorageDecoder> inner,
+                                                     std::unordered_map<size_t, std::string> bytes);
 
 // Classes outside the allow-list are kept as opaque objects (Value::foreign), or with `strict`
 // refused. Throws Error (kUnsupported for a refused global, naming it; kCorrupt for a

@@ -11,8 +11,6 @@
 
 #include <zlib.h>
 
-#include <utility>
-
 #include <atomic>
 #include <cinttypes>
 #include <cstdio>
@@ -21,9 +19,10 @@
 #include <system_error>
 #include <thread>
 #include <unordered_map>
+#include <utility>
 
-#include "ckpt/torch.h"
 #include "ckpt/error.h"
+#include "ckpt/torch.h"
 #include "formats/writer.h"
 #include "pickle/pickler.h"
 #include "util/crc32.h"
@@ -42,8 +41,7 @@ constexpr size_t kSlice = 1 << 20;
 class TorchPickleBuilder {
  public:
   // fed: the tensors' bytes come from a TensorFeed (their storages hold none yet).
-  TorchPickleBuilder(const std::vector<Tensor>& tensors, bool fed)
-      : tensors_(tensors), fed_(fed) {
+  TorchPickleBuilder(const std::vector<Tensor>& tensors, bool fed) : tensors_(tensors), fed_(fed) {
     storage_str_ = Value::string("storage");
     cpu_str_ = Value::string("cpu");
   }
@@ -112,8 +110,8 @@ class TorchPickleBuilder {
                                       : global("torch.storage", "UntypedStorage");
     uint64_t numel = info.storage_class ? s.storage->info.nbytes / storage_element_size(s.dtype)
                                         : s.storage->info.nbytes;
-    return Value::tuple({storage_str_, cls, s.key, cpu_str_,
-                         Value::integer(static_cast<int64_t>(numel))});
+    return Value::tuple(
+        {storage_str_, cls, s.key, cpu_str_, Value::integer(static_cast<int64_t>(numel))});
   }
 
   // Storages in key order.
@@ -170,17 +168,17 @@ class TorchPickleBuilder {
     ValuePtr state = convert(o.items()[1], depth + 1);
     if (o.name() == "_rebuild_parameter_with_state") {
       if (!info.is_parameter) return tensor_reduce(index);
-      return Value::object("torch._utils", "_rebuild_parameter_with_state",
-                           {plain_reduce(index), Value::boolean(info.requires_grad),
-                            Value::ordered_dict(), state});
+      return Value::object(
+          "torch._utils", "_rebuild_parameter_with_state",
+          {plain_reduce(index), Value::boolean(info.requires_grad), Value::ordered_dict(), state});
     }
     ValuePtr inner = info.is_parameter ? plain_reduce(index) : tensor_reduce(index);
     if (inner->kind() != Value::Kind::kObject) return inner;
     ValuePtr type = convert(o.items()[0], depth + 1);
     if (!type || type->kind() != Value::Kind::kGlobal) type = global("torch", "Tensor");
-    return Value::object("torch._tensor", "_rebuild_from_type_v2",
-                         {global(inner->module(), inner->name()), type,
-                          Value::tuple(inner->items()), state});
+    return Value::object(
+        "torch._tensor", "_rebuild_from_type_v2",
+        {global(inner->module(), inner->name()), type, Value::tuple(inner->items()), state});
   }
 
   // The reduce of tensor `index` without its Parameter wrapper.
@@ -200,9 +198,9 @@ class TorchPickleBuilder {
 
   ValuePtr tensor_reduce(size_t index) {
     if (index >= tensors_.size())
-      throw Error(ErrorCode::kInvalidArgument,
-                  "object tree refers to tensor #" + std::to_string(index) + " but only " +
-                      std::to_string(tensors_.size()) + " were given");
+      throw Error(ErrorCode::kInvalidArgument, "object tree refers to tensor #" +
+                                                   std::to_string(index) + " but only " +
+                                                   std::to_string(tensors_.size()) + " were given");
     auto& cached = reduced_[index];
     if (cached) return cached;
     const Tensor& t = tensors_[index];
@@ -238,10 +236,10 @@ class TorchPickleBuilder {
         qparams = Value::tuple(
             {global("torch", q.scheme), Value::real(q.scale), Value::integer(q.zero_point)});
       }
-      r = Value::object("torch._utils", "_rebuild_qtensor",
-                        {storage, Value::integer(info.storage_offset), int_tuple(info.shape),
-                         int_tuple(info.strides), qparams, Value::boolean(info.requires_grad),
-                         hooks()});
+      r = Value::object(
+          "torch._utils", "_rebuild_qtensor",
+          {storage, Value::integer(info.storage_offset), int_tuple(info.shape),
+           int_tuple(info.strides), qparams, Value::boolean(info.requires_grad), hooks()});
     } else {
       ValuePtr storage = storage_marker(t);
       bool legacy = dtype_info(info.dtype).storage_class != nullptr;
@@ -249,9 +247,12 @@ class TorchPickleBuilder {
       // safetensors' F4 (4-bit elements) is torch's float4_e2m1fn_x2 with the last dim halved,
       // as safetensors' own loader makes it.
       const TensorInfo x = info.dtype == DType::kFloat4_e2m1 ? float4_pairs(t) : info;
-      std::vector<ValuePtr> args = {storage, Value::integer(x.storage_offset),
-                                    int_tuple(x.shape), int_tuple(x.strides),
-                                    Value::boolean(rg), hooks()};
+      std::vector<ValuePtr> args = {storage,
+                                    Value::integer(x.storage_offset),
+                                    int_tuple(x.shape),
+                                    int_tuple(x.strides),
+                                    Value::boolean(rg),
+                                    hooks()};
       if (!legacy) args.push_back(global("torch", dtype_info(x.dtype).name));
       r = Value::object("torch._utils", legacy ? "_rebuild_tensor_v2" : "_rebuild_tensor_v3",
                         std::move(args));
@@ -352,7 +353,6 @@ class CrcAhead {
   std::atomic<bool> stop_{false};
   std::thread thread_;
 };
-
 
 // The torch zip of `root` into `sink`, not committed; the tensors' bytes from `feed` when set.
 void write_torch_zip(ByteSink& sink, const ConstValuePtr& root, const std::vector<Tensor>& tensors,
@@ -472,8 +472,8 @@ void save_torch(ByteSink& sink, const ConstValuePtr& root, const std::vector<Ten
   write_torch_zip(sink, root, tensors, options);
 }
 
-void save_torch(const std::string& path, const ConstValuePtr& root, const std::vector<Tensor>& tensors,
-                const SaveOptions& options) {
+void save_torch(const std::string& path, const ConstValuePtr& root,
+                const std::vector<Tensor>& tensors, const SaveOptions& options) {
   SaveOptions o = options;
   if (o.archive_name.empty()) o.archive_name = archive_name_for(path);
   FileSinkOptions fo;

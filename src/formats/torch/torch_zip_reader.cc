@@ -3,7 +3,8 @@
 // Layout (docs/formats.md "torch.save zip": **Container**, **Zip layout**, **Records**): a zip
 // whose entries all live under one folder: data.pkl (the pickled object), optional
 // .format_version / .storage_alignment / byteorder, data/<key> (raw storage bytes, one per storage,
-// 64-byte aligned), version (or .data/version), optional .data/serialization_id. TorchScript archives add constants.pkl, constants/, code/.
+// 64-byte aligned), version (or .data/version), optional .data/serialization_id. TorchScript
+// archives add constants.pkl, constants/, code/.
 //
 // Opening reads the zip tail and central directory, then data.pkl and the small records; storage
 // data offsets are computed from the directory (ZipReader), never found by a read per record.
@@ -14,10 +15,10 @@
 #include <iterator>
 
 #include "ckpt/error.h"
+#include "formats/open.h"
 #include "formats/torch/torch_unpickle.h"
 #include "formats/torch/torchscript_reader.h"
 #include "pickle/unpickler.h"
-#include "formats/open.h"
 #include "util/crc32.h"
 #include "util/progress.h"
 #include "zip/zip_reader.h"
@@ -99,7 +100,8 @@ Bytes read_pickle_record(const ZipReader& zip, size_t i) {
 }
 
 std::string trim(std::string_view s) {
-  while (!s.empty() && (s.back() == '\n' || s.back() == '\r' || s.back() == ' ')) s.remove_suffix(1);
+  while (!s.empty() && (s.back() == '\n' || s.back() == '\r' || s.back() == ' '))
+    s.remove_suffix(1);
   return std::string(s);
 }
 
@@ -118,8 +120,8 @@ std::shared_ptr<CheckpointModel> open_torch_zip(SourcePtr source, const OpenOpti
   auto pkl = zip->find(prefix + "data.pkl");
   if (!pkl)
     throw Error(ErrorCode::kCorrupt,
-                "no data.pkl record" + (prefix.empty() ? std::string(" (and no common folder)")
-                                                       : " under " + prefix),
+                "no data.pkl record" +
+                    (prefix.empty() ? std::string(" (and no common folder)") : " under " + prefix),
                 src);
   // TorchScript: constants.pkl, or code/ records (then a missing constants.pkl is an error).
   const std::string code_dir = prefix + "code/";
@@ -131,8 +133,8 @@ std::shared_ptr<CheckpointModel> open_torch_zip(SourcePtr source, const OpenOpti
 
   // data.pkl and the small records: one or two reads in all (torch writes the small records right
   // after data.pkl and right before the directory, which the zip layer already holds).
-  const char* kSmall[] = {".data/version", "version", ".format_version", ".storage_alignment",
-                          "byteorder", ".data/serialization_id"};
+  const char* kSmall[] = {".data/version",      "version",   ".format_version",
+                          ".storage_alignment", "byteorder", ".data/serialization_id"};
   constexpr size_t kNumSmall = std::size(kSmall);
   std::vector<size_t> want = {*pkl};
   size_t slot[kNumSmall];  // position in `want` of each small record, 0 when absent
@@ -184,8 +186,8 @@ std::shared_ptr<CheckpointModel> open_torch_zip(SourcePtr source, const OpenOpti
       throw Error(ErrorCode::kCorrupt, "version record is not a number: '" + v + "'", src,
                   prefix + "version");
     if (n < 1 || n > 10)
-      throw Error(ErrorCode::kUnsupported,
-                  "file format version " + v + " (supported: 1 to 10)", src, prefix + "version");
+      throw Error(ErrorCode::kUnsupported, "file format version " + v + " (supported: 1 to 10)",
+                  src, prefix + "version");
     data->properties["version"] = v;
   }
   if (auto fv = small_record(".format_version")) data->properties["format_version"] = trim(*fv);
@@ -239,8 +241,8 @@ std::shared_ptr<CheckpointModel> open_torch_zip(SourcePtr source, const OpenOpti
     // `rec` is <prefix>data/ and a key that decimal_key read as n, which has one spelling, so
     // the entry indexed under n has that very name; a record name given by the pickle is
     // compared in full.
-    if (auto n = decimal_key(name, rec_stem); n && *n < by_number.size() &&
-        by_number[*n] != UINT32_MAX &&
+    if (auto n = decimal_key(name, rec_stem);
+        n && *n < by_number.size() && by_number[*n] != UINT32_MAX &&
         (st.record.empty() || zip->entries()[by_number[*n]].name == name)) {
       i = by_number[*n];
     } else {

@@ -31,7 +31,6 @@ bool ends_with(std::string_view s, std::string_view p) {
   return s.size() >= p.size() && s.substr(s.size() - p.size()) == p;
 }
 
-
 // What a class's code says about its attributes.
 struct ClassInfo {
   std::set<std::string> params, buffers;

@@ -25,8 +25,8 @@
 #include <vector>
 
 #include "ckpt/torchscript_types.h"
-#include "formats/torch/torch_unpickle.h"
 #include "formats/open.h"
+#include "formats/torch/torch_unpickle.h"
 #include "zip/zip_reader.h"
 
 namespace ckpt::internal {

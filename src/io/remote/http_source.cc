@@ -48,8 +48,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using internal::Target;
 
-constexpr uint64_t kTail = 1 << 20;    // the opening suffix range
-constexpr uint64_t kBlock = 1 << 20;    // a small read's block (and the most a small read is)
+constexpr uint64_t kTail = 1 << 20;   // the opening suffix range
+constexpr uint64_t kBlock = 1 << 20;  // a small read's block (and the most a small read is)
 constexpr size_t kMaxBlocks = 8;
 
 double jitter(double max_s) {
@@ -59,22 +59,22 @@ double jitter(double max_s) {
 
 // One range in flight (or waiting for its retry).
 struct Piece {
-  uint64_t offset = 0;       // absolute offset of dst[0]
+  uint64_t offset = 0;  // absolute offset of dst[0]
   std::byte* dst = nullptr;
-  uint64_t len = 0;          // bytes wanted (for the opening request: the most accepted)
-  uint64_t got = 0;          // bytes written so far (a retry resumes here)
-  bool opening = false;      // suffix request: size and ETag unknown yet
-  bool whole = false;        // the whole object, into the source's temporary file (no Range)
+  uint64_t len = 0;      // bytes wanted (for the opening request: the most accepted)
+  uint64_t got = 0;      // bytes written so far (a retry resumes here)
+  bool opening = false;  // suffix request: size and ETag unknown yet
+  bool whole = false;    // the whole object, into the source's temporary file (no Range)
   int attempts = 0;
   Clock::time_point not_before{}, deadline{};
   // Per attempt:
-  bool checked = false;      // response status and Content-Range checked at the first byte
-  bool usable = false;       // the body is the range's bytes
-  bool overflow = false;     // the server sent more than asked
+  bool checked = false;   // response status and Content-Range checked at the first byte
+  bool usable = false;    // the body is the range's bytes
+  bool overflow = false;  // the server sent more than asked
   long status = 0;
-  std::string body;          // an error response's first bytes
-  std::string mismatch;      // why a 2xx response was refused
-  bool timed_out = false;    // the range's deadline passed
+  std::string body;        // an error response's first bytes
+  std::string mismatch;    // why a 2xx response was refused
+  bool timed_out = false;  // the range's deadline passed
   char errbuf[CURL_ERROR_SIZE] = {};
   curl_slist* headers = nullptr;
   CURL* easy = nullptr;
@@ -332,7 +332,8 @@ class HttpSource final : public ByteSource {
 
   // The temporary file a whole object goes to; false (with `why`) when it cannot be made.
   bool make_spill(std::string& why) {
-    if (spill_fd_ >= 0) return ::ftruncate(spill_fd_, 0) == 0 || (why = std::strerror(errno), false);
+    if (spill_fd_ >= 0)
+      return ::ftruncate(spill_fd_, 0) == 0 || (why = std::strerror(errno), false);
     const char* tmp = std::getenv("TMPDIR");
     std::string path = std::string(tmp && *tmp ? tmp : "/tmp") + "/ckpt-download-XXXXXX";
     spill_fd_ = ::mkostemp(path.data(), O_CLOEXEC);
@@ -355,11 +356,11 @@ class HttpSource final : public ByteSource {
       return false;
     }
     if (!modified_.empty() && modified != modified_) {
-      why = modified.empty() ? "the server stopped sending the object's Last-Modified (" +
-                                   modified_ +
-                                   "): it cannot show that the object did not change while reading"
-                             : "the object changed while reading (Last-Modified " + modified_ +
-                                   ", now " + modified + ")";
+      why = modified.empty()
+                ? "the server stopped sending the object's Last-Modified (" + modified_ +
+                      "): it cannot show that the object did not change while reading"
+                : "the object changed while reading (Last-Modified " + modified_ + ", now " +
+                      modified + ")";
       return false;
     }
     return true;
@@ -544,8 +545,7 @@ void HttpSource::start(Multi& m, Piece& p, std::vector<std::pair<CURL*, Piece*>>
   if (p.attempts == 0)
     p.deadline = now + std::chrono::duration_cast<Clock::duration>(
                            std::chrono::duration<double>(std::max(1.0, o_.timeout_s)));
-  const auto left =
-      std::chrono::duration_cast<std::chrono::milliseconds>(p.deadline - now).count();
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(p.deadline - now).count();
   curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, static_cast<long>(std::max<int64_t>(1, left)));
   const std::string range =
       p.opening ? "-" + std::to_string(p.len)
@@ -584,17 +584,27 @@ void HttpSource::fail(const Piece& p, CURLcode rc) const {
     what += ": HTTP " + std::to_string(p.status);
     if (!s3code.empty()) what += " " + s3code;
     switch (p.status) {
-      case 404: code = ErrorCode::kNotFound; what += " (no such object)"; break;
+      case 404:
+        code = ErrorCode::kNotFound;
+        what += " (no such object)";
+        break;
       case 401:
-      case 403: code = ErrorCode::kAuth; what += " (access denied: check the credentials)"; break;
+      case 403:
+        code = ErrorCode::kAuth;
+        what += " (access denied: check the credentials)";
+        break;
       case 412:
         what += " (the object changed while reading: its " +
                 (etag_.empty() ? "Last-Modified is no longer " + modified_
                                : "ETag is no longer " + etag_) +
                 ")";
         break;
-      case 416: code = ErrorCode::kTruncated; what += " (range not satisfiable)"; break;
-      default: break;
+      case 416:
+        code = ErrorCode::kTruncated;
+        what += " (range not satisfiable)";
+        break;
+      default:
+        break;
     }
   }
   if (p.attempts > 1) what += " after " + std::to_string(p.attempts) + " attempts";
@@ -622,7 +632,8 @@ void HttpSource::run(std::vector<Piece>& pieces) const {
     while (!waiting.empty() || !active.empty()) {
       auto now = Clock::now();
       // Start what may start, oldest first.
-      for (size_t i = 0; i < waiting.size() && active.size() < static_cast<size_t>(o_.connections);) {
+      for (size_t i = 0;
+           i < waiting.size() && active.size() < static_cast<size_t>(o_.connections);) {
         if (waiting[i]->not_before <= now) {
           Piece* p = waiting[i];
           waiting.erase(waiting.begin() + static_cast<long>(i));
@@ -639,8 +650,8 @@ void HttpSource::run(std::vector<Piece>& pieces) const {
         if (msg->msg != CURLMSG_DONE) continue;
         CURL* e = msg->easy_handle;
         const CURLcode rc = msg->data.result;
-        auto it = std::find_if(active.begin(), active.end(),
-                               [&](const auto& a) { return a.first == e; });
+        auto it =
+            std::find_if(active.begin(), active.end(), [&](const auto& a) { return a.first == e; });
         if (it == active.end()) continue;
         Piece& p = *it->second;
         curl_multi_remove_handle(m.m, e);
@@ -705,7 +716,8 @@ void HttpSource::run(std::vector<Piece>& pieces) const {
           }
         }
         if (retry && p.attempts <= o_.retries) {
-          const double cap = std::min(o_.retry_max_s, o_.retry_base_s * double(1u << std::min(p.attempts - 1, 20)));
+          const double cap = std::min(o_.retry_max_s,
+                                      o_.retry_base_s * double(1u << std::min(p.attempts - 1, 20)));
           const double delay = after >= 0 ? after : jitter(cap);
           const auto when = now + std::chrono::duration_cast<Clock::duration>(
                                       std::chrono::duration<double>(delay));

@@ -170,9 +170,9 @@ class S3Sink final : public ByteSink {
     buf_.reserve(o_.chunk_size);
     sent_ += part->size();
     inflight_.push_back(std::async(std::launch::async, [this, part, number] {
-      Response r = request("PUT",
-                           "?partNumber=" + std::to_string(number) + "&uploadId=" + upload_id_,
-                           *part, o_.retries);
+      Response r =
+          request("PUT", "?partNumber=" + std::to_string(number) + "&uploadId=" + upload_id_, *part,
+                  o_.retries);
       return r;
     }));
   }
@@ -229,10 +229,11 @@ class S3Sink final : public ByteSink {
       const bool retry = r.rc != CURLE_OK ? r.rc != CURLE_COULDNT_RESOLVE_HOST
                                           : (r.status >= 500 || r.status == 408 || r.status == 429);
       if (!retry || attempt >= retries) return r;
-      const double cap = std::min(o_.retry_max_s, o_.retry_base_s * double(1u << std::min(attempt, 20)));
-      const auto when = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                           std::chrono::duration<double>(
-                                               std::uniform_real_distribution<double>(0, cap)(rng)));
+      const double cap =
+          std::min(o_.retry_max_s, o_.retry_base_s * double(1u << std::min(attempt, 20)));
+      const auto when =
+          Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(
+                             std::uniform_real_distribution<double>(0, cap)(rng)));
       if (when >= deadline) return r;
       std::this_thread::sleep_until(when);
     }

@@ -110,7 +110,8 @@ Target resolve_target(const std::string& url, const RemoteOptions& o) {
 
   std::string profile = !o.profile.empty() ? o.profile : env("AWS_PROFILE");
   if (profile.empty()) profile = "default";
-  const auto creds = ini_section(home_file("AWS_SHARED_CREDENTIALS_FILE", ".aws/credentials"), profile);
+  const auto creds =
+      ini_section(home_file("AWS_SHARED_CREDENTIALS_FILE", ".aws/credentials"), profile);
   const auto config = ini_section(home_file("AWS_CONFIG_FILE", ".aws/config"),
                                   profile == "default" ? "default" : "profile " + profile);
   auto get = [](const std::map<std::string, std::string>& m, const char* k) {

@@ -12,8 +12,8 @@
 namespace ckpt::internal {
 
 struct Target {
-  std::string url;    // what requests are sent to
-  std::string name;   // what errors show (no credentials, no query string)
+  std::string url;   // what requests are sent to
+  std::string name;  // what errors show (no credentials, no query string)
   bool s3 = false;
   bool sign = false;  // SigV4 (credentials found and not unsigned_requests)
   std::string sigv4;  // "aws:amz:REGION:s3"
