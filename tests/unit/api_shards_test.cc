@@ -441,7 +441,8 @@ TEST(Shards, ConvertOverAnOldSetLeavesOnlyTheNewSet) {
   auto write_set = [&](uint64_t seed, const char* name) {
     std::vector<Tensor> ts;
     for (int i = 0; i < 4; ++i)
-      ts.push_back(make("t" + std::to_string(i), DType::kFloat32, {25}, seed + i));  // 100 B
+      ts.push_back(test::make_tensor("t" + std::to_string(i), DType::kFloat32, {25},
+                                     static_cast<uint32_t>(seed + i)));  // 100 B
     SaveOptions so;
     so.fsync = false;
     save_torch(d.file(name), state_dict_value(ts), ts, so);
