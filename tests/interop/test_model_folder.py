@@ -34,6 +34,18 @@ MODELS = {"gpt2": _gpt2, "llama": _llama}
 IDS = torch.tensor([[1, 5, 9, 200, 17, 3]])
 
 
+def _save(model, folder, safe):
+    """save_pretrained; for the .bin layout (transformers 5 writes safetensors only) the weights
+    are torch.save(model.state_dict()) as pytorch_model.bin, which is what older transformers'
+    save_pretrained(safe_serialization=False) wrote: tied weights share one storage."""
+    model.save_pretrained(folder)
+    if not safe:
+        for f in os.listdir(folder):
+            if f.startswith("model") and f.endswith((".safetensors", ".index.json")):
+                os.remove(os.path.join(folder, f))
+        torch.save(model.state_dict(), os.path.join(folder, "pytorch_model.bin"))
+
+
 def _logits(model):
     with torch.no_grad():
         return model(IDS).logits
@@ -48,7 +60,7 @@ def _load(path):
 def test_folder_converts_to_a_sharded_folder_that_from_pretrained_loads(ckpt, tmp_path, kind, safe):
     model = MODELS[kind]()
     src = tmp_path / "src"
-    model.save_pretrained(src, safe_serialization=safe)
+    _save(model, src, safe)
     model.generation_config.save_pretrained(src)
     want = _logits(model)
     # The folder is one checkpoint: ls and the Python module open it by its name.
@@ -81,7 +93,7 @@ def test_bin_with_tied_embeddings_converts_to_one_safetensors_file(ckpt, tmp_pat
     # drops it, without --copy-shared.
     model = _gpt2()
     src = tmp_path / "src"
-    model.save_pretrained(src, safe_serialization=False)
+    _save(model, src, False)
     out = tmp_path / "out"
     out.mkdir()
     shutil.copy(src / "config.json", out / "config.json")
@@ -94,7 +106,7 @@ def test_bin_with_tied_embeddings_converts_to_one_safetensors_file(ckpt, tmp_pat
 def test_several_candidates_are_named_and_training_state_noted(ckpt, tmp_path):
     model = _gpt2()
     d = tmp_path / "checkpoint-500"
-    model.save_pretrained(d, safe_serialization=True)
+    _save(model, d, True)
     torch.save(model.state_dict(), d / "pytorch_model.bin")
     torch.save({"state": {}, "param_groups": []}, d / "optimizer.pt")
     (d / "trainer_state.json").write_text("{}")
