@@ -85,31 +85,31 @@ ConvertReport write(const Checkpoint& c, const ConvertOptions& o, const Destinat
   const internal::WriterCaps caps = writer->caps();
   r.metadata_not_written = internal::metadata_not_written(c, *writer);
   // Flat entries (checked against the writer), and the shard plan made from them. A plan of one
-  // shard is the one file, as without max_shard_size (the whole tree for pt).
+  // shard is the one file, as without max_shard_size (the whole tree for pt). With transforms the
+  // plan is made from the tensors the writer will see (renamed, cast, split, fused).
   std::optional<FlatStateDict> flat;
   std::optional<Sharding> shards;
-  if (o.max_shard_size && !o.transforms.empty())
-    throw Error(ErrorCode::kInvalidArgument,
-                "transforms are not applied to sharded output (convert, then shard)",
-                d.sink ? d.sink->name() : d.path);
-  if (!caps.object_tree || o.max_shard_size || !o.transforms.empty())
-    flat = internal::flat_state(c, *writer, o, r);
-  if (o.max_shard_size) {
-    internal::ShardPlan plan = internal::plan_shards(c, *flat, caps, o.max_shard_size);
+  auto shard = [&](internal::ShardPlan plan) {
     if (plan.shards > 1) {
       r.tensor_bytes = plan.total;
       shards = Sharding{internal::shard_names(d.path, caps), std::move(plan)};
-    } else if (caps.object_tree) {
+    } else if (caps.object_tree && o.transforms.empty()) {
       flat.reset();
       r.not_written.clear();
     }
-  }
-  refuse_own_input(c, d, caps, shards, o);
+  };
+  if (!caps.object_tree || o.max_shard_size || !o.transforms.empty())
+    flat = internal::flat_state(c, *writer, o, r);
+  if (o.max_shard_size && o.transforms.empty())
+    shard(internal::plan_shards(c, *flat, caps, o.max_shard_size));
   internal::TensorSource source(c, o.load, o.memory_budget);
   internal::WriteContent content = flat ? internal::flat_content(c, *flat, source, *writer)
                                         : internal::tree_content(c, source, r);
   // Dropped aliases and the transforms (src/convert/transform.h): the content the writer sees.
   if (flat) internal::finish_flat_content(o.transforms, *writer, c.source().name(), content, r);
+  if (o.max_shard_size && !o.transforms.empty())
+    shard(internal::plan_content_shards(content.tensors, o.max_shard_size));
+  refuse_own_input(c, d, caps, shards, o);
   // The decorators, in one place: digests around the format's writer, shards around both.
   const auto* st = std::get_if<SafetensorsTarget>(&o.target);
   if (st && st->store_digests)

@@ -176,6 +176,27 @@ ShardPlan plan_shards(const Checkpoint& c, const FlatStateDict& flat, const Writ
   return plan;
 }
 
+ShardPlan plan_content_shards(const std::vector<Tensor>& tensors, uint64_t max) {
+  ShardPlan plan;
+  plan.shard_of.resize(tensors.size());
+  std::vector<uint64_t> sizes;
+  std::vector<size_t> counts;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const Tensor& t = tensors[i];
+    const uint64_t cost = t.storage() && t.storage()->info.meta ? 0 : t.info().nbytes();
+    if (sizes.empty() || (counts.back() > 0 && sizes.back() + cost > max)) {
+      sizes.push_back(0);
+      counts.push_back(0);
+    }
+    sizes.back() += cost;
+    ++counts.back();
+    plan.shard_of[i] = sizes.size() - 1;
+  }
+  plan.shards = sizes.size();
+  for (uint64_t s : sizes) plan.total += s;
+  return plan;
+}
+
 std::unique_ptr<Writer> shard_writer(std::unique_ptr<Writer> inner, ShardPlan plan,
                                      ShardNames names) {
   return std::make_unique<ShardWriter>(std::move(inner), std::move(plan), std::move(names));

@@ -34,6 +34,9 @@ struct ShardPlan {
 };
 ShardPlan plan_shards(const Checkpoint& c, const FlatStateDict& flat, const WriterCaps& caps,
                       uint64_t max);
+// The same over the tensors a writer is handed (a transformed content: each tensor its own
+// bytes, none shared), by their element bytes (meta tensors cost nothing).
+ShardPlan plan_content_shards(const std::vector<Tensor>& tensors, uint64_t max);
 
 // `inner` writing each shard of `plan` into the file names.shard(k, n) of its output, then the
 // index (names.index: {"metadata": {"total_size"}, "weight_map": {tensor: shard}}, sorted).

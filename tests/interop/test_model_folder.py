@@ -123,3 +123,30 @@ def test_a_folder_without_a_checkpoint_is_refused_naming_what_was_looked_for(ckp
     r = ckpt.run("ls", tmp_path)
     assert r.returncode == 8
     assert "is a directory" in r.stderr and "model.safetensors" in r.stderr
+
+
+def test_dcp_training_save_to_a_bf16_serving_folder_with_renames_and_shards(ckpt, tmp_path):
+    # What training writes (DCP, names under "model.") to what serving reads: an HF folder of
+    # bf16 safetensors shards under the serving model's names, loaded by from_pretrained.
+    dcp = pytest.importorskip("torch.distributed.checkpoint")
+    model = _llama()
+    dcp.save({"model": model.state_dict()}, checkpoint_id=str(tmp_path / "step"), no_dist=True)
+    out = tmp_path / "serve"
+    out.mkdir()
+    model.config.save_pretrained(out)
+    ckpt.ok("convert", tmp_path / "step", f"{out}/", "--strip-prefix", "model.", "--cast", "bf16",
+            "--max-shard-size", "150KB")
+    shards = sorted(out.glob("model-*-of-*.safetensors"))
+    assert len(shards) > 1
+    stored = {}
+    for s in shards:
+        stored.update(load_file(str(s)))
+    assert set(stored) == set(model.state_dict())
+    assert all(v.dtype == torch.bfloat16 for v in stored.values())
+    for k, v in model.state_dict().items():
+        assert torch.equal(stored[k], v.to(torch.bfloat16)), k
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    assert index["metadata"]["total_size"] == sum(v.numel() * 2 for v in stored.values())
+    got = _load(out)
+    want = _llama().to(torch.bfloat16)
+    assert torch.equal(_logits(got.to(torch.bfloat16)), _logits(want))
