@@ -24,6 +24,9 @@ import sys
 import textwrap
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import measure  # noqa: E402
+
 MAKE = textwrap.dedent(r"""
     import os, sys, torch, torch.distributed as dist, torch.distributed.checkpoint as dcp
     from torch.distributed.device_mesh import init_device_mesh
@@ -88,13 +91,10 @@ def timed(cmd):
 
 
 def peak_rss(cmd):
-    """Peak RSS (bytes) of one run of cmd alone (wait4: that child's own usage)."""
-    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    _, status, usage = os.wait4(p.pid, 0)
-    p.returncode = os.waitstatus_to_exitcode(status)
-    if p.returncode != 0:
-        sys.exit(f"failed: {' '.join(cmd)}")
-    return usage.ru_maxrss * 1024
+    """Peak RSS (bytes) of one run of cmd alone, through a small launcher (bench/measure.py: a
+    child forked from this process would report this process's own peak)."""
+    settle(cmd[-1])
+    return measure.peak_rss(cmd)
 
 
 def main():

@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""From training to serving in one command: a 4-rank DCP folder of float32 (what training
+writes) to a Hugging Face folder of bfloat16 safetensors shards under the serving model's names
+(what serving reads), ckpt against torch's own path, in one run.
+
+  ckpt convert DIR OUT/ --rename REGEX=REPL --cast bf16 --max-shard-size 200MB
+  torch: dcp_to_torch_save, torch.load, a rename loop, .to(torch.bfloat16), save_file per shard
+         and the index (what users script today), and the same with an fsync of its files
+         (ckpt fsyncs its output)
+
+Each timed the median of REPEAT runs (the order turns each round), and the peak RSS of each
+through a small launcher (bench/measure.py). The folder is made as bench/dcp.py makes it
+(torchrun, gloo on the CPU, 2048 x 2048 float32 DTensors, Shard(0) and Shard(1)).
+
+    $VPY bench/serve.py [--size-mb 1024] [--repeat 3] [--ckpt build/ckpt] [--out build/bench-dcp]
+"""
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import textwrap
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import measure  # noqa: E402
+from dcp import MAKE  # noqa: E402
+
+RENAME = r"^layers\.(\d+)\.=model.layers.$1."
+SHARD = 200 * 10**6
+
+TORCH = textwrap.dedent(r"""
+    import json, os, re, sys, time
+    import torch
+    from safetensors.torch import save_file
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    d, tmp, out, shard, sync = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5] == "1"
+    t0 = time.perf_counter()
+    dcp_to_torch_save(d, tmp)
+    sd = torch.load(tmp, weights_only=True)
+    os.remove(tmp)
+    sd = {re.sub(r"^layers\.(\d+)\.", r"model.layers.\1.", k): v.to(torch.bfloat16)
+          for k, v in sd.items()}
+    groups, size = [[]], 0
+    for k, v in sd.items():
+        n = v.numel() * v.element_size()
+        if groups[-1] and size + n > shard:
+            groups.append([])
+            size = 0
+        groups[-1].append(k)
+        size += n
+    os.makedirs(out, exist_ok=True)
+    weight_map = {}
+    for i, g in enumerate(groups):
+        name = "model-%05d-of-%05d.safetensors" % (i + 1, len(groups))
+        save_file({k: sd[k] for k in g}, os.path.join(out, name), metadata={"format": "pt"})
+        weight_map.update({k: name for k in g})
+        if sync:
+            fd = os.open(os.path.join(out, name), os.O_RDONLY); os.fsync(fd); os.close(fd)
+    with open(os.path.join(out, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {"total_size": sum(v.numel() * 2 for v in sd.values())},
+                   "weight_map": weight_map}, f)
+    print(time.perf_counter() - t0)
+""")
+
+
+def clean(out):
+    shutil.rmtree(out, ignore_errors=True)
+    os.sync()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--size-mb", type=int, default=1024)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--ckpt", default="build/ckpt")
+    ap.add_argument("--out", default="build/bench-dcp")
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    d = os.path.join(a.out, "dcp")
+    if not os.path.isdir(d):
+        script = os.path.join(a.out, "make_dcp.py")
+        with open(script, "w") as f:
+            f.write(MAKE)
+        torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+        subprocess.run([torchrun, "--standalone", "--nproc-per-node", "4", script, d,
+                        str(a.size_mb)], check=True, capture_output=True,
+                       env=dict(os.environ, OMP_NUM_THREADS="1"))
+    torch_script = os.path.join(a.out, "torch_serve.py")
+    with open(torch_script, "w") as f:
+        f.write(TORCH)
+    out = os.path.join(a.out, "serve")
+    tmp = os.path.join(a.out, "serve-tmp.pt")
+    ckpt_cmd = [a.ckpt, "convert", d, out + "/", "--rename", RENAME, "--cast", "bf16",
+                "--max-shard-size", str(SHARD)]
+
+    def torch_cmd(sync):
+        return [sys.executable, torch_script, d, tmp, out, str(SHARD), "1" if sync else "0"]
+
+    rows = {"ckpt convert (rename, bf16, shards)": [], "torch: dcp_to_torch_save ... save_file": [],
+            "torch ... + fsync (ckpt always fsyncs)": []}
+
+    def run_ckpt():
+        clean(out)
+        t0 = time.perf_counter()
+        subprocess.run(ckpt_cmd, check=True, capture_output=True)
+        rows["ckpt convert (rename, bf16, shards)"].append(time.perf_counter() - t0)
+
+    def run_torch(sync):
+        clean(out)
+        r = subprocess.run(torch_cmd(sync), check=True, capture_output=True, text=True)
+        key = "torch ... + fsync (ckpt always fsyncs)" if sync else "torch: dcp_to_torch_save ... save_file"
+        rows[key].append(float(r.stdout.strip().splitlines()[-1]))
+
+    runs = [run_ckpt, lambda: run_torch(False), lambda: run_torch(True)]
+    for i in range(a.repeat):
+        k = i % len(runs)
+        for run in runs[k:] + runs[:k]:
+            run()
+    med = {k: statistics.median(v) for k, v in rows.items()}
+    clean(out)
+    rss_ckpt = measure.peak_rss(ckpt_cmd)
+    clean(out)
+    rss_torch = measure.peak_rss(torch_cmd(False))
+    clean(out)
+    size = sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d))
+    print(f"| {size / 2**20:.0f} MiB fp32, 4 ranks -> bf16 HF folder | median of {a.repeat} (s) | peak RSS |")
+    print("|---|---|---|")
+    print(f"| ckpt convert (rename, bf16, shards) | {med['ckpt convert (rename, bf16, shards)']:.3f} "
+          f"| {rss_ckpt / 2**20:.0f} MiB |")
+    print(f"| torch: dcp_to_torch_save, rename, .to(bf16), save_file | "
+          f"{med['torch: dcp_to_torch_save ... save_file']:.3f} | {rss_torch / 2**20:.0f} MiB |")
+    print(f"| torch ... + fsync | {med['torch ... + fsync (ckpt always fsyncs)']:.3f} | |")
+    c = med["ckpt convert (rename, bf16, shards)"]
+    print(f"| ckpt over torch + fsync | {med['torch ... + fsync (ckpt always fsyncs)'] / c:.1f}x "
+          f"| (goal >= 5x) |")
+    print(f"| ckpt over torch without fsync | {med['torch: dcp_to_torch_save ... save_file'] / c:.1f}x | |")
+    print(f"| memory: ckpt / torch | {rss_ckpt / rss_torch:.2f} | (goal <= 0.2) |")
+
+
+if __name__ == "__main__":
+    main()
