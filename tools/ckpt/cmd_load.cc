@@ -15,22 +15,177 @@
 #include "rank_plan_print.h"
 
 namespace ckpt::cli {
+namespace {
+
+// What the flags say.
+struct LoadFlags {
+  std::vector<std::string> files;  // one checkpoint, an index, or shards
+  std::string file, mode = "eager";
+  double budget_mb = 64;
+  bool verify = false, json = false, digest = false, gds = false;
+  int threads = 0;
+  std::string device = "cpu";
+  double staging_mb = 256;
+  double max_device_mb = 0;
+  Common common;
+  ProgressMode progress = ProgressMode::kAuto;
+  RankDryRun ranks;
+};
+
+// What a load saw: the tensors listed, their bytes, a checksum of touched bytes (so that the
+// compiler cannot skip the touching), and with --digest each tensor's CRC32.
+struct Tally {
+  uint64_t bytes = 0, checksum = 0;
+  size_t tensors = 0;
+  nlohmann::ordered_json digests = nlohmann::ordered_json::object();
+};
+
+// The library's options; refuses a device with another mode, and --gds without a device.
+LoadOptions load_options_of(const LoadFlags& f) {
+  LoadOptions lo;
+  lo.verify = f.verify;
+  lo.threads = f.threads;
+  lo.device = Device::parse(f.device);
+  lo.staging_bytes = static_cast<uint64_t>(f.staging_mb * 1024 * 1024);
+  lo.max_device_bytes = static_cast<uint64_t>(f.max_device_mb * 1024 * 1024);
+  if (!lo.device.is_cpu() && f.mode != "eager")
+    throw Error(ErrorCode::kInvalidArgument,
+                "--device " + f.device + " loads eagerly: it cannot be used with --mode " + f.mode);
+  if (f.gds) {
+    if (lo.device.is_cpu())
+      throw Error(ErrorCode::kInvalidArgument, "--gds reads into a CUDA device: add --device cuda");
+    lo.gds = true;
+    std::string why;  // why GPUDirect Storage is not used
+    if (device_unavailable(lo.device).empty()) why = gds_unavailable(lo.device);
+    if (!why.empty())
+      std::fprintf(stderr,
+                   "ckpt: note: GPUDirect Storage is not used (%s); reading through pinned "
+                   "staging\n",
+                   why.c_str());
+  }
+  return lo;
+}
+
+// With --digest: the CRC32 of a tensor's elements (row-major), a device tensor's through a copy
+// to the host. Per-channel scales and zero points go with their tensor, not on their own.
+void digest(const LoadFlags& f, const Tensor& t, Tally& tally) {
+  if (!f.digest || !listed(t.info())) return;
+  std::vector<std::byte> b;
+  if (t.storage()->on_host()) {
+    b = t.contiguous_bytes();
+  } else {
+    auto host = std::make_shared<Storage>();
+    host->info = t.storage()->info;
+    std::vector<std::byte> copy(host->info.nbytes);
+    copy_to_host(*t.storage(), 0, copy);
+    host->data = copy.data();
+    b = Tensor(t.info(), host).contiguous_bytes();
+  }
+  char hex[9];
+  std::snprintf(hex, sizeof hex, "%08lx",
+                ::crc32(0, reinterpret_cast<const Bytef*>(b.data()), static_cast<uInt>(b.size())));
+  tally.digests[t.name()] = hex;
+}
+
+// Adds one byte of every page of [p, p + n) to the checksum, as a consumer touching them would.
+void touch(const std::byte* p, uint64_t n, Tally& tally) {
+  for (uint64_t off = 0; off < n; off += 4096) tally.checksum += std::to_integer<uint8_t>(p[off]);
+}
+
+void load_eager(const LoadFlags& f, const LoadOptions& lo, Tally& tally) {
+  // Opening and loading overlapped: reads start once the zip directory is known.
+  LoadedCheckpoint l = f.files.size() == 1
+                           ? Checkpoint::open_and_load(f.files[0], open_options(f.common), lo)
+                           : load_set(f.files, f.common, lo);
+  tally.tensors = std::count_if(l.tensors.begin(), l.tensors.end(),
+                                [](const Tensor& t) { return listed(t.info()); });
+  for (const auto& s : l.checkpoint.storages()) tally.bytes += s.nbytes;
+  for (auto& t : l.tensors) {
+    if (t.storage()->on_host())
+      tally.checksum += t.info().nbytes() ? std::to_integer<uint8_t>(t.data()[0]) : 0;
+    digest(f, t, tally);
+  }
+}
+
+void load_mmap(const LoadFlags& f, const Checkpoint& c, const LoadOptions& lo, ProgressLine& line,
+               Tally& tally) {
+  // Views read nothing in the library: the pages touched here are the progress.
+  for (const auto& s : c.storages()) tally.bytes += s.nbytes;
+  uint64_t touched = 0;
+  for (size_t i = 0; i < c.tensors().size(); ++i) {
+    Tensor t = c.tensor(i, lo);
+    touch(t.storage()->data, t.storage()->info.nbytes, tally);
+    digest(f, t, tally);
+    tally.tensors += listed(t.info());
+    touched += t.info().nbytes();
+    line.update(std::min(touched, tally.bytes), tally.bytes);
+  }
+  line.finish(tally.bytes);
+}
+
+void load_stream(const LoadFlags& f, const Checkpoint& c, const LoadOptions& lo, Tally& tally) {
+  c.stream(
+      static_cast<uint64_t>(f.budget_mb * 1024 * 1024),
+      [&](const Tensor& t) {
+        tally.tensors += listed(t.info());
+        tally.bytes += t.info().nbytes();
+        touch(t.data(), t.info().nbytes(), tally);  // as a consumer copying them elsewhere
+        digest(f, t, tally);
+      },
+      lo);
+}
+
+void print_load(const LoadFlags& f, const LoadOptions& lo, Tally& tally, double seconds,
+                uint64_t direct_bytes) {
+  struct rusage ru;
+  ::getrusage(RUSAGE_SELF, &ru);
+  const uint64_t rss = static_cast<uint64_t>(ru.ru_maxrss) * 1024;
+  if (f.json) {
+    nlohmann::ordered_json j{{"mode", f.mode},
+                             {"device", lo.device.str()},
+                             {"gds", direct_bytes > 0},
+                             {"gds_bytes", direct_bytes},
+                             {"tensors", tally.tensors},
+                             {"bytes", tally.bytes},
+                             {"seconds", seconds},
+                             {"peak_rss_bytes", rss},
+                             {"checksum", tally.checksum}};
+    if (f.digest) j["digests"] = std::move(tally.digests);
+    std::printf("%s\n", j.dump().c_str());
+    return;
+  }
+  std::printf("%s load%s%s: %zu tensors, %s in %.3f s (%.2f GB/s), peak RSS %s\n", f.mode.c_str(),
+              lo.device.is_cpu() ? "" : " into ", lo.device.is_cpu() ? "" : lo.device.str().c_str(),
+              tally.tensors, human_bytes(tally.bytes).c_str(), seconds, tally.bytes / seconds / 1e9,
+              human_bytes(rss).c_str());
+}
+
+void run_load(LoadFlags& f) {
+  f.common.download_whole = true;  // every byte is read: a server without ranges is no obstacle
+  f.file = files_name(f.files);
+  const double t0 = now_seconds();
+  const uint64_t direct_before = gds_bytes_read();
+  LoadOptions lo = load_options_of(f);
+  ProgressLine line(f.progress);
+  lo.progress = line.fn();
+  Tally tally;
+  if (f.mode == "eager") {
+    load_eager(f, lo, tally);
+  } else {
+    Checkpoint c = open_checkpoint(f.files, f.common);
+    if (f.mode == "mmap")
+      load_mmap(f, c, lo, line, tally);
+    else
+      load_stream(f, c, lo, tally);
+  }
+  line.end_line();
+  print_load(f, lo, tally, now_seconds() - t0, gds_bytes_read() - direct_before);
+}
+
+}  // namespace
 
 void add_load(CLI::App& app) {
-  struct Opts {
-    std::vector<std::string> files;  // one checkpoint, an index, or shards
-    std::string file, mode = "eager";
-    double budget_mb = 64;
-    bool verify = false, json = false, digest = false, gds = false;
-    int threads = 0;
-    std::string device = "cpu";
-    double staging_mb = 256;
-    double max_device_mb = 0;
-    Common common;
-    ProgressMode progress = ProgressMode::kAuto;
-    RankDryRun ranks;
-  };
-  auto o = std::make_shared<Opts>();
+  auto o = std::make_shared<LoadFlags>();
   auto* cmd = app.add_subcommand("load", "load every tensor once; report time and peak memory");
   cmd->add_option("FILE", o->files, "checkpoint, shard index, or shard files")->required();
   cmd->add_option("--mode", o->mode, "eager (owned memory), mmap (views, pages touched) or stream")
@@ -73,127 +228,7 @@ void add_load(CLI::App& app) {
       o->ranks.json = o->json;
       return print_rank_plan(o->files, o->common, o->ranks);
     }
-    o->common.download_whole = true;  // every byte is read: a server without ranges is no obstacle
-    o->file = files_name(o->files);
-    double t0 = now_seconds();
-    const uint64_t direct_before = gds_bytes_read();
-    LoadOptions lo;
-    lo.verify = o->verify;
-    lo.threads = o->threads;
-    lo.device = Device::parse(o->device);
-    lo.staging_bytes = static_cast<uint64_t>(o->staging_mb * 1024 * 1024);
-    lo.max_device_bytes = static_cast<uint64_t>(o->max_device_mb * 1024 * 1024);
-    if (!lo.device.is_cpu() && o->mode != "eager")
-      throw Error(
-          ErrorCode::kInvalidArgument,
-          "--device " + o->device + " loads eagerly: it cannot be used with --mode " + o->mode);
-    std::string gds_note;  // why GPUDirect Storage is not used, when asked for
-    if (o->gds) {
-      if (lo.device.is_cpu())
-        throw Error(ErrorCode::kInvalidArgument,
-                    "--gds reads into a CUDA device: add --device cuda");
-      lo.gds = true;
-      if (device_unavailable(lo.device).empty()) gds_note = gds_unavailable(lo.device);
-      if (!gds_note.empty())
-        std::fprintf(stderr,
-                     "ckpt: note: GPUDirect Storage is not used (%s); reading through "
-                     "pinned staging\n",
-                     gds_note.c_str());
-    }
-    ProgressLine line(o->progress);
-    lo.progress = line.fn();
-    uint64_t bytes = 0, checksum = 0;
-    size_t tensors = 0;
-    nlohmann::ordered_json digests = nlohmann::ordered_json::object();
-    // Per-channel scales and zero points are loaded with their tensor, not counted as tensors.
-    auto digest = [&](const Tensor& t) {
-      if (!o->digest || !listed(t.info())) return;
-      std::vector<std::byte> b;
-      if (t.storage()->on_host()) {
-        b = t.contiguous_bytes();
-      } else {
-        // A device tensor: its storage's bytes back to the host, then the same elements.
-        auto host = std::make_shared<Storage>();
-        host->info = t.storage()->info;
-        std::vector<std::byte> copy(host->info.nbytes);
-        copy_to_host(*t.storage(), 0, copy);
-        host->data = copy.data();
-        b = Tensor(t.info(), host).contiguous_bytes();
-      }
-      char hex[9];
-      std::snprintf(
-          hex, sizeof hex, "%08lx",
-          ::crc32(0, reinterpret_cast<const Bytef*>(b.data()), static_cast<uInt>(b.size())));
-      digests[t.name()] = hex;
-    };
-    if (o->mode == "eager") {
-      // Opening and loading overlapped: reads start once the zip directory is known.
-      LoadedCheckpoint l = o->files.size() == 1
-                               ? Checkpoint::open_and_load(o->files[0], open_options(o->common), lo)
-                               : load_set(o->files, o->common, lo);
-      const Checkpoint& c = l.checkpoint;
-      auto& all = l.tensors;
-      tensors =
-          std::count_if(all.begin(), all.end(), [](const Tensor& t) { return listed(t.info()); });
-      for (const auto& s : c.storages()) bytes += s.nbytes;
-      for (auto& t : all) {
-        if (t.storage()->on_host())
-          checksum += t.info().nbytes() ? std::to_integer<uint8_t>(t.data()[0]) : 0;
-        digest(t);
-      }
-    } else if (Checkpoint c = open_checkpoint(o->files, o->common); o->mode == "mmap") {
-      // Views read nothing in the library: the pages touched here are the progress.
-      for (const auto& s : c.storages()) bytes += s.nbytes;
-      uint64_t touched = 0;
-      for (size_t i = 0; i < c.tensors().size(); ++i) {
-        Tensor t = c.tensor(i, lo);
-        const std::byte* p = t.storage()->data;
-        for (uint64_t off = 0; off < t.storage()->info.nbytes; off += 4096)
-          checksum += std::to_integer<uint8_t>(p[off]);
-        digest(t);
-        tensors += listed(t.info());
-        touched += t.info().nbytes();
-        line.update(std::min(touched, bytes), bytes);
-      }
-      line.finish(bytes);
-    } else {
-      uint64_t budget = static_cast<uint64_t>(o->budget_mb * 1024 * 1024);
-      c.stream(
-          budget,
-          [&](const Tensor& t) {
-            tensors += listed(t.info());
-            bytes += t.info().nbytes();
-            // Touch the bytes the way a consumer copying them elsewhere would.
-            const std::byte* p = t.data();
-            for (uint64_t off = 0; off < t.info().nbytes(); off += 4096)
-              checksum += std::to_integer<uint8_t>(p[off]);
-            digest(t);
-          },
-          lo);
-    }
-    line.end_line();
-    double dt = now_seconds() - t0;
-    struct rusage ru;
-    ::getrusage(RUSAGE_SELF, &ru);
-    uint64_t rss = static_cast<uint64_t>(ru.ru_maxrss) * 1024;
-    if (o->json) {
-      nlohmann::ordered_json j{{"mode", o->mode},
-                               {"device", lo.device.str()},
-                               {"gds", gds_bytes_read() > direct_before},
-                               {"gds_bytes", gds_bytes_read() - direct_before},
-                               {"tensors", tensors},
-                               {"bytes", bytes},
-                               {"seconds", dt},
-                               {"peak_rss_bytes", rss},
-                               {"checksum", checksum}};
-      if (o->digest) j["digests"] = std::move(digests);
-      std::printf("%s\n", j.dump().c_str());
-    } else {
-      std::printf("%s load%s%s: %zu tensors, %s in %.3f s (%.2f GB/s), peak RSS %s\n",
-                  o->mode.c_str(), lo.device.is_cpu() ? "" : " into ",
-                  lo.device.is_cpu() ? "" : lo.device.str().c_str(), tensors,
-                  human_bytes(bytes).c_str(), dt, bytes / dt / 1e9, human_bytes(rss).c_str());
-    }
+    run_load(*o);
   });
 }
 
