@@ -166,12 +166,15 @@ void ShardFiles::commit(ConvertReport& r) {
     f.placed = true;
   }
   // 2. The new index replaces the old one (one rename): from here on, the new set is the set.
-  write_index(false);
-  committed_ = true;
+  //    The shards leave the signal cleanup first: a signal after the rename must not remove
+  //    what the new index names. (One between the two leaves the old set whole and new shards
+  //    that no index names, as SIGKILL can; `discard` still removes them on an error.)
   for (auto& f : files_) {
     io::release_temporary(f.slot);
     f.slot = -1;
   }
+  write_index(false);
+  committed_ = true;
   made_.keep();
   // 3. The old set's shards the new set does not use are removed.
   std::set<std::string> now;

@@ -110,7 +110,9 @@ def test_interrupted_fresh_set_leaves_nothing(ckpt, models, tmp_path, sig):
         if rc == 0:
             assert which_model(str(out) + ".index.json", tensors) == "b"
         else:
-            assert rc == 128 + int(sig), rc
+            # 128 + sig from ckpt's handler; -sig when the signal came before ckpt handled
+            # signals (the process's first instants).
+            assert rc in (128 + int(sig), -int(sig)), rc
             assert not top.exists(), os.listdir(top)
 
 
