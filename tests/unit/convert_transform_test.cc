@@ -103,8 +103,14 @@ TEST(Transform, EveryWriterWithDigestsAndRefusalsLeaveNothing) {
   EXPECT_EQ(test::capture_error([&] { convert(c, bad, o); }).code(), ErrorCode::kInvalidArgument);
   EXPECT_FALSE(std::filesystem::exists(bad));
   o.transforms.transpose.clear();
+  // Sharded: the plan is cut from the transformed tensors (a shard per tensor here).
   o.max_shard_size = 1;
-  EXPECT_EQ(test::capture_error([&] { convert(c, bad, o); }).code(), ErrorCode::kInvalidArgument);
+  const ConvertReport sharded = convert(c, dir.file("sharded.safetensors"), o);
+  EXPECT_EQ(sharded.files.size(), 2u);
+  ASSERT_FALSE(sharded.index.empty());
+  const Checkpoint set = Checkpoint::open(sharded.index);
+  ASSERT_EQ(set.tensors().size(), 2u);
+  EXPECT_EQ(set.tensors()[0].dtype, DType::kBFloat16);
 }
 
 }  // namespace
