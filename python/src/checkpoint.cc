@@ -268,9 +268,16 @@ void bind_checks(PyClass& c) {
             o.fsync = fsync;
             if (memory_budget) o.memory_budget = memory_budget;
             PyProgress progress(progress_fn);
-            if (progress.active())  // on this thread; raising aborts the conversion
+            // On this thread; raising aborts the conversion, except at the end (done == total,
+            // the output written): what the callback raises there comes after the commit, and
+            // is raised once convert() returns, marked committed (ckpt_committed).
+            if (progress.active())
               o.progress = [&progress](uint64_t done, uint64_t total) {
-                progress.report(done, total, done >= total);
+                if (done < total) return progress.report(done, total, false);
+                try {
+                  progress.report(done, total, true);
+                } catch (const Error&) {  // kept by progress, raised below
+                }
               };
             // Keywords become settings; which format owns which, and the refusal of a keyword for
             // a format without it, are the library's (parse_target).
@@ -293,6 +300,8 @@ void bind_checks(PyClass& c) {
               progress.rethrow();
               throw;
             }
+            progress.set_committed(dst);
+            progress.rethrow();  // the callback raised at the end: the output is complete
             return report_dict(r);
           },
           pyb::arg("dst"), pyb::arg("format"), pyb::arg("alignment"), pyb::arg("copy_shared"),

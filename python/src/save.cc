@@ -1,6 +1,7 @@
 // _ckpt.save_torch / save_safetensors / save_tensorizer / save_dcp: Python objects -> the object
 // tree (tree.cc, PyToValue) -> the library's writers, the bytes written with the GIL released.
 
+#include <algorithm>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -58,10 +59,14 @@ void write_file(const std::string& path, bool fsync, PyProgress& progress, uint6
       FileSinkOptions so;
       so.fsync = fsync;
       std::unique_ptr<ByteSink> file = create_file_sink(path, so);
-      // PyProgress throttles (and takes the GIL): every write is offered to it.
+      // PyProgress throttles (and takes the GIL): every write is offered to it. Until the
+      // commit, done stays below total (a header can carry the count past the tensor bytes):
+      // only the call after the commit has done == total.
       ProgressSink sink(
           *file, total,
-          [&progress](uint64_t done, uint64_t all) { progress.report(done, all, false); },
+          [&progress](uint64_t done, uint64_t all) {
+            progress.report(done, std::max(all, done + 1), false);
+          },
           std::chrono::steady_clock::duration::zero());
       to_sink(sink);  // commits
       progress.set_committed(path);

@@ -199,6 +199,19 @@ def test_progress_raising_after_the_commit(tmp_path):
         ckpt.save(sd, s, progress=at_end)
     assert e.value.ckpt_committed is True and s.exists()
 
+    # Checkpoint.convert: the same mark, and the output is whole.
+    c = tmp_path / "converted.safetensors"
+    with pytest.raises(KeyError) as e:
+        ckpt.open(p).convert(str(c), progress=at_end)
+    assert e.value.ckpt_committed is True
+    assert_same(ckpt.load(c), sd)
+    # Raising at the first call: marked exactly when that call came after the commit (a quick
+    # conversion makes only the last call), and the output exists exactly then.
+    d = tmp_path / "stopped.safetensors"
+    with pytest.raises(KeyError) as e:
+        ckpt.open(p).convert(str(d), progress=at_once)
+    assert bool(getattr(e.value, "ckpt_committed", False)) == d.exists()
+
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is usable here")
 def test_no_gpu_reads_no_cuda_device(pt):
