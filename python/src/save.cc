@@ -1,10 +1,10 @@
 // _ckpt.save_torch / save_safetensors / save_tensorizer / save_dcp: Python objects -> the object
 // tree (tree.cc, PyToValue) -> the library's writers, the bytes written with the GIL released.
 
-#include <algorithm>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <map>
 #include <string>
 #include <unordered_set>
