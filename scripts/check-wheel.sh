@@ -164,7 +164,7 @@ EOF
   "${py[@]}" -m ckpt --help > help.txt || fail "python -m ckpt --help exited $?"
   grep -q "convert" help.txt || fail "python -m ckpt --help does not list convert"
   local version
-  version=$("${ckpt[@]}" --version)
+  version=$("${ckpt[@]}" --version | head -n 1)  # the second line lists the features built in
   [ "$version" = "ckpt $("${py[@]}" -c 'import ckpt; print(ckpt.__version__)')" ] ||
     fail "ckpt --version said '$version'"
   echo "  $version"

@@ -36,8 +36,7 @@ def test_tied_to_safetensors_names_python_keyword(tmp_path):
     # like save_file, refuses it), and records the name it left out.
     torch.save(sd, tmp_path / "m.pt")
     r = ckpt.open(tmp_path / "m.pt").convert(tmp_path / "c.safetensors")
-    from safetensors import safe_open
-    with safe_open(str(tmp_path / "c.safetensors"), "pt") as f:
+    with ckpt.safe_open(str(tmp_path / "c.safetensors"), framework="pt") as f:
         names = set(f.keys())
         meta = f.metadata()
     assert len(names & {"head.weight", "embed.weight"}) == 1
