@@ -234,8 +234,9 @@ def test_huge_metadata_is_refused_before_it_is_read(ckpt, base, tmp_path):
     d = variant(base, tmp_path, lambda md, d: None)
     os.truncate(d / ".metadata", 3 << 30)
 
-    def small():
-        resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+    def small():  # ASan reserves terabytes of shadow address space: no cap under it
+        if "asan" not in ckpt.path:
+            resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
     r = subprocess.run([ckpt.path, "ls", str(d)], capture_output=True, text=True,
                        preexec_fn=small, timeout=60)
     assert r.returncode == 7, r.stderr
