@@ -26,7 +26,11 @@ std::vector<Job> check_all(const Checkpoint& c, const std::map<std::string, Dest
                            const Device& device) {
   std::vector<Job> jobs;
   jobs.reserve(into.size());
-  for (const auto& [name, d] : into) {
+  for (const auto& entry : into) {
+    // Named, not a structured binding: lambdas below capture it (clang before 16 cannot capture
+    // a structured binding).
+    const std::string& name = entry.first;
+    const auto& d = entry.second;
     std::optional<size_t> i = c.find(name);
     if (!i)
       throw Error(ErrorCode::kNotFound, "no tensor named \"" + name + "\"", c.source().name(),
