@@ -112,10 +112,12 @@ TransformRecipe parse_transform_recipe(std::string_view text) {
   if (!j.is_object()) bad("must be a JSON object");
   static const char* kFields[] = {"rename", "strip_prefix", "add_prefix", "keep", "drop",
                                   "cast",   "dequantize",   "split",      "fuse", "transpose"};
-  for (const auto& [k, v] : j.items())
+  for (const auto& item : j.items()) {
+    const std::string& k = item.key();  // not a structured binding: the lambda captures it
     if (std::find_if(std::begin(kFields), std::end(kFields),
                      [&](const char* f) { return k == f; }) == std::end(kFields))
       bad("unknown field \"" + k + "\"");
+  }
   TransformRecipe r;
   try {
     if (j.contains("rename")) {
