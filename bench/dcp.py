@@ -97,7 +97,9 @@ def peak_rss(cmd):
     return measure.peak_rss(cmd)
 
 
-def main():
+def args_and_folder():
+    """The command line (--size-mb, --repeat, --ckpt, --out) and the 4-rank DCP folder made once
+    under --out (bench/serve.py uses the same)."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--size-mb", type=int, default=1024)
     ap.add_argument("--repeat", type=int, default=3)
@@ -114,6 +116,11 @@ def main():
         subprocess.run([torchrun, "--standalone", "--nproc-per-node", "4", script, d,
                         str(a.size_mb)], check=True, capture_output=True,
                        env=dict(os.environ, OMP_NUM_THREADS="1"))
+    return a, d
+
+
+def main():
+    a, d = args_and_folder()
     pt = os.path.join(a.out, "same.pt")
     if not os.path.exists(pt):
         from torch.distributed.checkpoint.format_utils import dcp_to_torch_save

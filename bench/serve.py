@@ -14,7 +14,6 @@ through a small launcher (bench/measure.py). The folder is made as bench/dcp.py 
 
     $VPY bench/serve.py [--size-mb 1024] [--repeat 3] [--ckpt build/ckpt] [--out build/bench-dcp]
 """
-import argparse
 import os
 import shutil
 import statistics
@@ -25,7 +24,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import measure  # noqa: E402
-from dcp import MAKE  # noqa: E402
+from dcp import args_and_folder  # noqa: E402
 
 RENAME = r"^layers\.(\d+)\.=model.layers.$1."
 SHARD = 200 * 10**6
@@ -71,22 +70,7 @@ def clean(out):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--size-mb", type=int, default=1024)
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--ckpt", default="build/ckpt")
-    ap.add_argument("--out", default="build/bench-dcp")
-    a = ap.parse_args()
-    os.makedirs(a.out, exist_ok=True)
-    d = os.path.join(a.out, "dcp")
-    if not os.path.isdir(d):
-        script = os.path.join(a.out, "make_dcp.py")
-        with open(script, "w") as f:
-            f.write(MAKE)
-        torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
-        subprocess.run([torchrun, "--standalone", "--nproc-per-node", "4", script, d,
-                        str(a.size_mb)], check=True, capture_output=True,
-                       env=dict(os.environ, OMP_NUM_THREADS="1"))
+    a, d = args_and_folder()
     torch_script = os.path.join(a.out, "torch_serve.py")
     with open(torch_script, "w") as f:
         f.write(TORCH)
