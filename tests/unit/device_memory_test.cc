@@ -19,6 +19,7 @@
 #include "ckpt/load_into.h"
 #include "device/copy_engine.h"
 #include "device/cuda_runtime.h"
+#include "device_test_util.h"
 #include "load/device_load.h"
 #include "test_util.h"
 
@@ -28,10 +29,7 @@ namespace {
 using internal::HostCopyEngine;
 using internal::HostEngineOptions;
 
-struct UseEngine {
-  explicit UseEngine(internal::CopyEngine& e) { internal::set_engine_override(&e); }
-  ~UseEngine() { internal::set_engine_override(nullptr); }
-};
+using test::UseEngine;
 
 // `n` float32 tensors of `elems` + i elements, saved as safetensors.
 struct Model {

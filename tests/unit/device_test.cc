@@ -11,6 +11,7 @@
 #include "ckpt/ckpt.h"
 #include "ckpt/safetensors.h"
 #include "device/copy_engine.h"
+#include "device_test_util.h"
 #include "test_util.h"
 
 namespace ckpt {
@@ -19,11 +20,7 @@ namespace {
 using internal::HostCopyEngine;
 using internal::HostEngineOptions;
 
-// Every device load of the test goes to `engine`.
-struct UseEngine {
-  explicit UseEngine(internal::CopyEngine& e) { internal::set_engine_override(&e); }
-  ~UseEngine() { internal::set_engine_override(nullptr); }
-};
+using test::UseEngine;
 
 struct Model {
   test::TempDir dir;
