@@ -290,14 +290,14 @@ void PickleHeap::set_state(Ref obj, Ref state) {
 
 bool PickleHeap::has_cycle(std::span<const Ref> roots) const {
   // Colors: 0 unseen, 1 on the current DFS path, 2 finished.
-  std::unordered_map<Ref, uint8_t> color;
+  std::vector<uint8_t> color(nodes_.size());
   struct Frame {
     Ref r;
     size_t next;
   };
   std::vector<Frame> path;
   for (Ref root : roots) {
-    if (!is_container(root) || color.count(root)) continue;
+    if (!is_container(root) || color[root]) continue;
     color[root] = 1;
     path.push_back({root, 0});
     while (!path.empty()) {
@@ -310,15 +310,70 @@ bool PickleHeap::has_cycle(std::span<const Ref> roots) const {
       }
       Ref c = child_at(f.r, f.next++);
       if (c == kNoRef || !is_container(c)) continue;
-      auto [it, fresh] = color.emplace(c, 1);
-      if (fresh) {
+      if (!color[c]) {
+        color[c] = 1;
         path.push_back({c, 0});
-      } else if (it->second == 1) {
+      } else if (color[c] == 1) {
         return true;
       }
     }
   }
   return false;
+}
+
+void PickleHeap::check_tree(Ref root, CopyBudget& budget, uint32_t max_depth) const {
+  // As to_value() walks: a node's height (the longest path below it) is found once; an
+  // object's arguments (and a dict's class arguments) count against `budget` once per node.
+  constexpr uint32_t kUnknown = UINT32_MAX, kOpen = UINT32_MAX - 1;
+  std::vector<uint32_t> height(nodes_.size(), kUnknown);
+  struct Frame {
+    Ref r;
+    size_t next;
+    uint32_t height;
+  };
+  std::vector<Frame> stack;
+  auto too_deep = [max_depth]() {
+    throw Error(ErrorCode::kLimitExceeded, "object tree deeper than Limits::max_pickle_depth (" +
+                                               std::to_string(max_depth) + ")");
+  };
+  auto below = [&](uint32_t h) {  // the frame on top has a child of height h
+    if (h >= max_depth) too_deep();
+    stack.back().height = std::max(stack.back().height, h + 1);
+  };
+  auto enter = [&](Ref r) {
+    if (nodes_[r].kind == Kind::kObject) budget.spend(items(r).size());
+    if (nodes_[r].kind == Kind::kDict)
+      if (Ref a = dict_args(r)) budget.spend(items(a).size());
+    if (stack.size() > max_depth) too_deep();
+    height[r] = kOpen;
+    stack.push_back({r, 0, 0});
+  };
+  if (!is_container(root)) return;
+  enter(root);
+  while (!stack.empty()) {
+    Frame& f = stack.back();
+    if (f.next < child_count(f.r)) {
+      const Ref c = child_at(f.r, f.next++);
+      if (c == kNoRef) continue;
+      if (height[c] == kOpen)
+        throw Error(ErrorCode::kUnsupported,
+                    "the object graph contains a cycle (a container that contains itself); "
+                    "checkpoints never do");
+      if (height[c] != kUnknown) {
+        below(height[c]);
+      } else if (is_container(c)) {
+        enter(c);
+      } else {
+        height[c] = 0;
+        below(0);
+      }
+      continue;
+    }
+    const Frame done = f;
+    height[done.r] = done.height;
+    stack.pop_back();
+    if (!stack.empty()) below(done.height);
+  }
 }
 
 ValuePtr PickleHeap::to_value(Ref root, CopyBudget& budget, uint32_t max_depth) const {

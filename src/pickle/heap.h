@@ -145,6 +145,9 @@ class PickleHeap {
   // Refuses (kLimitExceeded) a tree whose longest path from `root` has more than `max_depth`
   // edges, every path through a shared node counted (walks over the result recurse that deep).
   ValuePtr to_value(Ref root, CopyBudget& budget, uint32_t max_depth = UINT32_MAX) const;
+  // The refusals to_value() makes (a cycle; a tree deeper than `max_depth`; arguments past
+  // `budget`), with the same errors, without making the tree. Iterative.
+  void check_tree(Ref root, CopyBudget& budget, uint32_t max_depth = UINT32_MAX) const;
   // Is there a cycle among the containers reachable from `roots`? Iterative.
   bool has_cycle(std::span<const Ref> roots) const;
 

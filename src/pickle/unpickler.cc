@@ -558,4 +558,12 @@ ValuePtr unpickle(std::span<const std::byte> data, const UnpicklerHooks& hooks,
   return vm.run(consumed);
 }
 
+void unpickle_heap(std::span<const std::byte> data, const UnpicklerHooks& hooks,
+                   const UnpickleOptions& options,
+                   const std::function<void(const PickleHeap&, Ref)>& read) {
+  Vm vm(data, hooks, options);
+  const Ref root = vm.run_checked();
+  read(vm.heap(), root);
+}
+
 }  // namespace ckpt::internal

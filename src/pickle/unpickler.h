@@ -76,6 +76,15 @@ struct UnpickleOptions {
 ValuePtr unpickle(std::span<const std::byte> data, const UnpicklerHooks& hooks,
                   const UnpickleOptions& options, size_t* consumed = nullptr);
 
+// As unpickle(), with the same checks (the result's depth and the copies its objects' arguments
+// would take included), but without making the Value tree: `read` is given the VM's heap and the
+// result's Ref, valid during the call. For a reader of a known, large structure (a DCP
+// `.metadata` of a million objects), where the tree would cost more than the reading. Errors
+// `read` throws pass through unchanged.
+void unpickle_heap(std::span<const std::byte> data, const UnpicklerHooks& hooks,
+                   const UnpickleOptions& options,
+                   const std::function<void(const PickleHeap&, Ref)>& read);
+
 // Checks the first bytes of a pickle (at least one) before the rest of it is read or inflated:
 // the first byte must be an opcode, and a PROTO must name protocol 0 to 5. Throws
 // Error{kCorrupt} naming `source`, `record` and offset 0.

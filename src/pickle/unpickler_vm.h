@@ -97,13 +97,38 @@ class Vm {
   }
 
   ValuePtr run(size_t* consumed) {
-    try {
+    return guarded([&] {
       Ref result = loop();
       check_acyclic();
       op_pos_ = pos_;
       ValuePtr v = heap_.to_value(result, budget_, opt_.limits.max_pickle_depth);
       if (consumed) *consumed = pos_;
       return v;
+    });
+  }
+
+  // Runs to STOP and makes the checks run() makes (cycles; the depth and the copies of what the
+  // result reaches) without making the Value tree: the result, to be read in heap().
+  Ref run_checked() {
+    return guarded([&] {
+      Ref result = loop();
+      check_acyclic();
+      op_pos_ = pos_;
+      heap_.check_tree(result, budget_, opt_.limits.max_pickle_depth);
+      return result;
+    });
+  }
+  const PickleHeap& heap() const { return heap_; }
+
+
+ private:
+  uint64_t abs(size_t pos) const { return opt_.base_offset + pos; }
+  const char* op_name() const { return op::name(code_) ? op::name(code_) : "?"; }
+
+  template <class F>
+  auto guarded(F&& f) -> decltype(f()) {
+    try {
+      return f();
     } catch (Error& e) {
       // Errors from hooks and helpers do not know where they happened.
       e.with_source(opt_.source).with_record(opt_.record).with_offset(abs(op_pos_));
@@ -115,10 +140,6 @@ class Vm {
                   opt_.source, opt_.record, abs(op_pos_));
     }
   }
-
- private:
-  uint64_t abs(size_t pos) const { return opt_.base_offset + pos; }
-  const char* op_name() const { return op::name(code_) ? op::name(code_) : "?"; }
 
   [[noreturn]] void fail(ErrorCode code, const std::string& msg) const {
     throw Error(code, std::string(op_name()) + ": " + msg, opt_.source, opt_.record, abs(op_pos_));

@@ -13,6 +13,7 @@
 #include <unordered_set>
 
 #include "ckpt/error.h"
+#include "pickle/builtin_calls.h"
 #include "pickle/heap.h"
 #include "pickle/unpickler.h"
 
@@ -86,118 +87,142 @@ class PathTree {
   std::unordered_map<uint32_t, uint64_t> list_len_;     // node -> its length as a list
 };
 
+// Reads the Metadata object in the unpickler's heap (pickle/heap.h) field by field: no Value tree
+// is made of the pickle (for 400,000 keys that tree was most of the time and memory of opening
+// the folder), only the Values the result keeps (planner_data's path steps) and, on an error, the
+// Value of the offending object for its text. The unpickler made the checks the tree would have
+// (cycles, depth, copies, object count), so what is read and refused is what the tree gave.
 class Reader {
  public:
-  Reader(std::string source, const Limits& limits, uint64_t metadata_bytes)
-      : source_(std::move(source)), limits_(limits), metadata_bytes_(metadata_bytes) {}
+  Reader(const PickleHeap& heap, std::string source, const Limits& limits,
+         uint64_t metadata_bytes)
+      : h_(heap),
+        source_(std::move(source)),
+        limits_(limits),
+        metadata_bytes_(metadata_bytes) {}
 
   [[noreturn]] void fail(ErrorCode code, const std::string& what,
                          const std::string& key = {}) const {
     throw Error(code, ".metadata: " + what, source_, key);
   }
 
-  bool is(const ValuePtr& v, std::string_view name) const {
-    return v && v->kind() == Value::Kind::kObject && v->name() == name && !v->foreign();
+  // The object's text as Value::repr(40) gives it, or `absent` for no object.
+  std::string show(Ref r, const char* absent) const {
+    if (r == kNoRef) return absent;
+    CopyBudget budget(4 * metadata_bytes_ + (1u << 20));
+    return h_.to_value(r, budget, limits_.max_pickle_depth)->repr(40);
+  }
+
+  bool is(Ref r, std::string_view name) const {
+    return r != kNoRef && h_.kind(r) == Kind::kObject && h_.name(r) == name && !h_.foreign(r);
+  }
+  bool is_sequence(Ref r) const {
+    return r != kNoRef && (h_.kind(r) == Kind::kList || h_.kind(r) == Kind::kTuple);
+  }
+  bool is_dict(Ref r) const { return r != kNoRef && h_.kind(r) == Kind::kDict; }
+  bool is_string(Ref r) const { return r != kNoRef && h_.kind(r) == Kind::kString; }
+  bool is_uint(Ref r) const { return r != kNoRef && h_.is_small_int(r) && h_.int_value(r) >= 0; }
+
+  // A dict's value under a string key (the first such entry, as Value::get finds it).
+  Ref get(Ref dict, std::string_view key) const {
+    auto it = h_.items(dict);
+    for (size_t i = 0; i + 1 < it.size(); i += 2)
+      if (is_string(it[i]) && h_.text(it[i]) == key) return it[i + 1];
+    return kNoRef;
   }
 
   // A dataclass field: the BUILD state's dict entry (or the first dict of a (dict, slots) state).
-  ValuePtr field(const ValuePtr& obj, std::string_view name) const {
-    const ValuePtr& st = obj->state();
-    if (!st) return nullptr;
-    if (st->is_dict()) return st->get(name);
-    if (st->kind() == Value::Kind::kTuple)
-      for (const ValuePtr& part : st->items())
-        if (part && part->is_dict())
-          if (ValuePtr v = part->get(name)) return v;
-    return nullptr;
+  Ref field(Ref obj, std::string_view name) const {
+    const Ref st = h_.state(obj);
+    if (st == kNoRef) return kNoRef;
+    if (is_dict(st)) return get(st, name);
+    if (h_.kind(st) == Kind::kTuple)
+      for (Ref part : h_.items(st))
+        if (is_dict(part))
+          if (Ref v = get(part, name)) return v;
+    return kNoRef;
   }
 
   // torch.Size(tuple) or a plain tuple/list of non-negative ints.
-  std::vector<int64_t> ints(const ValuePtr& v, const char* what, const std::string& key) const {
-    ValuePtr seq = v;
-    if (v && v->kind() == Value::Kind::kObject && v->module() == "torch" && v->name() == "Size") {
-      if (v->items().size() != 1)
+  std::vector<int64_t> ints(Ref v, const char* what, const std::string& key) const {
+    Ref seq = v;
+    if (v != kNoRef && h_.kind(v) == Kind::kObject && h_.module(v) == "torch" &&
+        h_.name(v) == "Size") {
+      if (h_.items(v).size() != 1)
         fail(ErrorCode::kCorrupt, std::string(what) + ": torch.Size takes one argument", key);
-      seq = v->items()[0];
+      seq = h_.items(v)[0];
     }
-    if (!seq || !seq->is_sequence())
+    if (!is_sequence(seq))
       fail(ErrorCode::kCorrupt,
-           std::string(what) + " is " + (seq ? seq->repr(40) : std::string("missing")) +
-               ", not a sequence of ints",
-           key);
-    if (seq->items().size() > limits_.max_dims)
+           std::string(what) + " is " + show(seq, "missing") + ", not a sequence of ints", key);
+    auto items = h_.items(seq);
+    if (items.size() > limits_.max_dims)
       fail(ErrorCode::kLimitExceeded,
-           std::string(what) + " has " + std::to_string(seq->items().size()) +
-               " dimensions (limit " + std::to_string(limits_.max_dims) + ")",
+           std::string(what) + " has " + std::to_string(items.size()) + " dimensions (limit " +
+               std::to_string(limits_.max_dims) + ")",
            key);
-    std::vector<int64_t> out;
-    for (const ValuePtr& i : seq->items()) {
-      if (!i || i->kind() != Value::Kind::kInt || i->is_big_int() || i->as_int() < 0)
+    std::vector<int64_t> out(items.size());
+    for (size_t d = 0; d < items.size(); ++d) {
+      if (!is_uint(items[d]))
         fail(ErrorCode::kCorrupt,
-             std::string(what) + " holds " + (i ? i->repr(40) : std::string("null")) +
-                 ", not a non-negative int",
+             std::string(what) + " holds " + show(items[d], "null") + ", not a non-negative int",
              key);
-      out.push_back(i->as_int());
+      out[d] = h_.int_value(items[d]);
     }
     return out;
   }
 
-  uint64_t uint(const ValuePtr& v, const char* what, const std::string& key) const {
-    if (!v || v->kind() != Value::Kind::kInt || v->is_big_int() || v->as_int() < 0)
+  uint64_t uint(Ref v, const char* what, const std::string& key) const {
+    if (!is_uint(v))
       fail(ErrorCode::kCorrupt,
-           std::string(what) + " is " + (v ? v->repr(40) : std::string("missing")) +
-               ", not a non-negative int",
-           key);
-    return static_cast<uint64_t>(v->as_int());
+           std::string(what) + " is " + show(v, "missing") + ", not a non-negative int", key);
+    return static_cast<uint64_t>(h_.int_value(v));
   }
 
-  std::string text(const ValuePtr& v, const char* what, const std::string& key) const {
-    if (!v || v->kind() != Value::Kind::kString)
-      fail(ErrorCode::kCorrupt,
-           std::string(what) + " is " + (v ? v->repr(40) : std::string("missing")) +
-               ", not a string",
+  std::string text(Ref v, const char* what, const std::string& key) const {
+    if (!is_string(v))
+      fail(ErrorCode::kCorrupt, std::string(what) + " is " + show(v, "missing") + ", not a string",
            key);
-    return v->str();
+    return std::string(h_.text(v));
   }
 
   // TensorProperties: its state is (dtype, layout, requires_grad, memory_format, pin_memory)
   // from its __getstate__, or a dict with those names (the dataclass default).
-  void properties(const ValuePtr& p, DcpEntry& e) const {
+  void properties(Ref p, DcpEntry& e) const {
     if (!is(p, "TensorProperties"))
-      fail(
-          ErrorCode::kCorrupt,
-          "properties are " + (p ? p->repr(40) : std::string("missing")) + ", not TensorProperties",
-          e.fqn);
-    ValuePtr dtype, layout;
-    const ValuePtr& st = p->state();
-    if (st && st->kind() == Value::Kind::kTuple && st->items().size() >= 2) {
-      dtype = st->items()[0];
-      layout = st->items()[1];
+      fail(ErrorCode::kCorrupt, "properties are " + show(p, "missing") + ", not TensorProperties",
+           e.fqn);
+    Ref dtype = kNoRef, layout = kNoRef;
+    const Ref st = h_.state(p);
+    if (st != kNoRef && h_.kind(st) == Kind::kTuple && h_.items(st).size() >= 2) {
+      dtype = h_.items(st)[0];
+      layout = h_.items(st)[1];
     } else {
       dtype = field(p, "dtype");
       layout = field(p, "layout");
     }
-    if (!dtype || dtype->kind() != Value::Kind::kGlobal || dtype->module() != "torch")
-      fail(ErrorCode::kCorrupt, "dtype is " + (dtype ? dtype->repr(40) : std::string("missing")),
-           e.fqn);
-    auto dt = dtype_from_name(dtype->name());
-    if (!dt) fail(ErrorCode::kUnsupported, "dtype torch." + dtype->name() + " is not known", e.fqn);
+    if (dtype == kNoRef || h_.kind(dtype) != Kind::kGlobal || h_.module(dtype) != "torch")
+      fail(ErrorCode::kCorrupt, "dtype is " + show(dtype, "missing"), e.fqn);
+    auto dt = dtype_from_name(std::string(h_.name(dtype)));
+    if (!dt)
+      fail(ErrorCode::kUnsupported,
+           "dtype torch." + std::string(h_.name(dtype)) + " is not known", e.fqn);
     e.dtype = *dt;
     // The layout: torch.serialization._get_layout('torch.strided'), or the global itself.
     std::string lname = "torch.strided";
-    if (layout && layout->kind() == Value::Kind::kObject && layout->name() == "_get_layout" &&
-        layout->items().size() == 1 && layout->items()[0]->kind() == Value::Kind::kString)
-      lname = layout->items()[0]->str();
-    else if (layout && layout->kind() == Value::Kind::kGlobal)
-      lname = layout->module() + "." + layout->name();
-    else if (layout && !layout->is_none())
-      fail(ErrorCode::kCorrupt, "layout is " + layout->repr(40), e.fqn);
+    if (layout != kNoRef && h_.kind(layout) == Kind::kObject && h_.name(layout) == "_get_layout" &&
+        h_.items(layout).size() == 1 && h_.kind(h_.items(layout)[0]) == Kind::kString)
+      lname = h_.text(h_.items(layout)[0]);
+    else if (layout != kNoRef && h_.kind(layout) == Kind::kGlobal)
+      lname = std::string(h_.module(layout)) + "." + std::string(h_.name(layout));
+    else if (layout != kNoRef && h_.kind(layout) != Kind::kNone)
+      fail(ErrorCode::kCorrupt, "layout is " + show(layout, ""), e.fqn);
     if (lname != "torch.strided")
       fail(ErrorCode::kUnsupported, "tensor layout " + lname + " (only torch.strided is read)",
            e.fqn);
   }
 
-  DcpEntry entry(const ValuePtr& key, const ValuePtr& v) const {
+  DcpEntry entry(Ref key, Ref v) const {
     DcpEntry e;
     e.fqn = text(key, "a state_dict_metadata key", {});
     if (is(v, "BytesStorageMetadata")) {
@@ -207,18 +232,19 @@ class Reader {
     if (!is(v, "TensorStorageMetadata"))
       fail(ErrorCode::kUnsupported,
            "storage metadata " +
-               (v ? (v->module().empty() ? v->repr(40) : v->module() + "." + v->name())
-                  : std::string("null")) +
+               (v == kNoRef             ? std::string("null")
+                : h_.module(v).empty() ? show(v, "null")
+                                       : std::string(h_.module(v)) + "." + std::string(h_.name(v))) +
                " is not TensorStorageMetadata or BytesStorageMetadata",
            e.fqn);
     properties(field(v, "properties"), e);
     e.size = ints(field(v, "size"), "size", e.fqn);
-    ValuePtr chunks = field(v, "chunks");
-    if (!chunks || !chunks->is_sequence())
-      fail(ErrorCode::kCorrupt, "chunks are not a list", e.fqn);
-    for (const ValuePtr& c : chunks->items()) {
+    const Ref chunks = field(v, "chunks");
+    if (!is_sequence(chunks)) fail(ErrorCode::kCorrupt, "chunks are not a list", e.fqn);
+    e.chunks.reserve(h_.items(chunks).size());
+    for (Ref c : h_.items(chunks)) {
       if (!is(c, "ChunkStorageMetadata"))
-        fail(ErrorCode::kCorrupt, "a chunk is " + (c ? c->repr(40) : std::string("null")), e.fqn);
+        fail(ErrorCode::kCorrupt, "a chunk is " + show(c, "null"), e.fqn);
       DcpChunk ch;
       ch.offsets = ints(field(c, "offsets"), "chunk offsets", e.fqn);
       ch.sizes = ints(field(c, "sizes"), "chunk sizes", e.fqn);
@@ -227,58 +253,66 @@ class Reader {
     return e;
   }
 
-  DcpStorage storage(const ValuePtr& k, const ValuePtr& v) const {
+  DcpStorage storage(Ref k, Ref v) const {
     DcpStorage s;
     if (!is(k, "MetadataIndex"))
-      fail(ErrorCode::kUnsupported, "a storage_data key is " +
-                                        (k ? k->repr(40) : std::string("null")) +
-                                        ", not MetadataIndex");
+      fail(ErrorCode::kUnsupported,
+           "a storage_data key is " + show(k, "null") + ", not MetadataIndex");
     s.fqn = text(field(k, "fqn"), "MetadataIndex.fqn", {});
-    ValuePtr off = field(k, "offset");
-    if (off && !off->is_none()) s.chunk_offsets = ints(off, "MetadataIndex.offset", s.fqn);
+    const Ref off = field(k, "offset");
+    if (off != kNoRef && h_.kind(off) != Kind::kNone)
+      s.chunk_offsets = ints(off, "MetadataIndex.offset", s.fqn);
     if (!is(v, "_StorageInfo"))
       fail(ErrorCode::kUnsupported,
-           "the storage of an item is " + (v ? v->repr(40) : std::string("null")) +
+           "the storage of an item is " + show(v, "null") +
                ", not _StorageInfo (a storage layout this reader does not know)",
            s.fqn);
     s.relative_path = text(field(v, "relative_path"), "_StorageInfo.relative_path", s.fqn);
     s.offset = uint(field(v, "offset"), "_StorageInfo.offset", s.fqn);
     s.length = uint(field(v, "length"), "_StorageInfo.length", s.fqn);
-    ValuePtr tr = field(v, "transform_descriptors");
-    if (tr && !tr->is_none()) {
-      if (!tr->is_sequence())
-        fail(ErrorCode::kCorrupt, "transform_descriptors are not a list", s.fqn);
-      for (const ValuePtr& t : tr->items()) {
+    const Ref tr = field(v, "transform_descriptors");
+    if (tr != kNoRef && h_.kind(tr) != Kind::kNone) {
+      if (!is_sequence(tr)) fail(ErrorCode::kCorrupt, "transform_descriptors are not a list", s.fqn);
+      for (Ref t : h_.items(tr)) {
         s.transformed = true;
-        s.transforms += (s.transforms.empty() ? "" : ", ") + (t ? t->repr(40) : std::string("?"));
+        s.transforms += (s.transforms.empty() ? "" : ", ") + show(t, "?");
       }
     }
     return s;
   }
 
-  DcpMetadata read(const ValuePtr& root) const {
+  DcpMetadata read(Ref root) {
     if (!is(root, "Metadata"))
-      fail(ErrorCode::kUnsupported, "the pickle holds " +
-                                        (root ? root->repr(40) : std::string("nothing")) +
-                                        ", not torch.distributed.checkpoint.metadata.Metadata");
+      fail(ErrorCode::kUnsupported,
+           "the pickle holds " + show(root, "nothing") +
+               ", not torch.distributed.checkpoint.metadata.Metadata");
     DcpMetadata md;
-    ValuePtr sdm = field(root, "state_dict_metadata");
-    if (!sdm || !sdm->is_dict()) fail(ErrorCode::kCorrupt, "state_dict_metadata is not a dict");
-    if (sdm->entries().size() > limits_.max_tensors)
-      fail(ErrorCode::kLimitExceeded, std::to_string(sdm->entries().size()) + " entries (limit " +
-                                          std::to_string(limits_.max_tensors) + ")");
+    read_entries(root, md);
+    read_storage(root, md);
+    if (Ref ver = field(root, "version"); is_string(ver)) md.version = h_.text(ver);
+    return md;
+  }
+
+  void read_entries(Ref root, DcpMetadata& md) {
+    const Ref sdm = field(root, "state_dict_metadata");
+    if (!is_dict(sdm)) fail(ErrorCode::kCorrupt, "state_dict_metadata is not a dict");
+    const size_t n = h_.dict_size(sdm);
+    if (n > limits_.max_tensors)
+      fail(ErrorCode::kLimitExceeded,
+           std::to_string(n) + " entries (limit " + std::to_string(limits_.max_tensors) + ")");
     const auto planner = planner_paths(field(root, "planner_data"));
     PathTree tree(limits_.object_bytes_for(metadata_bytes_) / PickleHeap::kBytesPerObject);
     std::unordered_set<std::string_view> keys;
-    keys.reserve(sdm->entries().size());
-    md.entries.reserve(sdm->entries().size());
-    for (const auto& [k, v] : sdm->entries()) {
-      DcpEntry e = entry(k, v);
+    keys.reserve(n);
+    md.entries.reserve(n);
+    for (size_t i = 0; i < n; ++i) {
+      const Ref k = h_.items(sdm)[2 * i];
+      DcpEntry e = entry(k, h_.items(sdm)[2 * i + 1]);
       // Python's dict has each key once; a pickle can list one twice (SETITEMS appends).
-      if (!keys.insert(k->str()).second)
+      if (!keys.insert(h_.text(k)).second)
         fail(ErrorCode::kCorrupt, "state_dict_metadata lists the key twice", e.fqn);
       if (auto it = planner.find(e.fqn); it != planner.end()) {
-        path(*it->second, e);
+        path(it->second, e);
         if (!tree.add(e.path))
           fail(ErrorCode::kLimitExceeded,
                "planner_data's paths make more objects (nested dicts, lists and the None that "
@@ -290,19 +324,22 @@ class Reader {
       }
       md.entries.push_back(std::move(e));
     }
-    ValuePtr sd = field(root, "storage_data");
-    if (!sd || !sd->is_dict())
+  }
+
+  void read_storage(Ref root, DcpMetadata& md) const {
+    const Ref sd = field(root, "storage_data");
+    if (!is_dict(sd))
       fail(ErrorCode::kUnsupported,
-           "storage_data is " + (sd ? sd->repr(40) : std::string("missing")) +
+           "storage_data is " + show(sd, "missing") +
                ", not a dict of _StorageInfo (a storage layout this reader does not know)");
-    if (sd->entries().size() > limits_.max_tensors)
-      fail(ErrorCode::kLimitExceeded, std::to_string(sd->entries().size()) +
-                                          " storage items (limit " +
+    const size_t n = h_.dict_size(sd);
+    if (n > limits_.max_tensors)
+      fail(ErrorCode::kLimitExceeded, std::to_string(n) + " storage items (limit " +
                                           std::to_string(limits_.max_tensors) + ")");
     std::set<std::pair<std::string_view, const std::vector<int64_t>*>, ItemLess> items;
-    md.storage.reserve(sd->entries().size());
-    for (const auto& [k, v] : sd->entries()) {
-      md.storage.push_back(storage(k, v));
+    md.storage.reserve(n);
+    for (size_t i = 0; i < n; ++i) {
+      md.storage.push_back(storage(h_.items(sd)[2 * i], h_.items(sd)[2 * i + 1]));
       const DcpStorage& s = md.storage.back();
       if (!items.emplace(s.fqn, &s.chunk_offsets).second)
         fail(ErrorCode::kCorrupt,
@@ -310,39 +347,48 @@ class Reader {
                  " twice",
              s.fqn);
     }
-    if (ValuePtr ver = field(root, "version"); ver && ver->kind() == Value::Kind::kString)
-      md.version = ver->str();
-    return md;
   }
 
   // planner_data: fqn -> its path, looked up once per key (a dict of 400,000 keys).
-  std::unordered_map<std::string_view, const Value*> planner_paths(const ValuePtr& planner) const {
-    std::unordered_map<std::string_view, const Value*> out;
-    if (!planner || !planner->is_dict()) return out;
-    out.reserve(planner->entries().size());
-    for (const auto& [k, v] : planner->entries())
-      if (k && k->kind() == Value::Kind::kString && v && v->is_sequence() && !v->items().empty())
-        if (!out.emplace(k->str(), v.get()).second)
-          fail(ErrorCode::kCorrupt, "planner_data lists the key twice", k->str());
+  std::unordered_map<std::string_view, Ref> planner_paths(Ref planner) const {
+    std::unordered_map<std::string_view, Ref> out;
+    if (!is_dict(planner)) return out;
+    const size_t n = h_.dict_size(planner);
+    out.reserve(n);
+    for (size_t i = 0; i < n; ++i) {
+      const Ref k = h_.items(planner)[2 * i], v = h_.items(planner)[2 * i + 1];
+      if (is_string(k) && is_sequence(v) && !h_.items(v).empty())
+        if (!out.emplace(h_.text(k), v).second)
+          fail(ErrorCode::kCorrupt, "planner_data lists the key twice", std::string(h_.text(k)));
+    }
     return out;
   }
 
   // A planner_data path: strings (dict keys) and non-negative ints (list positions), no longer
-  // than the tree may nest.
-  void path(const Value& p, DcpEntry& e) const {
-    if (p.items().size() > limits_.max_pickle_depth)
+  // than the tree may nest. Its steps become Values, one per distinct string object or int.
+  void path(Ref p, DcpEntry& e) {
+    auto steps = h_.items(p);
+    if (steps.size() > limits_.max_pickle_depth)
       fail(ErrorCode::kLimitExceeded,
-           "planner_data path has " + std::to_string(p.items().size()) +
+           "planner_data path has " + std::to_string(steps.size()) +
                " steps, deeper than Limits::max_pickle_depth (" +
                std::to_string(limits_.max_pickle_depth) + ")",
            e.fqn);
-    for (const ValuePtr& part : p.items())
-      if (!part ||
-          (part->kind() != Value::Kind::kString &&
-           (part->kind() != Value::Kind::kInt || part->is_big_int() || part->as_int() < 0)))
-        fail(ErrorCode::kCorrupt,
-             "planner_data path holds " + (part ? part->repr(40) : std::string("null")), e.fqn);
-    e.path = p.items();
+    for (Ref part : steps)
+      if (!is_string(part) && !is_uint(part))
+        fail(ErrorCode::kCorrupt, "planner_data path holds " + show(part, "null"), e.fqn);
+    e.path.reserve(steps.size());
+    for (Ref part : steps) {
+      if (is_string(part)) {
+        ValuePtr& v = strings_[part];
+        if (!v) v = Value::string(std::string(h_.text(part)));
+        e.path.push_back(v);
+      } else {
+        ValuePtr& v = ints_[h_.int_value(part)];
+        if (!v) v = Value::integer(h_.int_value(part));
+        e.path.push_back(v);
+      }
+    }
   }
 
   static std::string offsets_text(const std::vector<int64_t>& o) {
@@ -359,9 +405,14 @@ class Reader {
   };
 
  private:
+  using Kind = Value::Kind;
+  const PickleHeap& h_;
   std::string source_;
   const Limits& limits_;
   uint64_t metadata_bytes_;
+  // The path steps made so far: one Value per string object, one per int.
+  std::unordered_map<Ref, ValuePtr> strings_;
+  std::unordered_map<int64_t, ValuePtr> ints_;
 };
 
 }  // namespace
@@ -382,8 +433,11 @@ DcpMetadata read_dcp_metadata(std::span<const std::byte> data, const std::string
   o.source = source;
   o.record = ".metadata";
   o.limits = limits;
-  ValuePtr root = unpickle(data, hooks, o);
-  return Reader(source, limits, data.size()).read(root);
+  DcpMetadata md;
+  unpickle_heap(data, hooks, o, [&](const PickleHeap& heap, Ref root) {
+    md = Reader(heap, source, limits, data.size()).read(root);
+  });
+  return md;
 }
 
 }  // namespace ckpt::internal
