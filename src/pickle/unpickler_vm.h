@@ -152,7 +152,11 @@ class Vm {
   // Checkpoints never hold cycles, and the Value tree (shared_ptr) would leak one, so such a
   // pickle is refused.
   void note_mutated(Ref c) {
-    if (mutated_seen_.insert(c).second) mutated_.push_back(c);
+    if (c >= mutated_seen_.size()) mutated_seen_.resize(std::max<size_t>(c + 1, heap_.node_count()));
+    if (!mutated_seen_[c]) {
+      mutated_seen_[c] = 1;
+      mutated_.push_back(c);
+    }
   }
   void note_if_receives_container(size_t target, size_t first_item) {
     for (size_t i = first_item; i < stack_.size(); ++i)
@@ -509,7 +513,7 @@ class Vm {
   std::unordered_map<uint64_t, Ref> memo_map_;
   uint64_t memo_count_ = 0;
   std::vector<Ref> mutated_;  // containers that received a container
-  std::unordered_set<Ref> mutated_seen_;
+  std::vector<uint8_t> mutated_seen_;  // by Ref: 1 once in mutated_ (grown with the heap)
   CopyBudget budget_;
   static constexpr int64_t kMinCachedInt = -5, kMaxCachedInt = 256;
   std::array<Ref, kMaxCachedInt - kMinCachedInt + 1> small_ints_{};
