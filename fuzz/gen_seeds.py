@@ -194,8 +194,9 @@ def onnx_seeds(out):
 def dcp_seeds(out):
     """`.metadata` pickles written opcode by opcode (protocol 2, as pickle writes torch's
     dataclasses; torch itself is not needed): list indexes in planner_data that ask for padding,
-    many entries sharing one byte range of a data file, and an optimizer-shaped state of 256
-    keys with nested planner paths."""
+    many entries sharing one byte range of a data file, optimizer-shaped states of 256 and 32
+    keys with nested planner paths, a cycle through the memo, a key listed twice and a tree nested
+    deeper than the depth limit."""
     md_mod = b"torch.distributed.checkpoint.metadata"
 
     def glob(module, name):
@@ -258,17 +259,33 @@ def dcp_seeds(out):
     write(out, "dcp_metadata", "shared_range.metadata", metadata(
         [(k, tensor([4, 4])) for k in keys], [(k, (k,)) for k in keys],
         [(k, [0, 0], 0, 64) for k in keys]))
-    # 64 parameters and Adam's state for each: 256 keys, nested paths, one item each.
-    entries, planner, storage = [], [], []
-    for i in range(64):
-        p = f"layers.{i}.weight"
-        for path in (("model", p), ("optim", "state", p, "exp_avg"),
-                     ("optim", "state", p, "exp_avg_sq"), ("optim", "state", p, "step")):
-            key = ".".join(path)
-            entries.append((key, tensor([] if path[-1] == "step" else [8])))
-            planner.append((key, path))
-            storage.append((key, [] if path[-1] == "step" else [0], 32 * len(storage), 32))
-    write(out, "dcp_metadata", "many_keys.metadata", metadata(entries, planner, storage))
+    # A state_dict_metadata dict that holds the Metadata object itself (memo): a cycle.
+    write(out, "dcp_metadata", "cycle.metadata",
+          b"\x80\x02" + glob(md_mod, b"Metadata") + b")\x81q\x00}" +
+          items([(text("state_dict_metadata"), b"}" + items([(text("x"), b"h\x00")]))]) + b"b.")
+    # The same key twice in state_dict_metadata (SETITEMS appends).
+    write(out, "dcp_metadata", "keys_twice.metadata", metadata(
+        [("k", bytes_md), ("k", bytes_md)], [], [("k", [], 0, 8)]))
+    # A version nested 5,000 TUPLE1 deep (a tree deeper than max_pickle_depth).
+    deep = metadata([("k", bytes_md)], [], [("k", [], 0, 8)])
+    write(out, "dcp_metadata", "deep_tuple.metadata",
+          deep.replace(text("1.0.0"), text("1.0.0") + b"\x85" * 5000))
+    def many_keys(params, name):
+        """PARAMS parameters and Adam's state for each: 4 x PARAMS keys, nested paths, one item
+        each (the shape whose reading was once quadratic)."""
+        entries, planner, storage = [], [], []
+        for i in range(params):
+            p = f"layers.{i}.weight"
+            for path in (("model", p), ("optim", "state", p, "exp_avg"),
+                         ("optim", "state", p, "exp_avg_sq"), ("optim", "state", p, "step")):
+                key = ".".join(path)
+                entries.append((key, tensor([] if path[-1] == "step" else [8])))
+                planner.append((key, path))
+                storage.append((key, [] if path[-1] == "step" else [0], 32 * len(storage), 32))
+        write(out, "dcp_metadata", name, metadata(entries, planner, storage))
+
+    many_keys(64, "many_keys.metadata")
+    many_keys(8, "some_keys.metadata")
 
 
 def main():
