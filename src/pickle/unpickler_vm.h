@@ -120,7 +120,6 @@ class Vm {
   }
   const PickleHeap& heap() const { return heap_; }
 
-
  private:
   uint64_t abs(size_t pos) const { return opt_.base_offset + pos; }
   const char* op_name() const { return op::name(code_) ? op::name(code_) : "?"; }
@@ -152,7 +151,8 @@ class Vm {
   // Checkpoints never hold cycles, and the Value tree (shared_ptr) would leak one, so such a
   // pickle is refused.
   void note_mutated(Ref c) {
-    if (c >= mutated_seen_.size()) mutated_seen_.resize(std::max<size_t>(c + 1, heap_.node_count()));
+    if (c >= mutated_seen_.size())
+      mutated_seen_.resize(std::max<size_t>(c + 1, heap_.node_count()));
     if (!mutated_seen_[c]) {
       mutated_seen_[c] = 1;
       mutated_.push_back(c);
@@ -512,7 +512,7 @@ class Vm {
   RefVector memo_;
   std::unordered_map<uint64_t, Ref> memo_map_;
   uint64_t memo_count_ = 0;
-  std::vector<Ref> mutated_;  // containers that received a container
+  std::vector<Ref> mutated_;           // containers that received a container
   std::vector<uint8_t> mutated_seen_;  // by Ref: 1 once in mutated_ (grown with the heap)
   CopyBudget budget_;
   static constexpr int64_t kMinCachedInt = -5, kMaxCachedInt = 256;

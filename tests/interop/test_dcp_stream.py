@@ -9,6 +9,7 @@ S3 server is a real Ceph RADOS Gateway (the session's `rgw`, conftest.py).
 import os
 import subprocess
 import sys
+import time
 import warnings
 from urllib.parse import quote
 
@@ -160,3 +161,42 @@ def test_s3_prefix_missing_data_file_is_named(ckpt, rgw, dtensor):
     r = run_env(ckpt, s3_env(rgw), "ls", "s3://ckpt/dcp/holed/")
     assert r.returncode != 0
     assert names[-1] in r.stderr, r.stderr
+
+
+def test_s3_metadata_over_the_limit_is_refused_before_it_is_read(ckpt, rgw, tmp_path):
+    """A `.metadata` larger than Limits::max_metadata_bytes under an s3:// prefix is refused by
+    its size (exit 7, naming it and the limit) before it is downloaded: the message is the size
+    check's (the pickle reader's own bound says "pickle is larger"), and the gateway's access log
+    shows far fewer bytes of it sent than it holds."""
+    from conftest import DCP_FIXTURE
+
+    if not DCP_FIXTURE:
+        pytest.skip("the torch2/dcp_model fixture is not here")
+    d = tmp_path / "bigmeta"
+    d.mkdir()
+    for name in os.listdir(DCP_FIXTURE):
+        with open(os.path.join(DCP_FIXTURE, name), "rb") as src, open(d / name, "wb") as dst:
+            dst.write(src.read())
+    size = 24 << 20
+    with open(d / ".metadata", "r+b") as f:  # the real pickle, then zeros past its STOP
+        f.truncate(size)
+    url = upload(rgw, d, "dcp/bigmeta")
+    logs = [os.path.join(rgw.root, "log", n) for n in os.listdir(os.path.join(rgw.root, "log"))]
+    before = {p: os.path.getsize(p) for p in logs}
+    r = run_env(ckpt, s3_env(rgw), "ls", url, "--max-metadata-mb", "1")
+    assert r.returncode == 7, r.stderr
+    assert f".metadata of {size} bytes" in r.stderr and "max_metadata_bytes" in r.stderr, r.stderr
+    # beast's access lines (written by Ceph's log thread, a moment later):
+    # ... "GET /ckpt/dcp/bigmeta/.metadata HTTP/1.1" STATUS BYTES ...
+    sent, deadline = [], time.monotonic() + 15
+    while not sent and time.monotonic() < deadline:
+        time.sleep(0.2)
+        for p in logs:
+            with open(p, "rb") as f:
+                f.seek(before[p])
+                for line in f.read().decode(errors="replace").splitlines():
+                    if "GET /ckpt/dcp/bigmeta/.metadata" in line:
+                        after = line.split('HTTP/1.1"', 1)[-1].split()
+                        if len(after) >= 2 and after[1].isdigit():
+                            sent.append(int(after[1]))
+    assert sent and sum(sent) < size // 4, (sent, size)

@@ -468,16 +468,9 @@ TEST(Limits, DefaultsOpenAMillionTensors) {
             "model.layers." + std::to_string((n - 1) / 8) + ".w" + std::to_string((n - 1) % 8));
 }
 
-TEST(Limits, DefaultsOpenADcpFolderOf400kKeys) {
-  // 100,000 parameters and Adam's state for each (step, exp_avg, exp_avg_sq): 400,000 keys,
-  // written by save_dcp. Opening looks each key up in planner_data and places it in its dict:
-  // linear lookups made that quadratic (80,000 keys took 37 s).
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-  size_t n = 10000;
-#else
-  size_t n = 100000;
-#endif
-  if (const char* env = std::getenv("CKPT_TEST_PARAMS")) n = std::strtoull(env, nullptr, 10);
+// A DCP folder of n parameters and Adam's state for each (step, exp_avg, exp_avg_sq): 4n keys
+// with nested planner paths, written by save_dcp.
+void write_adam_dcp(const std::string& path, size_t n) {
   std::vector<float> v(4 * n, 1.0f);
   Tensor base = Tensor::copy_of("base", DType::kFloat32, {int64_t(4 * n)},
                                 std::as_bytes(std::span<const float>(v)));
@@ -504,9 +497,30 @@ TEST(Limits, DefaultsOpenADcpFolderOf400kKeys) {
   optim->entries().emplace_back(Value::string("state"), state);
   root->entries().emplace_back(Value::string("model"), model);
   root->entries().emplace_back(Value::string("optim"), optim);
-  TempDir dir;
-  save_dcp(dir.file("dcp"), root, ts, {.fsync = false});
+  save_dcp(path, root, ts, {.fsync = false});
   ts.clear();
+}
+
+// CPU time (user + sys, every thread) of this process so far, in seconds.
+double cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+}
+
+TEST(Limits, DefaultsOpenADcpFolderOf400kKeys) {
+  // 100,000 parameters and Adam's state for each (step, exp_avg, exp_avg_sq): 400,000 keys,
+  // written by save_dcp. Opening looks each key up in planner_data and places it in its dict:
+  // linear lookups made that quadratic (80,000 keys took 37 s).
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  size_t n = 10000;
+#else
+  size_t n = 100000;
+#endif
+  if (const char* env = std::getenv("CKPT_TEST_PARAMS")) n = std::strtoull(env, nullptr, 10);
+  TempDir dir;
+  write_adam_dcp(dir.file("dcp"), n);
   auto start = std::chrono::steady_clock::now();
   Checkpoint c = Checkpoint::open(dir.file("dcp"));
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -516,6 +530,36 @@ TEST(Limits, DefaultsOpenADcpFolderOf400kKeys) {
   // 15 minutes at this size), not a slow machine.
   EXPECT_LT(s, 300.0) << "opening took " << s << " s";
   std::printf("opened %zu keys in %.2f s\n", 4 * n, s);
+}
+
+TEST(Limits, DcpFolderOpensInCpuTimeLinearInItsKeys) {
+  // Opening a DCP folder costs CPU time in proportion to its keys (the .metadata reader, the
+  // items, the tree): ten times the keys may cost at most 25 times the CPU (a quadratic step
+  // would be 100 times). CPU time of the whole process (every thread), not wall time.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  size_t n = 1000;
+#else
+  size_t n = 10000;
+#endif
+  if (const char* env = std::getenv("CKPT_TEST_PARAMS")) n = std::strtoull(env, nullptr, 10) / 10;
+  TempDir dir;
+  double cpu[2];
+  for (size_t k = 0; k < 2; ++k) {
+    const size_t params = k ? 10 * n : n;
+    const std::string path = dir.file("dcp" + std::to_string(k));
+    write_adam_dcp(path, params);
+    const double before = cpu_seconds();
+    {
+      Checkpoint c = Checkpoint::open(path);
+      ASSERT_EQ(c.tensors().size(), 4 * params);
+    }
+    cpu[k] = cpu_seconds() - before;
+    std::printf("opened and closed %zu keys in %.2f s of CPU\n", 4 * params, cpu[k]);
+  }
+  // A bound far above the measured figure (docs/benchmarks.md), for a loaded machine.
+  EXPECT_LT(cpu[1], 120.0) << 40 * n << " keys took " << cpu[1] << " s of CPU";
+  EXPECT_LT(cpu[1], 25 * std::max(cpu[0], 0.05))
+      << 40 * n << " keys took " << cpu[1] << " s of CPU, " << 4 * n << " keys " << cpu[0];
 }
 
 TEST(Limits, DefaultsOpenATerabyteTensor) {

@@ -94,12 +94,8 @@ class PathTree {
 // (cycles, depth, copies, object count), so what is read and refused is what the tree gave.
 class Reader {
  public:
-  Reader(const PickleHeap& heap, std::string source, const Limits& limits,
-         uint64_t metadata_bytes)
-      : h_(heap),
-        source_(std::move(source)),
-        limits_(limits),
-        metadata_bytes_(metadata_bytes) {}
+  Reader(const PickleHeap& heap, std::string source, const Limits& limits, uint64_t metadata_bytes)
+      : h_(heap), source_(std::move(source)), limits_(limits), metadata_bytes_(metadata_bytes) {}
 
   [[noreturn]] void fail(ErrorCode code, const std::string& what,
                          const std::string& key = {}) const {
@@ -205,8 +201,8 @@ class Reader {
       fail(ErrorCode::kCorrupt, "dtype is " + show(dtype, "missing"), e.fqn);
     auto dt = dtype_from_name(std::string(h_.name(dtype)));
     if (!dt)
-      fail(ErrorCode::kUnsupported,
-           "dtype torch." + std::string(h_.name(dtype)) + " is not known", e.fqn);
+      fail(ErrorCode::kUnsupported, "dtype torch." + std::string(h_.name(dtype)) + " is not known",
+           e.fqn);
     e.dtype = *dt;
     // The layout: torch.serialization._get_layout('torch.strided'), or the global itself.
     std::string lname = "torch.strided";
@@ -230,13 +226,14 @@ class Reader {
       return e;
     }
     if (!is(v, "TensorStorageMetadata"))
-      fail(ErrorCode::kUnsupported,
-           "storage metadata " +
-               (v == kNoRef             ? std::string("null")
-                : h_.module(v).empty() ? show(v, "null")
-                                       : std::string(h_.module(v)) + "." + std::string(h_.name(v))) +
-               " is not TensorStorageMetadata or BytesStorageMetadata",
-           e.fqn);
+      fail(
+          ErrorCode::kUnsupported,
+          "storage metadata " +
+              (v == kNoRef            ? std::string("null")
+               : h_.module(v).empty() ? show(v, "null")
+                                      : std::string(h_.module(v)) + "." + std::string(h_.name(v))) +
+              " is not TensorStorageMetadata or BytesStorageMetadata",
+          e.fqn);
     properties(field(v, "properties"), e);
     e.size = ints(field(v, "size"), "size", e.fqn);
     const Ref chunks = field(v, "chunks");
@@ -272,7 +269,8 @@ class Reader {
     s.length = uint(field(v, "length"), "_StorageInfo.length", s.fqn);
     const Ref tr = field(v, "transform_descriptors");
     if (tr != kNoRef && h_.kind(tr) != Kind::kNone) {
-      if (!is_sequence(tr)) fail(ErrorCode::kCorrupt, "transform_descriptors are not a list", s.fqn);
+      if (!is_sequence(tr))
+        fail(ErrorCode::kCorrupt, "transform_descriptors are not a list", s.fqn);
       for (Ref t : h_.items(tr)) {
         s.transformed = true;
         s.transforms += (s.transforms.empty() ? "" : ", ") + show(t, "?");
@@ -283,9 +281,8 @@ class Reader {
 
   DcpMetadata read(Ref root) {
     if (!is(root, "Metadata"))
-      fail(ErrorCode::kUnsupported,
-           "the pickle holds " + show(root, "nothing") +
-               ", not torch.distributed.checkpoint.metadata.Metadata");
+      fail(ErrorCode::kUnsupported, "the pickle holds " + show(root, "nothing") +
+                                        ", not torch.distributed.checkpoint.metadata.Metadata");
     DcpMetadata md;
     read_entries(root, md);
     read_storage(root, md);
