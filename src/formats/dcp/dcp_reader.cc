@@ -44,9 +44,40 @@ bool plain_name(const std::string& n) {
          n.find('\\') == std::string::npos && n.find('\0') == std::string::npos;
 }
 
+// An item, opened. A bytes item keeps its model (its value and tensors join the folder's); a
+// tensor chunk keeps only what build() checks and places, its model freed by the thread that
+// opened it (400,000 models kept to the end were most of the memory of opening such a folder).
 struct Opened {
-  std::shared_ptr<CheckpointModel> blob;  // the item's torch.save, opened
+  std::shared_ptr<CheckpointModel> blob;  // a bytes item: the item's torch.save, opened
+  // A tensor chunk:
+  bool one_tensor = false;  // its root is one tensor of the model
+  std::string root;         // else: the root's text, for the refusal
+  DType dtype = DType::kFloat32;
+  std::vector<int64_t> shape;
+  bool raw = false;     // contiguous raw bytes in native order, in the file
+  uint64_t offset = 0;  // raw: where its bytes start, from the item's start
+  uint64_t nbytes = 0;
 };
+
+Opened chunk_facts(const CheckpointModel& b) {
+  Opened o;
+  const ValuePtr& r = b.root;
+  o.one_tensor = r && r->kind() == Value::Kind::kTensor && r->tensor_index() < b.tensors.size();
+  if (!o.one_tensor) {
+    o.root = r ? r->repr(40) : std::string("nothing");
+    return o;
+  }
+  const TensorInfo& t = b.tensors[r->tensor_index()];
+  const StorageInfo& bs = b.storages[t.storage];
+  o.dtype = t.dtype;
+  o.shape = t.shape;
+  o.raw = t.is_contiguous() && !bs.meta && b.kind(t.storage) == StorageKind::kRaw && !bs.byteswap;
+  if (o.raw) {
+    o.offset = bs.offset + t.byte_offset();
+    o.nbytes = t.nbytes();
+  }
+  return o;
+}
 
 class Opener {
  public:
@@ -231,7 +262,7 @@ class Opener {
     const DcpChunk* chunk;  // null: a bytes item
   };
 
-  std::shared_ptr<CheckpointModel> open_job(const Job& j) const {
+  Opened open_job(const Job& j) const {
     const std::vector<int64_t> none;
     size_t i = 0;
     const DcpStorage* s = item(j.entry->fqn, j.chunk ? j.chunk->offsets : none, &i);
@@ -258,7 +289,11 @@ class Opener {
              layout_->paths[f], j.entry->fqn, s->offset);
     }
     try {
-      return open_model(w, options_);
+      std::shared_ptr<CheckpointModel> m = open_model(w, options_);
+      if (j.chunk) return chunk_facts(*m);
+      Opened o;
+      o.blob = std::move(m);
+      return o;
     } catch (Error& e) {
       e.add_context("reading the item of '" + j.entry->fqn + "' at offset " +
                     std::to_string(s->offset) + " of " + layout_->paths[f]);
@@ -278,7 +313,7 @@ class Opener {
   std::map<std::pair<std::string, std::vector<int64_t>>, size_t> by_key_;
   std::vector<uint32_t> item_file_;  // per storage item: its data file
   std::vector<Job> jobs_;
-  std::vector<std::shared_ptr<CheckpointModel>> opened_;
+  std::vector<Opened> opened_;
   // The entries of each dict place() walks: key text -> entry number. A dict's entries only grow
   // while the tree is built, and a dict is indexed from its own entries the first time it is met
   // (a bytes item's value may bring some), so a lookup costs O(1), not a scan per key.
@@ -341,7 +376,7 @@ void Opener::build(CheckpointModel& m) {
   size_t j = 0;  // jobs_ are in entry order, chunks in order
   for (const DcpEntry& e : md_.entries) {
     if (e.is_bytes) {
-      const CheckpointModel& b = *opened_[j++];
+      const CheckpointModel& b = *opened_[j++].blob;
       // The value, with its tensors (if any) as tensors of this model read whole from the item.
       const size_t tbase = m.tensors.size(), sbase = m.storages.size();
       for (size_t s = 0; s < b.storages.size(); ++s) {
@@ -396,26 +431,22 @@ void Opener::build(CheckpointModel& m) {
       uint64_t vol = 1;
       for (int64_t s : c.sizes) vol *= static_cast<uint64_t>(s);
       if (!vol) continue;
-      const CheckpointModel& b = *opened_[j++];
+      const Opened& b = opened_[j++];
       size_t i = 0;
       const DcpStorage* st = item(e.fqn, c.offsets, &i);
       const std::string& file = layout_->paths[item_file_[i]];
-      const ValuePtr& r = b.root;
-      if (!r || r->kind() != Value::Kind::kTensor || r->tensor_index() >= b.tensors.size())
+      if (!b.one_tensor)
         fail(ErrorCode::kUnsupported,
-             "the chunk at " + dims(c.offsets) + " is stored as " +
-                 (r ? r->repr(40) : std::string("nothing")) +
+             "the chunk at " + dims(c.offsets) + " is stored as " + b.root +
                  ", not one tensor (a storage layout this reader does not know)",
              file, e.fqn, st->offset);
-      const TensorInfo& t = b.tensors[r->tensor_index()];
-      const StorageInfo& bs = b.storages[t.storage];
-      if (t.dtype != e.dtype || t.shape != c.sizes)
+      if (b.dtype != e.dtype || b.shape != c.sizes)
         fail(ErrorCode::kCorrupt,
-             "the chunk at " + dims(c.offsets) + " holds a " + std::string(dtype_name(t.dtype)) +
-                 " tensor " + dims(t.shape) + "; .metadata says " +
+             "the chunk at " + dims(c.offsets) + " holds a " + std::string(dtype_name(b.dtype)) +
+                 " tensor " + dims(b.shape) + "; .metadata says " +
                  std::string(dtype_name(e.dtype)) + " " + dims(c.sizes),
              file, e.fqn, st->offset);
-      if (!t.is_contiguous() || bs.meta || b.kind(t.storage) != StorageKind::kRaw || bs.byteswap)
+      if (!b.raw)
         fail(ErrorCode::kUnsupported,
              "the chunk at " + dims(c.offsets) +
                  " is not stored as contiguous raw bytes in native order (a storage layout this "
@@ -423,8 +454,8 @@ void Opener::build(CheckpointModel& m) {
              file, e.fqn, st->offset);
       DcpPiece p;
       p.file = item_file_[i];
-      p.file_offset = st->offset + bs.offset + t.byte_offset();
-      p.nbytes = t.nbytes();
+      p.file_offset = st->offset + b.offset;
+      p.nbytes = b.nbytes;
       p.shape = e.size;
       p.offsets = c.offsets;
       p.sizes = c.sizes;
