@@ -97,3 +97,43 @@ def test_convert_streams_within_memory_budget(dirs, tmp_path):
         assert torch.equal(got["model." + k], t), k
     with pytest.raises(ckpt.InvalidArgumentError, match="memory_budget"):
         c.convert(str(tmp_path / "zero.safetensors"), memory_budget=0)
+
+
+
+
+@pytest.mark.parametrize("target", ["dcp", "sharded"])
+def test_convert_progress_raising_after_the_commit_is_marked(dirs, tmp_path, target):
+    """Checkpoint.convert from a DCP folder to a folder target (DCP) or a shard set: a progress
+    callable that raises at done == total raises after the output was committed, marked
+    ckpt_committed, and the output is whole."""
+    src = dirs["dtensor"]
+
+    def at_end(done, total):
+        if done >= total:
+            raise KeyError("stop")
+
+    if target == "dcp":
+        out, kw = tmp_path / "done", {"format": "dcp"}
+    else:
+        out, kw = tmp_path / "done.safetensors", {"max_shard_size": 1024}
+    with pytest.raises(KeyError) as e:
+        ckpt.open(src).convert(str(out), progress=at_end, **kw)
+    assert e.value.ckpt_committed is True
+    index = list(tmp_path.glob("*.index.json"))
+    if target == "sharded":
+        assert len(index) == 1 and len(list(tmp_path.glob("done*.safetensors"))) > 1
+    got, want = ckpt.load(str(index[0] if index else out)), ckpt.load(src)
+    if target == "sharded":  # safetensors keeps the flattened names
+        flat = {}
+
+        def walk(v, name):
+            if isinstance(v, dict):
+                for k, x in v.items():
+                    walk(x, f"{name}.{k}" if name else str(k))
+            elif isinstance(v, torch.Tensor):
+                flat[name] = v
+
+        walk(want, "")
+        assert sorted(got) == sorted(flat)
+        got, want = {k: got[k] for k in flat}, flat
+    same(got, want)
