@@ -134,6 +134,13 @@ class ByteSource {
     stats_.bytes.fetch_add(bytes, std::memory_order_relaxed);
     internal::count_process_bytes(bytes);
   }
+  // count() for a source that reads through another source (a window of a file, a cache of open
+  // files): this source's stats only, since the source it reads from counts the bytes for the
+  // process (process_bytes_read() counts each byte read from storage once).
+  void count_forwarded(uint64_t bytes) const {
+    stats_.reads.fetch_add(1, std::memory_order_relaxed);
+    stats_.bytes.fetch_add(bytes, std::memory_order_relaxed);
+  }
   // Throws Error{kTruncated} naming this source if [offset, offset+len) is not inside it.
   void check_range(uint64_t offset, uint64_t len) const;
 

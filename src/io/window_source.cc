@@ -15,14 +15,14 @@ class WindowSource final : public ByteSource {
   const std::string& name() const override { return name_; }
   void read_into(uint64_t offset, std::span<std::byte> dst) const override {
     check_range(offset, dst.size());
-    count(dst.size());
+    count_forwarded(dst.size());
     base_->read_into(offset_ + offset, dst);
   }
   void read_batch(std::span<const ReadRequest> requests) const override {
     std::vector<ReadRequest> moved(requests.begin(), requests.end());
     for (ReadRequest& r : moved) {
       check_range(r.offset, r.dst.size());
-      count(r.dst.size());
+      count_forwarded(r.dst.size());
       r.offset += offset_;
     }
     base_->read_batch(moved);

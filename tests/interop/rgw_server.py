@@ -33,6 +33,9 @@ class Rgw:
         self.procs = []
         self.mon_port, self.rgw_port = free_port(), free_port()
         self.endpoint = f"http://127.0.0.1:{self.rgw_port}"
+        # The gateway's log: the beast frontend writes a line per request at debug level 1
+        # ("GET /bucket/key HTTP/1.1" STATUS BYTES ... bytes=RANGE), asynchronously: flush_log().
+        self.log = os.path.join(root, "log", "client.rgw.a.log")
         fsid = str(uuid.uuid4())
         for d in ("mon/ceph-a", "osd/ceph-0", "run", "log"):
             os.makedirs(os.path.join(root, d), exist_ok=True)
@@ -61,6 +64,7 @@ keyring = {root}/keyring
 rgw data = {root}/rgw
 [client.rgw.a]
 rgw frontends = beast endpoint=127.0.0.1:{self.rgw_port}
+debug rgw = 1/5
 """)
         c = ["-c", self.conf]
         try:
@@ -119,6 +123,10 @@ rgw frontends = beast endpoint=127.0.0.1:{self.rgw_port}
         if check and not 200 <= status < 300:
             raise RuntimeError(f"{method} {path}: HTTP {status}: {body[:300]!r}")
         return status, body
+
+    def flush_log(self):
+        """Writes out what the gateway logged so far (its admin socket's `log flush`)."""
+        self._run(["ceph", "--admin-daemon", f"{self.root}/run/client.rgw.a.asok", "log", "flush"])
 
     def put_file(self, path, local, public=False):
         extra = ["-H", "x-amz-acl: public-read"] if public else []

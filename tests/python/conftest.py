@@ -44,3 +44,38 @@ def ckpt_bin():
     if not os.access(path, os.X_OK):
         pytest.skip(f"ckpt binary not found at {path} (build it or set CKPT_BIN)")
     return path
+
+
+@pytest.fixture(scope="session")
+def nginx(tmp_path_factory):
+    """A real nginx serving a tmp folder (tests/interop/test_remote.py's Nginx), once per
+    session; skipped with a message where it cannot run."""
+    from test_remote import NGINX, Nginx  # tests/interop (on sys.path above)
+    if not os.path.exists(NGINX):
+        pytest.skip("nginx is not installed (Debian package nginx)")
+    try:
+        n = Nginx(str(tmp_path_factory.mktemp("nginx")))
+    except (RuntimeError, OSError) as e:
+        pytest.skip(f"nginx cannot run here: {e}")
+    yield n
+    n.stop()
+
+
+@pytest.fixture(scope="session")
+def rgw(tmp_path_factory):
+    """A single-node Ceph RGW with the bucket "ckpt" (tests/interop/rgw_server.py), once per
+    session (~12 s); skipped with a message where it cannot run."""
+    import shutil
+    import subprocess
+    import rgw_server
+    if not shutil.which("curl"):
+        pytest.skip("the curl tool is needed to fill the bucket")
+    try:
+        g = rgw_server.Rgw(str(tmp_path_factory.mktemp("rgw")))
+    except (RuntimeError, OSError, subprocess.TimeoutExpired) as e:
+        pytest.skip(f"Ceph RGW cannot run here: {e}")
+    try:
+        g.curl("PUT", "/ckpt")
+        yield g
+    finally:
+        g.stop()

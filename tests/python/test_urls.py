@@ -1,5 +1,5 @@
 """ckpt.load, safe_open and ckpt.open take URLs (issue 11 through the module): a real nginx
-serves the files (started once for this module; skipped with a message where nginx cannot run)."""
+serves the files (the session's `nginx` fixture, tests/python/conftest.py)."""
 
 import os
 
@@ -7,19 +7,6 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import ckpt  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def nginx(tmp_path_factory):
-    from test_remote import NGINX, Nginx  # tests/interop (on sys.path via conftest)
-    if not os.path.exists(NGINX):
-        pytest.skip("nginx is not installed (Debian package nginx)")
-    try:
-        n = Nginx(str(tmp_path_factory.mktemp("nginx")))
-    except (RuntimeError, OSError) as e:
-        pytest.skip(f"nginx cannot run here: {e}")
-    yield n
-    n.stop()
 
 
 def test_load_url_equals_torch_load(nginx, tmp_path):

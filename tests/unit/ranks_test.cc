@@ -212,6 +212,36 @@ TEST(RankLoad, GroupReadsEveryReplicatedByteOnce) {
   }
 }
 
+// A DCP folder of two data files (each tensor in two chunks along dim 0): a rank reads, of each
+// chunk that meets its box, only the part that meets it; the replicated parts end at row
+// boundaries; a byte read through the folder's data files is counted once.
+TEST(RankLoad, GroupReadsEveryByteOfADcpFolderOnce) {
+  Model m;
+  const std::string dir = m.dir.file("dcp");
+  save_dcp(dir, nullptr, m.tensors, {.files = 2, .fsync = false});
+  RankPlan plan = RankPlan::from_json(R"({"a.weight": "shard:1", "b.weight": "shard:0"})");
+  for (int world : {1, 2, 3}) {
+    ThreadGroup g(world);
+    std::vector<std::vector<Tensor>> got(world);
+    std::vector<RankLoadPlan> plans(world);
+    Checkpoint c = Checkpoint::open(dir);
+    const uint64_t before = process_bytes_read();
+    std::vector<std::thread> threads;
+    for (int r = 0; r < world; ++r)
+      threads.emplace_back([&, r] {
+        ThreadGroup::Member ex(g, r);
+        plans[r] = resolve(c, plan, r, world);
+        got[r] = load_group(c, plans[r], ex, 30);  // rounds that end inside rows
+      });
+    for (auto& t : threads) t.join();
+    EXPECT_EQ(process_bytes_read() - before, m.bytes) << world;
+    for (int r = 0; r < world; ++r)
+      for (size_t i = 0; i < m.tensors.size(); ++i)
+        EXPECT_EQ(got[r][i].contiguous_bytes(), box_of(m[got[r][i].name()], plans[r].tensors[i]))
+            << r << "/" << world << " " << got[r][i].name();
+  }
+}
+
 TEST(RankLoad, AFailedExchangeNamesTheRankAndTheTensor) {
   Model m;
   ThreadGroup g(1);

@@ -114,22 +114,53 @@ class DcpDecoder final : public StorageDecoder {
     if (failed) std::rethrow_exception(failed);
   }
 
-  // Only the chunks that meet the box are read (a tensor-parallel rank's slice).
+  // Only the chunks that meet the box are read, and of each only the runs of the part that
+  // meets it (a tensor-parallel rank's slice): all of them in one batch, so that a remote
+  // source fetches them together.
   bool read_box(size_t index, const TensorInfo& t, std::span<const int64_t> begin,
                 std::span<const int64_t> end, std::span<std::byte> dst) const override {
     const std::vector<DcpPiece>& pieces = l_->pieces.at(index);
     if (pieces.empty() || pieces[0].whole) return false;
     const size_t elsize = dtype_size(t.dtype);
-    std::vector<std::byte> buf;
+    struct Part {
+      const DcpPiece* piece;
+      std::vector<int64_t> begin, sizes;  // the part of the box in the chunk (global)
+      uint64_t at, nbytes;                // its bytes in buf
+    };
+    std::vector<Part> parts;
+    uint64_t total = 0;
     for (const DcpPiece& p : pieces) {
-      bool meets = true;
-      for (size_t d = 0; d < p.offsets.size() && meets; ++d)
-        meets = p.offsets[d] < end[d] && begin[d] < p.offsets[d] + p.sizes[d];
-      if (!meets) continue;
-      buf.resize(p.nbytes);
-      l_->sources[p.file]->read_into(p.file_offset, buf);
-      copy_box(p.offsets, p.sizes, buf.data(), begin, end, dst.data(), elsize);
+      Part part{&p, p.offsets, p.sizes, total, elsize};
+      for (size_t d = 0; d < p.offsets.size() && part.nbytes; ++d) {
+        const int64_t b = std::max(begin[d], p.offsets[d]);
+        const int64_t e = std::min(end[d], p.offsets[d] + p.sizes[d]);
+        part.begin[d] = b;
+        part.sizes[d] = std::max<int64_t>(0, e - b);
+        part.nbytes *= static_cast<uint64_t>(part.sizes[d]);
+      }
+      if (!part.nbytes) continue;
+      total += part.nbytes;
+      parts.push_back(std::move(part));
     }
+    std::vector<std::byte> buf(total);
+    std::vector<std::vector<ReadRequest>> reqs(l_->sources.size());
+    for (const Part& part : parts) {
+      const DcpPiece& p = *part.piece;
+      std::vector<int64_t> lb(p.offsets.size()), le(p.offsets.size());
+      for (size_t d = 0; d < lb.size(); ++d) {
+        lb[d] = part.begin[d] - p.offsets[d];
+        le[d] = lb[d] + part.sizes[d];
+      }
+      uint64_t at = part.at;
+      for (const ByteRun& r : box_runs(p.sizes, lb, le, elsize)) {
+        reqs[p.file].push_back({p.file_offset + r.offset, {buf.data() + at, r.length}});
+        at += r.length;
+      }
+    }
+    for (size_t f = 0; f < reqs.size(); ++f)
+      if (!reqs[f].empty()) l_->sources[f]->read_batch(reqs[f]);
+    for (const Part& part : parts)
+      copy_box(part.begin, part.sizes, buf.data() + part.at, begin, end, dst.data(), elsize);
     return true;
   }
 

@@ -79,7 +79,7 @@ class CachedFile final : public ByteSource {
   void read_into(uint64_t offset, std::span<std::byte> dst) const override {
     check_range(offset, dst.size());
     files_->get(id_, path_, size_)->read_into(offset, dst);
-    count(dst.size());
+    count_forwarded(dst.size());
   }
 
  private:
