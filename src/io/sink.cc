@@ -22,6 +22,7 @@
 #include <thread>
 
 #include "ckpt/error.h"
+#include "io/direct_stage.h"
 #include "io/temporaries.h"
 
 namespace ckpt {
@@ -155,6 +156,7 @@ class FileSink final : public ByteSink {
     }
   }
   ~FileSink() override {
+    direct_.reset();
     helper_.reset();
     if (fd_ >= 0) ::close(fd_);
     if (!committed_ && !tmp_.empty()) ::unlink(tmp_.c_str());
@@ -165,9 +167,12 @@ class FileSink final : public ByteSink {
   // it fills, or with the next large write in one pwritev. A checkpoint of 20,000 tensors of
   // 52 KB was otherwise 60,000 writes, mostly not page-aligned, and ext4's buffered-write path
   // per call cost more than the copy: its save took ~450 ms, ~330 ms staged. Large writes are
-  // never copied.
+  // never copied, unless the file is written past the page cache (reserve()).
   void write(std::span<const std::byte> bytes) override {
-    if (bytes.size() <= kStageMax) {
+    if (direct_) {
+      direct_->write(bytes);
+      if (pos_ + bytes.size() >= direct_end_) leave_direct();  // the reserved size: all there
+    } else if (bytes.size() <= kStageMax) {
       if (stage_.size() + bytes.size() > kStageCap) flush();
       if (stage_.empty()) stage_at_ = pos_;
       stage_.insert(stage_.end(), bytes.begin(), bytes.end());
@@ -183,12 +188,24 @@ class FileSink final : public ByteSink {
   void patch(uint64_t offset, std::span<const std::byte> bytes) override {
     if (offset > pos_ || bytes.size() > pos_ - offset)
       throw Error(ErrorCode::kInvalidArgument, "patch past the written bytes", path_, {}, offset);
+    leave_direct();
     flush();
     pwrite_all(offset, bytes);
   }
   uint64_t position() const override { return pos_; }
 
   void reserve(uint64_t size) override {
+    preallocate(size);
+    // A large file fsynced on commit is written past the page cache (io/direct_stage.h) until
+    // the reserved size is written, or a write needs the page cache (patch, write_sliced).
+    if (opt_.fsync && !direct_ && size >= kDirectMin) {
+      flush();
+      direct_ = io::DirectStage::start(fd_, pos_, path_);
+      direct_end_ = pos_ + size;
+    }
+  }
+
+  void preallocate(uint64_t size) {
     if (size == 0 || !preallocate_) return;
     // On ext4, writes into preallocated (unwritten) extents skip the per-block work of delayed
     // allocation: 1 GiB into the page cache took ~120 ms instead of ~180 ms here. tmpfs gains
@@ -217,6 +234,7 @@ class FileSink final : public ByteSink {
     // other's write: saving 1 GiB of 4 MiB storages took ~125 ms this way against ~140 ms on
     // one thread. Slices end on multiples of `slice` in the file: writes that cover whole large
     // folios of the page cache were 15-20% faster than the same writes 64 bytes off.
+    leave_direct();
     flush();
     if (slice == 0 || bytes.size() / slice < kMinParallelSlices || !start_helper())
       return ByteSink::write_sliced(bytes, slice, visit);
@@ -244,6 +262,7 @@ class FileSink final : public ByteSink {
 
   void commit() override {
     if (committed_) return;
+    leave_direct();
     flush();
     helper_.reset();
     if (opt_.atomic && opt_.replace && !opt_.owner_only) {
@@ -312,6 +331,13 @@ class FileSink final : public ByteSink {
   [[noreturn]] void fail(const std::string& what) {
     throw Error(ErrorCode::kIo, what + ": " + std::strerror(errno), path_);
   }
+  static constexpr uint64_t kDirectMin = 64 << 20;
+  // Back to writes through the page cache, the staged bytes written.
+  void leave_direct() {
+    if (!direct_) return;
+    std::unique_ptr<io::DirectStage> d = std::move(direct_);
+    d->finish();
+  }
   static constexpr size_t kStageMax = 64 << 10, kStageCap = 1 << 20;
   void flush() {
     if (stage_.empty()) return;
@@ -368,6 +394,8 @@ class FileSink final : public ByteSink {
   std::vector<std::byte> stage_;  // small writes not yet written, for the file at stage_at_
   uint64_t stage_at_ = 0;
   std::unique_ptr<Helper> helper_;
+  std::unique_ptr<io::DirectStage> direct_;
+  uint64_t direct_end_ = 0;  // where the reserved bytes end
 };
 
 }  // namespace
