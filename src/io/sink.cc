@@ -342,6 +342,7 @@ class FileSink final : public ByteSink {
   // which is still what makes the file durable, finds little left to do. Its error counts as
   // the commit's: the kernel reports a writeback error to one fsync of a file description only.
   void start_early_sync() {
+    if (early_sync_.joinable()) return;  // one at a time (a second reserve()d region)
     try {
       early_sync_ = std::thread([this] { early_errno_ = ::fsync(fd_) == 0 ? 0 : errno; });
     } catch (const std::system_error&) {  // no thread: the commit's fsync does it all
