@@ -56,6 +56,27 @@ uint32_t to_f32_bits(DType d, const std::byte* p) {
   }
 }
 
+// float32 -> bfloat16 over a run (NaN -> 0xFFFF, as torch's vectorized loop), in blocks of a
+// fixed count that the compiler vectorizes at -O2 (branch-free, no remainder loop): through
+// cast_elements' per-element switch the cast of a DCP folder to bf16 shards ran at ~1 ns per
+// element, a quarter of the conversion.
+void f32_to_bf16_run(const std::byte* in, std::byte* out, uint64_t n) {
+  constexpr uint64_t kBlock = 1024;
+  uint32_t f[kBlock];
+  uint16_t h[kBlock];
+  for (uint64_t i = 0; i < n; i += kBlock) {
+    const uint64_t m = std::min(kBlock, n - i);
+    if (m < kBlock) std::memset(f, 0, sizeof f);
+    std::memcpy(f, in + i * 4, m * 4);  // unaligned input allowed
+    for (uint64_t j = 0; j < kBlock; ++j) {
+      const uint32_t x = f[j];
+      const uint32_t r = (x + 0x7FFF + ((x >> 16) & 1)) >> 16;
+      h[j] = static_cast<uint16_t>((x & 0x7FFFFFFF) > 0x7F800000 ? 0xFFFF : r);
+    }
+    std::memcpy(out + i * 2, h, m * 2);
+  }
+}
+
 }  // namespace
 
 uint32_t f16_to_f32_bits(uint16_t h) noexcept {
@@ -138,6 +159,7 @@ void cast_elements(DType from, const std::byte* in, DType to, std::byte* out, ui
     std::memcpy(out, in, n * is);
     return;
   }
+  if (from == DType::kFloat32 && to == DType::kBFloat16) return f32_to_bf16_run(in, out, n);
   // torch's vectorized float32/float64 -> bfloat16 gives all-ones for NaN; through float from
   // the narrower types, its scalar rounding gives 0x7FC0.
   const uint16_t nan = (from == DType::kFloat32 || from == DType::kFloat64) ? 0xFFFF : 0x7FC0;

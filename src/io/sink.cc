@@ -22,6 +22,7 @@
 #include <thread>
 
 #include "ckpt/error.h"
+#include "io/direct_stage.h"
 #include "io/temporaries.h"
 
 namespace ckpt {
@@ -155,6 +156,8 @@ class FileSink final : public ByteSink {
     }
   }
   ~FileSink() override {
+    direct_.reset();
+    if (early_sync_.joinable()) early_sync_.join();
     helper_.reset();
     if (fd_ >= 0) ::close(fd_);
     if (!committed_ && !tmp_.empty()) ::unlink(tmp_.c_str());
@@ -165,9 +168,15 @@ class FileSink final : public ByteSink {
   // it fills, or with the next large write in one pwritev. A checkpoint of 20,000 tensors of
   // 52 KB was otherwise 60,000 writes, mostly not page-aligned, and ext4's buffered-write path
   // per call cost more than the copy: its save took ~450 ms, ~330 ms staged. Large writes are
-  // never copied.
+  // never copied, unless the file is written past the page cache (reserve()).
   void write(std::span<const std::byte> bytes) override {
-    if (bytes.size() <= kStageMax) {
+    if (direct_) {
+      direct_->write(bytes);
+      if (pos_ + bytes.size() >= direct_end_) {  // the reserved size: all there
+        leave_direct();
+        start_early_sync();
+      }
+    } else if (bytes.size() <= kStageMax) {
       if (stage_.size() + bytes.size() > kStageCap) flush();
       if (stage_.empty()) stage_at_ = pos_;
       stage_.insert(stage_.end(), bytes.begin(), bytes.end());
@@ -183,12 +192,24 @@ class FileSink final : public ByteSink {
   void patch(uint64_t offset, std::span<const std::byte> bytes) override {
     if (offset > pos_ || bytes.size() > pos_ - offset)
       throw Error(ErrorCode::kInvalidArgument, "patch past the written bytes", path_, {}, offset);
+    leave_direct();
     flush();
     pwrite_all(offset, bytes);
   }
   uint64_t position() const override { return pos_; }
 
   void reserve(uint64_t size) override {
+    preallocate(size);
+    // A large file fsynced on commit is written past the page cache (io/direct_stage.h) until
+    // the reserved size is written, or a write needs the page cache (patch, write_sliced).
+    if (opt_.fsync && !direct_ && size >= kDirectMin) {
+      flush();
+      direct_ = io::DirectStage::start(fd_, pos_, path_);
+      direct_end_ = pos_ + size;
+    }
+  }
+
+  void preallocate(uint64_t size) {
     if (size == 0 || !preallocate_) return;
     // On ext4, writes into preallocated (unwritten) extents skip the per-block work of delayed
     // allocation: 1 GiB into the page cache took ~120 ms instead of ~180 ms here. tmpfs gains
@@ -217,6 +238,7 @@ class FileSink final : public ByteSink {
     // other's write: saving 1 GiB of 4 MiB storages took ~125 ms this way against ~140 ms on
     // one thread. Slices end on multiples of `slice` in the file: writes that cover whole large
     // folios of the page cache were 15-20% faster than the same writes 64 bytes off.
+    leave_direct();
     flush();
     if (slice == 0 || bytes.size() / slice < kMinParallelSlices || !start_helper())
       return ByteSink::write_sliced(bytes, slice, visit);
@@ -244,7 +266,9 @@ class FileSink final : public ByteSink {
 
   void commit() override {
     if (committed_) return;
+    leave_direct();
     flush();
+    join_early_sync();
     helper_.reset();
     if (opt_.atomic && opt_.replace && !opt_.owner_only) {
       // A file replaced keeps its permission bits, as writing into it would (torch.save opens
@@ -312,6 +336,32 @@ class FileSink final : public ByteSink {
   [[noreturn]] void fail(const std::string& what) {
     throw Error(ErrorCode::kIo, what + ": " + std::strerror(errno), path_);
   }
+  static constexpr uint64_t kDirectMin = 64 << 20;
+  // The file written as reserved (direct writes done): its fsync starts now, on a thread of its
+  // own, while the caller writes on (the next file of a shard set), so that the commit's fsync,
+  // which is still what makes the file durable, finds little left to do. Its error counts as
+  // the commit's: the kernel reports a writeback error to one fsync of a file description only.
+  void start_early_sync() {
+    if (early_sync_.joinable()) return;  // one at a time (a second reserve()d region)
+    try {
+      early_sync_ = std::thread([this] { early_errno_ = ::fsync(fd_) == 0 ? 0 : errno; });
+    } catch (const std::system_error&) {  // no thread: the commit's fsync does it all
+    }
+  }
+  void join_early_sync() {
+    if (!early_sync_.joinable()) return;
+    early_sync_.join();
+    if (early_errno_ != 0) {
+      errno = early_errno_;
+      fail("fsync");
+    }
+  }
+  // Back to writes through the page cache, the staged bytes written.
+  void leave_direct() {
+    if (!direct_) return;
+    std::unique_ptr<io::DirectStage> d = std::move(direct_);
+    d->finish();
+  }
   static constexpr size_t kStageMax = 64 << 10, kStageCap = 1 << 20;
   void flush() {
     if (stage_.empty()) return;
@@ -368,6 +418,10 @@ class FileSink final : public ByteSink {
   std::vector<std::byte> stage_;  // small writes not yet written, for the file at stage_at_
   uint64_t stage_at_ = 0;
   std::unique_ptr<Helper> helper_;
+  std::unique_ptr<io::DirectStage> direct_;
+  uint64_t direct_end_ = 0;  // where the reserved bytes end
+  std::thread early_sync_;
+  int early_errno_ = 0;  // of early_sync_'s fsync
 };
 
 }  // namespace

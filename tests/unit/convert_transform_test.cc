@@ -65,6 +65,29 @@ TEST(Transform, ElementConversionsRoundToNearestEven) {
   EXPECT_EQ(internal::e4m3fn_to_f32_bits(0x01), 0x3B000000u);  // 2^-9
 }
 
+// cast_elements' float32 -> bfloat16 runs (blocks of 1024, a tail, unaligned buffers) equal the
+// per-element rounding, special values and NaN payloads included.
+TEST(Transform, Float32ToBfloat16RunsEqualTheElementRounding) {
+  std::vector<uint32_t> v = {0x00000000, 0x80000000, 0x7F800000, 0xFF800000, 0x7F800001,
+                             0xFFC00000, 0x7FFFFFFF, 0x7F7FFFFF, 0x7F7F8000, 0x3F808000,
+                             0x3F818000, 0x3F807FFF, 0x00008000, 0x00018000, 0x807FFFFF};
+  uint32_t x = 12345;
+  while (v.size() < 3000) {
+    x = x * 1664525u + 1013904223u;
+    v.push_back(x);
+  }
+  for (size_t n : {size_t{0}, size_t{1}, size_t{15}, size_t{1024}, size_t{1025}, v.size()}) {
+    std::vector<std::byte> in(n * 4 + 1), out(n * 2 + 1);
+    std::memcpy(in.data() + 1, v.data(), n * 4);
+    internal::cast_elements(DType::kFloat32, in.data() + 1, DType::kBFloat16, out.data() + 1, n);
+    for (size_t i = 0; i < n; ++i) {
+      uint16_t h;
+      std::memcpy(&h, out.data() + 1 + i * 2, 2);
+      ASSERT_EQ(h, internal::f32_to_bf16_bits(v[i], 0xFFFF)) << n << " " << i << " " << v[i];
+    }
+  }
+}
+
 TEST(Transform, EveryWriterWithDigestsAndRefusalsLeaveNothing) {
   test::TempDir dir;
   Checkpoint c = Checkpoint::open(model(dir));
