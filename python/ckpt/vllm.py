@@ -57,7 +57,7 @@ def _loader_class():
     from vllm.logger import init_logger
     from vllm.model_executor.model_loader.base_loader import BaseModelLoader
 
-    logger = init_logger("ckpt.vllm")
+    logger = init_logger("vllm.ckpt")  # under "vllm": vLLM's handlers print it
 
     class CkptModelLoader(BaseModelLoader):
         """Reads a local model folder through ckpt into ``model.load_weights``."""

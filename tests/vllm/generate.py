@@ -8,8 +8,14 @@
 """
 
 import json
+import os
 import sys
 import time
+
+if os.environ.get("CKPT_TEST_IMPORT_CKPT_VLLM") == "1":
+    # Registration by import, at the top of the script: vLLM's CPU backend spawns its workers,
+    # which import this file again (as __mp_main__) and so register it too.
+    import ckpt.vllm  # noqa: F401
 
 PROMPTS = [[1, 7, 42, 99, 3], [5, 250, 17]]
 MAX_TOKENS = 12

