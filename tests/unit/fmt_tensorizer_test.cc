@@ -445,7 +445,7 @@ TEST(TensorizerWriter, KeyAndPasswordFiles) {
   ro.decrypt_key = slurp(o.key_file);
   expect_read_back(open_tensorizer(open_file_source(dir.file("a.tensors")), ro), es);
   o.encryption = TensorizerEncryption::kKeyFile;  // the file exists now: its key is used
-  EXPECT_EQ(save_tensorizer(dir.file("b.tensors"), es, o), "");
+  EXPECT_EQ(save_tensorizer(dir.file("b.tensors"), es, o), key);
   expect_read_back(open_tensorizer(open_file_source(dir.file("b.tensors")), ro), es);
 
   {

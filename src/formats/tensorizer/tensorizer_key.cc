@@ -17,22 +17,6 @@ std::string read_text(const std::string& path) {
   return ss.str();
 }
 
-const char* mode_name(TensorizerEncryption e) {
-  switch (e) {
-    case TensorizerEncryption::kNone:
-      return "kNone";
-    case TensorizerEncryption::kRandomKey:
-      return "kRandomKey";
-    case TensorizerEncryption::kKey:
-      return "kKey";
-    case TensorizerEncryption::kPassword:
-      return "kPassword";
-    case TensorizerEncryption::kKeyFile:
-      return "kKeyFile";
-  }
-  return "?";
-}
-
 // The mode the key source set gives (kNone: none is set).
 TensorizerEncryption mode_of(const TensorizerSaveOptions& o) {
   if (!o.key.empty()) return TensorizerEncryption::kKey;
@@ -55,10 +39,9 @@ ResolvedKey resolve_key(const TensorizerSaveOptions& o) {
       given == TensorizerEncryption::kNone || given == mode ||
       (mode == TensorizerEncryption::kRandomKey && given == TensorizerEncryption::kKeyFile);
   if (!agrees)
-    throw Error(
-        ErrorCode::kInvalidArgument,
-        std::string("encryption: the key source set does not go with TensorizerEncryption::") +
-            mode_name(mode));
+    throw Error(ErrorCode::kInvalidArgument,
+                "encryption: the key source set (key, key_file, password or password_file) does "
+                "not go with TensorizerSaveOptions::encryption");
   ResolvedKey r;
   r.options = o;
   r.options.key_file.clear();
