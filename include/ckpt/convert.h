@@ -23,8 +23,11 @@
 #include <vector>
 
 #include "ckpt/checkpoint.h"
+#include "ckpt/dcp.h"
 #include "ckpt/options.h"
+#include "ckpt/safetensors.h"
 #include "ckpt/sink.h"
+#include "ckpt/tensorizer.h"
 #include "ckpt/transform.h"
 
 namespace ckpt {
@@ -118,16 +121,14 @@ FlatStateDict flatten_state_dict(const Checkpoint& checkpoint, const FlattenOpti
 // ---------------------------------------------------------------------------------------------
 // Converting
 
-// tensorizer output: encryption (XSalsa20-Poly1305, data version 3/4). Set at most one of key,
-// key_file, password, password_file.
+// tensorizer output's key as a caller's flags or keywords give it (TargetSettings::encryption):
+// parse_target puts these fields in TensorizerSaveOptions, whose comments say what each does.
+// Set at most one of key, key_file, password, password_file.
 struct ConvertEncryption {
-  std::string key;  // 32 raw bytes or 64 hex digits
-  // The key in a file: 64 hex digits or 32 raw bytes (trailing whitespace ignored). When the
-  // file does not exist, a new random key is written there (64 hex digits and a newline) and
-  // committed before the output is, so that an output never exists without its key.
-  std::string key_file;
-  std::string password;       // a key derived from it with Argon2id; salt and cost stored
-  std::string password_file;  // the password is the file's first line (without \r\n)
+  std::string key;
+  std::string key_file;  // read when it exists, else a new random key is written there
+  std::string password;
+  std::string password_file;
   // Argon2id cost (libsodium's MODERATE profile, as tensorizer: ~0.5 s, 256 MiB).
   uint64_t pwhash_opslimit = 3;
   uint64_t pwhash_memlimit = 256ull << 20;
@@ -137,73 +138,26 @@ struct ConvertEncryption {
   }
 };
 
-// What to do with a meta tensor (dtype and shape, no bytes: StorageInfo::meta) when the target
-// has no meta tensors (safetensors; `ckpt extract`'s .npy files). pt and tensorizer keep meta
-// tensors as meta tensors whatever this says.
-enum class MetaTensors {
-  kRefuse,  // Error{kUnsupported} naming the tensor (the default: no invented bytes)
-  kZeros,   // write zeros of its dtype and shape
-  kSkip,    // leave it out (ConvertReport::meta_skipped names it)
-};
 // "refuse", "zeros", "skip"; parse_meta_tensors throws Error{kInvalidArgument} for another name.
 const char* meta_tensors_name(MetaTensors m) noexcept;
 MetaTensors parse_meta_tensors(std::string_view name);
 
-// The options of each target format. Each writer owns its own: the target below holds the
-// options of one format only, so an option of another format cannot be set by mistake.
-
-// A torch.save zip (.pt .pth .bin .ckpt).
-struct PtTarget {
-  static constexpr ConvertFormat kFormat = ConvertFormat::kTorch;
-  uint32_t alignment = 0;  // payload alignment (0 = 64; a power of two below 64 KiB)
-  // The zip's folder name. Empty: the output file name up to its first dot (as torch.save);
-  // "archive" for the sink overload.
-  std::string archive_name;
-};
-
-// safetensors (.safetensors).
-struct SafetensorsTarget {
-  static constexpr ConvertFormat kFormat = ConvertFormat::kSafetensors;
-  // The data buffer starts at a multiple of it (0 = 8; a power of two up to 1 GiB; 4096 gives
-  // page-aligned data).
-  uint32_t alignment = 0;
-  // Tensors that share bytes (views, tied weights: StateDictEntry::shares_with). By default, as
-  // safetensors' save_model does: of names that view all of one storage, the first in sorted
-  // order is written and the others are left out, recorded in __metadata__ as {left out: kept}
-  // (ConvertReport::aliases_dropped); a view of part of a storage is refused with
-  // Error{kInvalidArgument}. Set: each name gets its own copy.
-  bool copy_shared = false;
-  // Meta tensors (see MetaTensors).
-  MetaTensors meta = MetaTensors::kRefuse;
-  // Store each tensor's SHA-256 (tensor_sha256, include/ckpt/digest.h) in __metadata__ under
-  // kSafetensorsDigestKey, which stored_digests() reads back (`ckpt verify` checks them). The
-  // tensors are hashed (several threads) before the header is written.
-  bool store_digests = false;
-};
-
-// tensorizer (.tensors).
-struct TensorizerTarget {
-  static constexpr ConvertFormat kFormat = ConvertFormat::kTensorizer;
-  ConvertEncryption encryption;  // none by default
-};
-
-// A torch.distributed.checkpoint folder (include/ckpt/dcp.h, save_dcp): `.metadata` and the
-// data files "__<rank>_0.distcp", which torch.distributed.checkpoint.load reads into a state
-// dict of the checkpoint's structure. The path overload only (a folder, created whole or not at
-// all; an existing non-empty folder is refused). The whole object tree is written (non-tensor
-// values as bytes items); tied and shared tensors are written once per key.
-struct DcpTarget {
-  static constexpr ConvertFormat kFormat = ConvertFormat::kDcp;
-  // Data files, as that many ranks would write them: each tensor cut along its first dimension
-  // as DTensor's Shard(0) cuts it (DcpSaveOptions::files). 1 to 4096.
-  uint32_t files = 1;
-};
+// The options of each target format are the type its save_* function takes (one type per
+// format: TorchSaveOptions in include/ckpt/options.h, SafetensorsSaveOptions,
+// TensorizerSaveOptions, DcpSaveOptions), so an option of another format cannot be set by
+// mistake. Their atomic and fsync are the save_* functions'; convert() commits as
+// ConvertOptions::atomic and ::fsync say. The names a conversion's target had are kept:
+using PtTarget = TorchSaveOptions;
+using SafetensorsTarget = SafetensorsSaveOptions;
+using TensorizerTarget = TensorizerSaveOptions;
+using DcpTarget = DcpSaveOptions;
 
 // The target: a format and its options. std::monostate (the default): the format the output's
 // name gives (convert_format_for_path; the sink overload: the sink's name), with that format's
 // default options.
-using ConvertTarget =
-    std::variant<std::monostate, PtTarget, SafetensorsTarget, TensorizerTarget, DcpTarget>;
+// The alternatives are in the order of the table of target formats (target_formats()).
+using ConvertTarget = std::variant<std::monostate, TorchSaveOptions, SafetensorsSaveOptions,
+                                   TensorizerSaveOptions, DcpSaveOptions>;
 // The format a target names (kAuto for std::monostate).
 ConvertFormat target_format(const ConvertTarget& target) noexcept;
 // A target of `format` with its default options (std::monostate for kAuto).
@@ -213,7 +167,7 @@ ConvertTarget default_target(ConvertFormat format) noexcept;
 // Python's alignment=). Each belongs to the formats that have it; an unset one (0, false,
 // nullopt, no encryption) is the format's default.
 struct TargetSettings {
-  uint32_t alignment = 0;           // pt, safetensors (PtTarget / SafetensorsTarget::alignment)
+  uint32_t alignment = 0;           // pt, safetensors (TorchSaveOptions / SafetensorsSaveOptions)
   bool copy_shared = false;         // safetensors
   std::optional<MetaTensors> meta;  // safetensors
   bool store_digests = false;       // safetensors
@@ -247,7 +201,7 @@ struct ConvertOptions {
   LoadOptions load;
   // The streamed case above: bytes of tensor data held at once. A storage larger than it is
   // held alone, so the tensor data held is at most max(memory_budget, the largest storage).
-  // SafetensorsTarget::store_digests reads a streamed checkpoint twice (the digests go in the
+  // SafetensorsSaveOptions::store_digests reads a streamed checkpoint twice (the digests go in the
   // header, before the data).
   uint64_t memory_budget = 128ull << 20;
   // Flat targets: bounds the depth of the tree walk (FlattenOptions::limits). Unset: any depth.
@@ -305,12 +259,12 @@ struct ConvertReport {
   // bytes were written as a separate copy (safetensors with copy_shared, tensorizer).
   std::vector<std::pair<std::string, std::string>> copied_shared;
   // Encrypting: the raw 32-byte key used, and whether it was a new random key written to
-  // ConvertEncryption::key_file.
+  // TensorizerSaveOptions::key_file.
   std::string key;
   bool key_file_written = false;
   // Meta tensors written as zeros (MetaTensors::kZeros) or left out (kSkip), by name.
   std::vector<std::string> meta_zeroed, meta_skipped;
-  // With SafetensorsTarget::store_digests: the number of tensor digests stored.
+  // With SafetensorsSaveOptions::store_digests: the number of tensor digests stored.
   size_t digests_stored = 0;
   // With max_shard_size: the files written (shards, in order) and the index ("" when everything
   // fit one file, which is then `files[0]`, the output's name). DCP: the folder's files, in the
@@ -336,7 +290,7 @@ struct ConvertReport {
 // the sink's fast paths (reserve, write_sliced) as save_torch does: `ckpt bench` compares a
 // pt -> pt conversion with save_torch of the same tensors loaded.
 //
-// To dcp: a folder at out_path (DcpTarget); `progress` is called once, at the end.
+// To dcp: a folder at out_path (DcpSaveOptions); `progress` is called once, at the end.
 //
 // Throws Error: kInvalidArgument (no format for the path, tensors sharing part of a storage to
 // safetensors without copy_shared, a transform that cannot apply (include/ckpt/transform.h),

@@ -17,6 +17,10 @@
 
 namespace ckpt {
 
+// The options of writing a DCP folder: save_dcp takes them, and convert() as its target
+// (ConvertTarget, include/ckpt/convert.h), which writes the whole object tree (non-tensor values
+// as bytes items; tied and shared tensors once per key) into a folder at its path only (not a
+// sink, nor a URL), created whole or not at all.
 struct DcpSaveOptions {
   // The number of data files "__<rank>_0.distcp", rank 0..files-1, as that many ranks would
   // write them: every tensor of one dimension or more is cut along its first dimension the way
@@ -25,7 +29,8 @@ struct DcpSaveOptions {
   // far; the non-tensor values go round-robin. 1 (the default): one file, one chunk per tensor.
   // 0 or more than 4096: Error{kInvalidArgument}.
   uint32_t files = 1;
-  // On commit: flush the files and the folder to disk (FolderSinkOptions::fsync).
+  // On commit: flush the files and the folder to disk (FolderSinkOptions::fsync). convert():
+  // ConvertOptions::fsync.
   bool fsync = true;
 };
 

@@ -143,7 +143,7 @@ std::vector<DigestMismatch> compare_digests(const std::vector<TensorDigest>& exp
                                             const std::vector<TensorDigest>& actual);
 
 // ---------------------------------------------------------------------------------------------
-// Digests stored in a safetensors file (SafetensorsTarget::store_digests)
+// Digests stored in a safetensors file (SafetensorsSaveOptions::store_digests)
 //
 // The __metadata__ key kSafetensorsDigestKey holds a JSON object as its string value:
 // {"<tensor name>": "<64 hex digits>", ...}, one entry per tensor, sorted by name.

@@ -2,9 +2,11 @@
 // Options for opening, loading and saving, and the limits that bound what a file may ask for.
 // Plain values: copied where they are used, so a caller may reuse or change its own afterwards.
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -115,6 +117,32 @@ struct OpenOptions {
 // must not throw.
 using ProgressFn = std::function<void(uint64_t done, uint64_t total)>;
 
+// The pace of a progress display fed by a ProgressFn (the CLI's progress line, the Python
+// module's callback): due() says whether a report is shown, and holds the turn while it is.
+// A report is shown at most every `every`, none before `delay` from construction (then a quick
+// operation shows nothing, its last report included), and the last report (`last`: done ==
+// total) always, once: a last report equal to the last one shown is not shown again until
+// restart(). Thread-safe: a report that finds another being shown is dropped, except a last
+// one, which waits for its turn.
+class ProgressThrottle {
+ public:
+  explicit ProgressThrottle(
+      std::chrono::steady_clock::duration every = std::chrono::milliseconds(100),
+      std::chrono::steady_clock::duration delay = {});
+  // An owning lock when the report is to be shown (show it while holding it), else an empty one.
+  std::unique_lock<std::mutex> due(uint64_t done, uint64_t total, bool last);
+  // A new phase: its last report is shown even when equal to the previous phase's.
+  void restart();
+
+ private:
+  const std::chrono::steady_clock::duration every_, delay_;
+  const std::chrono::steady_clock::time_point start_;
+  std::chrono::steady_clock::time_point shown_at_;
+  bool shown_ = false, last_shown_ = false;
+  uint64_t last_done_ = 0, last_total_ = 0;
+  std::mutex mu_;
+};
+
 struct LoadOptions {
   bool verify = false;  // check CRC32 (fused with the read); mismatch throws Error{kCorrupt}
   // Where load_all(), open_and_load(), storage() and tensor() put the bytes. A CUDA device:
@@ -160,11 +188,28 @@ struct LoadOptions {
   std::function<void(const Checkpoint&, const std::vector<Tensor>&)> on_placed;
 };
 
-struct SaveOptions {
-  uint32_t alignment = 64;  // torch zip: payload alignment (power of two < 65536)
+// What to do with a meta tensor (dtype and shape, no bytes: StorageInfo::meta) when the target
+// has no meta tensors (safetensors; `ckpt extract`'s .npy files). pt and tensorizer keep meta
+// tensors as meta tensors whatever this says.
+enum class MetaTensors {
+  kRefuse,  // Error{kUnsupported} naming the tensor (the default: no invented bytes)
+  kZeros,   // write zeros of its dtype and shape
+  kSkip,    // leave it out (ConvertReport::meta_skipped names it)
+};
+
+// The options of writing a torch.save zip (.pt .pth .bin .ckpt): save_torch (include/ckpt/
+// torch.h) takes them, and convert() as its target (ConvertTarget, include/ckpt/convert.h).
+// Each format has one such type (SafetensorsSaveOptions, TensorizerSaveOptions,
+// DcpSaveOptions); atomic and fsync are the save_* path overloads' (convert() commits its
+// output as ConvertOptions::atomic and ::fsync say).
+struct TorchSaveOptions {
+  uint32_t alignment = 64;  // payload alignment (a power of two below 64 KiB; 0 = 64)
   bool atomic = true;       // temporary file + rename
   bool fsync = true;
-  std::string archive_name;  // torch zip folder name; empty = derived from the file name
+  // The zip's folder name. Empty: the output file name up to its first dot (as torch.save);
+  // "archive" for a sink.
+  std::string archive_name;
 };
+using SaveOptions = TorchSaveOptions;
 
 }  // namespace ckpt

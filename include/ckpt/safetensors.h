@@ -9,20 +9,36 @@
 #include <string>
 #include <vector>
 
+#include "ckpt/options.h"
 #include "ckpt/sink.h"
 #include "ckpt/tensor.h"
 
 namespace ckpt {
 
+// The options of writing safetensors: save_safetensors takes them, and convert() as its target
+// (ConvertTarget, include/ckpt/convert.h).
 struct SafetensorsSaveOptions {
   // The JSON header is padded with spaces so that the data buffer starts at a multiple of this
-  // (a power of two, 1 ... 1 GiB). 8 matches the reference writer; 4096 gives page-aligned data.
-  // Each tensor then stays aligned to its element size because tensors are ordered by descending
-  // dtype alignment.
+  // (a power of two, 1 ... 1 GiB; 0 = 8). 8 matches the reference writer; 4096 gives
+  // page-aligned data. Each tensor then stays aligned to its element size because tensors are
+  // ordered by descending dtype alignment.
   uint64_t alignment = 8;
-  // Tensors that share one Storage (tied weights) are refused unless this is true; then each is
-  // written as a separate copy (the format has no way to express sharing).
+  // Tensors that share bytes (views, tied weights). save_safetensors refuses tensors that share
+  // one Storage unless this is set. convert(), by default, does as safetensors' save_model: of
+  // names that view all of one storage (StateDictEntry::shares_with), the first in sorted order
+  // is written and the others are left out, recorded in __metadata__ as {left out: kept}
+  // (ConvertReport::aliases_dropped); a view of part of a storage is refused with
+  // Error{kInvalidArgument}. Set: each name gets its own copy (the format has no way to express
+  // sharing).
   bool copy_shared = false;
+  // convert(): meta tensors (see MetaTensors). save_safetensors writes the tensors it is given
+  // (one without bytes is refused).
+  MetaTensors meta = MetaTensors::kRefuse;
+  // convert(): store each tensor's SHA-256 (tensor_sha256, include/ckpt/digest.h) in
+  // __metadata__ under kSafetensorsDigestKey, which stored_digests() reads back (`ckpt verify`
+  // checks them); the tensors are hashed (several threads) before the header is written.
+  // save_safetensors writes the `metadata` it is given (safetensors_digest_metadata makes it).
+  bool store_digests = false;
   bool atomic = true;  // file overload: temporary file + rename
   bool fsync = true;   // file overload: fsync file and folder on commit
 };

@@ -29,17 +29,27 @@ struct TensorizerEntry {
 };
 
 enum class TensorizerEncryption {
-  kNone,
+  kNone,       // none, unless a key source below is set: then the mode it gives (kKey for key,
+               // kKeyFile for key_file, kPassword for password or password_file)
   kRandomKey,  // a fresh random 32-byte key; written as hex to `key_file` (and returned)
   kKey,        // `key`: 32 raw bytes or 64 hex digits
-  kPassword,   // a key derived from `password` with Argon2id; salt and limits go in the file
+  kPassword,   // a key derived from `password` (or the first line of `password_file`) with
+               // Argon2id; salt and limits go in the file
+  kKeyFile,    // the key in `key_file` (64 hex digits or 32 raw bytes, trailing whitespace
+               // ignored); when the file does not exist, kRandomKey into it
 };
 
+// The options of writing tensorizer: save_tensorizer takes them, and convert() as its target
+// (ConvertTarget, include/ckpt/convert.h). At most one of key, key_file, password and
+// password_file is set (Error{kInvalidArgument}), and it agrees with `encryption`. A key file
+// is written before the output, so that an output never exists without its key (convert():
+// owner-only, never over an existing file, committed as ConvertOptions says).
 struct TensorizerSaveOptions {
   TensorizerEncryption encryption = TensorizerEncryption::kNone;
-  std::string key_file;  // kRandomKey: required for the path overload (written before the file)
-  std::string key;       // kKey
-  std::string password;  // kPassword
+  std::string key_file;       // kRandomKey (required for the path overload), kKeyFile
+  std::string key;            // kKey
+  std::string password;       // kPassword
+  std::string password_file;  // kPassword: the password is the file's first line (without \r\n)
   // Argon2id cost (libsodium crypto_pwhash). Defaults: libsodium's MODERATE profile, as
   // tensorizer's EncryptionParams.from_string (about 0.5 s, 256 MiB).
   uint64_t pwhash_opslimit = 3;

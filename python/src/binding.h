@@ -6,6 +6,7 @@
 #include <dlpack/dlpack.h>
 #include <pybind11/pybind11.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <memory>
@@ -158,10 +159,8 @@ class PyProgress {
 
  private:
   pyb::object fn_;
-  std::mutex mu_;
-  bool called_ = false;
-  std::chrono::steady_clock::time_point last_call_;
-  uint64_t last_done_ = 0, last_total_ = 0;
+  ProgressThrottle pace_;  // when fn is called (its turn serializes the calls)
+  std::atomic<bool> raised_{false};
   std::optional<pyb::error_already_set> error_;
   std::string committed_;
 };

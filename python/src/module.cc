@@ -18,7 +18,6 @@ namespace {
 std::string python_words(std::string s) {
   static const std::pair<const char*, const char*> kKeywords[] = {
       {"SafetensorsSaveOptions::copy_shared", "copy_shared=True"},
-      {"SafetensorsTarget::copy_shared", "copy_shared=True"},
       {"TargetSettings::alignment", "alignment="},
       {"TargetSettings::copy_shared", "copy_shared="},
       {"TargetSettings::meta", "meta="},
@@ -26,7 +25,7 @@ std::string python_words(std::string s) {
       {"TargetSettings::encryption", "key= / key_file= / password="},
       {"TargetSettings::dcp_files", "dcp_files="},
       {"ConvertOptions::max_shard_size", "max_shard_size="},
-      {"SafetensorsTarget::meta = MetaTensors::kZeros", "meta='zeros'"},
+      {"SafetensorsSaveOptions::meta = MetaTensors::kZeros", "meta='zeros'"},
       {"MetaTensors::kSkip", "meta='skip'"},
       {"OpenOptions::decrypt_key", "key="},
       {"OpenOptions::decrypt_password", "password="},

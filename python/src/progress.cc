@@ -2,7 +2,6 @@
 // with the GIL released. The bytes a writer puts in a file are counted by ckpt::ProgressSink
 // (include/ckpt/sink.h), as for convert() and the CLI.
 
-#include <chrono>
 #include <string>
 #include <utility>
 
@@ -21,26 +20,16 @@ PyProgress::~PyProgress() {
 
 void PyProgress::report(uint64_t done, uint64_t total, bool last) {
   if (!active()) return;
+  if (raised_) throw Error(ErrorCode::kInvalidArgument, "the progress callback raised");
   // A reader thread that finds another one reporting skips its report rather than wait.
-  std::unique_lock<std::mutex> lock(mu_, std::defer_lock);
-  if (last) {
-    lock.lock();
-  } else if (!lock.try_lock()) {
-    return;
-  }
-  if (error_) throw Error(ErrorCode::kInvalidArgument, "the progress callback raised");
-  const auto now = std::chrono::steady_clock::now();
-  if (!last && called_ && now - last_call_ < std::chrono::milliseconds(100)) return;
-  if (last && called_ && done == last_done_ && total == last_total_) return;
-  called_ = true;
-  last_call_ = now;
-  last_done_ = done;
-  last_total_ = total;
+  auto turn = pace_.due(done, total, last);
+  if (!turn.owns_lock()) return;
   pyb::gil_scoped_acquire gil;
   try {
     fn_(done, total);
   } catch (pyb::error_already_set& e) {
     error_.emplace(std::move(e));
+    raised_ = true;
     throw Error(ErrorCode::kInvalidArgument, "the progress callback raised");
   }
 }

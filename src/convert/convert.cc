@@ -111,7 +111,7 @@ ConvertReport write(const Checkpoint& c, const ConvertOptions& o, const Destinat
     shard(internal::plan_content_shards(content.tensors, o.max_shard_size));
   refuse_own_input(c, d, caps, shards, o);
   // The decorators, in one place: digests around the format's writer, shards around both.
-  const auto* st = std::get_if<SafetensorsTarget>(&o.target);
+  const auto* st = std::get_if<SafetensorsSaveOptions>(&o.target);
   if (st && st->store_digests)
     writer = internal::with_digests(std::move(writer), o.load.threads, r.digests_stored);
   if (shards) {
@@ -177,7 +177,7 @@ ConvertReport convert(const Checkpoint& c, ByteSink& sink, const ConvertOptions&
   if (target_format_info(target_format(o.target)).folder)
     throw Error(ErrorCode::kInvalidArgument,
                 "a DCP output is a folder of files: use the path overload", sink.name());
-  if (auto* pt = std::get_if<PtTarget>(&o.target); pt && pt->archive_name.empty())
+  if (auto* pt = std::get_if<TorchSaveOptions>(&o.target); pt && pt->archive_name.empty())
     pt->archive_name = "archive";  // not the sink's name
   if (o.max_shard_size)
     throw Error(ErrorCode::kInvalidArgument,

@@ -1,6 +1,6 @@
 #pragma once
 // Digests of tensors already in memory, several at once (convert's
-// SafetensorsTarget::store_digests).
+// SafetensorsSaveOptions::store_digests).
 
 #include <vector>
 

@@ -1,14 +1,18 @@
 // The table of target formats: one row per format with its names, its file extensions, the
-// settings it owns and how it makes its target from them. Every question about a target format
+// settings it owns, how it makes its target (its save options) from them and its writer from
+// the target. Every question about a target format
 // (its name, the format a name or extension gives, whether a setting applies) is answered here.
 
 #include <filesystem>
 #include <string>
-#include <type_traits>
+#include <variant>
 
 #include "ckpt/convert.h"
 #include "ckpt/error.h"
 #include "ckpt/remote.h"
+#include "convert/writing.h"
+#include "formats/dcp/dcp_writer.h"
+#include "formats/tensorizer/tensorizer_key.h"
 
 namespace ckpt {
 namespace {
@@ -52,38 +56,64 @@ struct Row {
   TargetFormatInfo info;
   unsigned owns;  // the settings that apply; any other given is refused
   ConvertTarget (*make)(const TargetSettings&);
+  internal::TargetWriter (*writer)(const ConvertTarget&);
 };
 
+// The rows, in the order of ConvertTarget's alternatives (after std::monostate).
 const Row kRows[] = {
     {{ConvertFormat::kTorch, "pt", kPtNames, kPtExt, false, true, "pytorch_model.bin"},
      kAlignment,
      [](const TargetSettings& s) -> ConvertTarget {
-       PtTarget t;
-       t.alignment = s.alignment;
+       TorchSaveOptions t;
+       if (s.alignment) t.alignment = s.alignment;
        return t;
+     },
+     [](const ConvertTarget& t) -> internal::TargetWriter {
+       return {internal::make_torch_writer(std::get<TorchSaveOptions>(t)), {}};
      }},
     {{ConvertFormat::kSafetensors, "safetensors", kStNames, kStExt, false, true,
       "model.safetensors"},
      kAlignment | kCopyShared | kMeta | kDigests,
      [](const TargetSettings& s) -> ConvertTarget {
-       SafetensorsTarget t;
-       t.alignment = s.alignment;
+       SafetensorsSaveOptions t;
+       if (s.alignment) t.alignment = s.alignment;
        t.copy_shared = s.copy_shared;
        t.meta = s.meta.value_or(MetaTensors::kRefuse);
        t.store_digests = s.store_digests;
        return t;
+     },
+     [](const ConvertTarget& t) -> internal::TargetWriter {
+       return {internal::make_safetensors_writer(std::get<SafetensorsSaveOptions>(t)), {}};
      }},
     {{ConvertFormat::kTensorizer, "tensorizer", kTzNames, kTzExt, false, false, "model.tensors"},
      kEncryption,
-     [](const TargetSettings& s) -> ConvertTarget { return TensorizerTarget{s.encryption}; }},
+     [](const TargetSettings& s) -> ConvertTarget {
+       TensorizerSaveOptions t;
+       t.key = s.encryption.key;
+       t.key_file = s.encryption.key_file;
+       t.password = s.encryption.password;
+       t.password_file = s.encryption.password_file;
+       t.pwhash_opslimit = s.encryption.pwhash_opslimit;
+       t.pwhash_memlimit = s.encryption.pwhash_memlimit;
+       return t;
+     },
+     [](const ConvertTarget& t) -> internal::TargetWriter {
+       // Keys and passwords are read before anything is written.
+       internal::ResolvedKey k = internal::resolve_key(std::get<TensorizerSaveOptions>(t));
+       return {internal::make_tensorizer_writer(k.options), k.new_key_file};
+     }},
     {{ConvertFormat::kDcp, "dcp", kDcpNames, {}, true, false, {}},
      kDcpFiles,
      [](const TargetSettings& s) -> ConvertTarget {
-       DcpTarget t;
+       DcpSaveOptions t;
        if (s.dcp_files) t.files = s.dcp_files;
        return t;
+     },
+     [](const ConvertTarget& t) -> internal::TargetWriter {
+       return {internal::make_dcp_writer(std::get<DcpSaveOptions>(t)), {}};
      }},
 };
+static_assert(std::size(kRows) + 1 == std::variant_size_v<ConvertTarget>);
 
 const Row* find_row(ConvertFormat format) noexcept {
   for (const Row& r : kRows)
@@ -159,15 +189,7 @@ MetaTensors parse_meta_tensors(std::string_view name) {
 }
 
 ConvertFormat target_format(const ConvertTarget& target) noexcept {
-  return std::visit(
-      [](const auto& t) {
-        using T = std::decay_t<decltype(t)>;
-        if constexpr (std::is_same_v<T, std::monostate>)
-          return ConvertFormat::kAuto;
-        else
-          return T::kFormat;
-      },
-      target);
+  return target.index() == 0 ? ConvertFormat::kAuto : kRows[target.index() - 1].info.format;
 }
 
 ConvertTarget default_target(ConvertFormat format) noexcept {
@@ -214,5 +236,14 @@ ConvertTarget parse_target(std::string_view format_or_path, const TargetSettings
                                                    std::string(r->info.name));
   return r->make(settings);
 }
+
+namespace internal {
+
+TargetWriter target_writer(const ConvertTarget& target) {
+  if (target.index() == 0) throw Error(ErrorCode::kInvalidArgument, "no output format");
+  return kRows[target.index() - 1].writer(target);
+}
+
+}  // namespace internal
 
 }  // namespace ckpt

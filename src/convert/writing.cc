@@ -96,53 +96,8 @@ Tensor TensorSource::get(size_t index) const {
   return c_.tensor(index, o_);
 }
 
-namespace {
-
-// The one place a target becomes a writer with its own options.
-std::unique_ptr<Writer> writer_for(const ConvertTarget& target,
-                                   const TensorizerSaveOptions& crypt) {
-  struct Make {
-    const TensorizerSaveOptions& crypt;
-    std::unique_ptr<Writer> operator()(const std::monostate&) const {
-      throw Error(ErrorCode::kInvalidArgument, "no output format");
-    }
-    std::unique_ptr<Writer> operator()(const PtTarget& pt) const {
-      SaveOptions so;
-      if (pt.alignment) so.alignment = pt.alignment;
-      so.archive_name = pt.archive_name;
-      return make_torch_writer(so);
-    }
-    std::unique_ptr<Writer> operator()(const SafetensorsTarget& st) const {
-      SafetensorsSaveOptions so;
-      if (st.alignment) so.alignment = st.alignment;
-      so.copy_shared = st.copy_shared;
-      return make_safetensors_writer(so);
-    }
-    std::unique_ptr<Writer> operator()(const TensorizerTarget&) const {
-      return make_tensorizer_writer(crypt);
-    }
-    std::unique_ptr<Writer> operator()(const DcpTarget& dcp) const {
-      DcpSaveOptions so;
-      so.files = dcp.files;
-      return make_dcp_writer(so);
-    }
-  };
-  return std::visit(Make{crypt}, target);
-}
-
-}  // namespace
-
 TargetWriter make_target(const ConvertOptions& o) {
-  TargetWriter t;
-  const auto* tz = std::get_if<TensorizerTarget>(&o.target);
-  if (tz && tz->encryption.enabled()) {
-    // Keys and passwords are read before anything is written.
-    ConvertCrypt c = resolve_encryption(tz->encryption);
-    t.new_key_file = c.new_key_file;
-    t.writer = writer_for(o.target, c.save);
-  } else {
-    t.writer = writer_for(o.target, {});
-  }
+  TargetWriter t = target_writer(o.target);
   const WriterCaps& caps = t.writer->caps();
   if (o.max_shard_size && !caps.sharded)
     throw Error(ErrorCode::kInvalidArgument,
@@ -182,7 +137,7 @@ FlatStateDict flat_state(const Checkpoint& c, const Writer& w, const ConvertOpti
   const std::string& in = c.source().name();
   FlattenOptions fo;
   fo.limits = o.limits;
-  const auto* st = std::get_if<SafetensorsTarget>(&o.target);
+  const auto* st = std::get_if<SafetensorsSaveOptions>(&o.target);
   const MetaTensors meta = st ? st->meta : MetaTensors::kRefuse;
   FlatStateDict flat = flatten_state_dict(c, fo);
   const auto& infos = c.tensors();
@@ -196,7 +151,7 @@ FlatStateDict flat_state(const Checkpoint& c, const Writer& w, const ConvertOpti
       if (meta == MetaTensors::kRefuse)
         throw Error(ErrorCode::kUnsupported,
                     "is a meta tensor (a dtype and shape without bytes), which " + target +
-                        " cannot hold: SafetensorsTarget::meta = MetaTensors::kZeros writes "
+                        " cannot hold: SafetensorsSaveOptions::meta = MetaTensors::kZeros writes "
                         "zeros, MetaTensors::kSkip leaves it out",
                     in, e.name);
       (meta == MetaTensors::kZeros ? r.meta_zeroed : r.meta_skipped).push_back(e.name);
@@ -239,7 +194,7 @@ FlatStateDict flat_state(const Checkpoint& c, const Writer& w, const ConvertOpti
                 "shares its storage with '" + shared[0].second + "' (" +
                     std::to_string(shared.size()) + " such tensors); " + target +
                     " cannot express shared or tied tensors: "
-                    "set SafetensorsTarget::copy_shared to write separate copies",
+                    "set SafetensorsSaveOptions::copy_shared to write separate copies",
                 in, shared[0].first);
   for (const auto& e : flat.entries) {
     const TensorInfo& t = infos[e.tensor];

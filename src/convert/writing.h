@@ -41,21 +41,25 @@ class TensorSource {
 // The writer for `o.target` (resolved, not std::monostate) with the target's options.
 struct TargetWriter {
   std::unique_ptr<Writer> writer;
-  // A new random key goes to this file, committed before the output (encryption.key_file).
+  // A new random key goes to this file, committed before the output
+  // (TensorizerSaveOptions::key_file).
   std::string new_key_file;
 };
+// The target's row makes it (src/convert/target_format.cc: the one place a target format
+// becomes a writer). Error{kInvalidArgument} for std::monostate.
+TargetWriter target_writer(const ConvertTarget& target);
 // Checks `o` against the writer's capabilities (max_shard_size: Error{kInvalidArgument} naming
 // the option), then reads keys and passwords (Error{kNotFound}).
 TargetWriter make_target(const ConvertOptions& o);
 
 // A flat target's entries, checked against the writer: meta tensors (MetaTensors), quantized
-// tensors, a single unnamed tensor, dtypes, shared bytes (SafetensorsTarget::copy_shared). Fills
-// r.meta_zeroed / meta_skipped, r.copied_shared, r.not_written, r.tensors, r.tensor_bytes.
+// tensors, a single unnamed tensor, dtypes, shared bytes (SafetensorsSaveOptions::copy_shared).
+// Fills r.meta_zeroed / meta_skipped, r.copied_shared, r.not_written, r.tensors, r.tensor_bytes.
 FlatStateDict flat_state(const Checkpoint& c, const Writer& w, const ConvertOptions& o,
                          ConvertReport& r);
 // The entries' tensors under their flat names (aliases share their tensor's storage), and the
 // metadata a writer with metadata keeps (the input's safetensors __metadata__, else
-// {"format": "pt"}). With SafetensorsTarget::store_digests, `w` must be wrapped by
+// {"format": "pt"}). With SafetensorsSaveOptions::store_digests, `w` must be wrapped by
 // with_digests.
 WriteContent flat_content(const Checkpoint& c, const FlatStateDict& flat,
                           const TensorSource& source, const Writer& w);

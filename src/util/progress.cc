@@ -45,3 +45,38 @@ void ProgressMeter::finish() noexcept {
 }
 
 }  // namespace ckpt::internal
+
+namespace ckpt {
+
+ProgressThrottle::ProgressThrottle(std::chrono::steady_clock::duration every,
+                                   std::chrono::steady_clock::duration delay)
+    : every_(every), delay_(delay), start_(std::chrono::steady_clock::now()) {}
+
+std::unique_lock<std::mutex> ProgressThrottle::due(uint64_t done, uint64_t total, bool last) {
+  std::unique_lock<std::mutex> lock(mu_, std::defer_lock);
+  if (last)
+    lock.lock();
+  else if (!lock.try_lock())
+    return lock;
+  const auto now = std::chrono::steady_clock::now();
+  const bool early = !shown_ && now - start_ < delay_;
+  const bool show = last ? !early && !(last_shown_ && done == last_done_ && total == last_total_)
+                         : !early && (!shown_ || now - shown_at_ >= every_);
+  if (!show) {
+    lock.unlock();
+    return lock;
+  }
+  shown_ = true;
+  shown_at_ = now;
+  last_shown_ = last;
+  last_done_ = done;
+  last_total_ = total;
+  return lock;
+}
+
+void ProgressThrottle::restart() {
+  std::lock_guard<std::mutex> lock(mu_);
+  last_shown_ = false;
+}
+
+}  // namespace ckpt

@@ -23,9 +23,4 @@ std::array<unsigned char, 20> Sha1Stream::finish() { return {}; }
 
 bool sha256_available() { return false; }
 
-std::string sha256_hex(std::string_view) {
-  Sha256Stream refuses;
-  return {};
-}
-
 }  // namespace ckpt::internal

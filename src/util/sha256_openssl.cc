@@ -4,7 +4,6 @@
 
 #include "ckpt/error.h"
 #include "util/sha256.h"
-#include "util/text.h"
 
 namespace ckpt::internal {
 namespace {
@@ -51,11 +50,5 @@ void Sha1Stream::update(const void* data, size_t n) { impl_->update(data, n); }
 std::array<unsigned char, 20> Sha1Stream::finish() { return impl_->finish<20>(); }
 
 bool sha256_available() { return true; }
-
-std::string sha256_hex(std::string_view bytes) {
-  Sha256Stream s;
-  s.update(bytes);
-  return to_hex(s.finish());
-}
 
 }  // namespace ckpt::internal

@@ -6,7 +6,6 @@
 #include "ckpt/error.h"
 #include "util/features.h"
 #include "util/sha256.h"
-#include "util/text.h"
 
 namespace ckpt::internal {
 
@@ -34,11 +33,5 @@ void Sha1Stream::update(const void*, size_t) {}
 std::array<unsigned char, 20> Sha1Stream::finish() { return {}; }
 
 bool sha256_available() { return true; }
-
-std::string sha256_hex(std::string_view bytes) {
-  Sha256Stream s;
-  s.update(bytes);
-  return to_hex(s.finish());
-}
 
 }  // namespace ckpt::internal

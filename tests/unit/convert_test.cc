@@ -528,8 +528,8 @@ TEST(Convert, TensorizerEncryptionWithANewKeyFile) {
   write_source(ConvertFormat::kSafetensors, src, ts);
   Checkpoint c = Checkpoint::open(src);
   ConvertOptions o = quick();
-  TensorizerTarget tz;
-  tz.encryption.key_file = dir.file("new.key");
+  TensorizerSaveOptions tz;
+  tz.key_file = dir.file("new.key");
   o.target = tz;
   ConvertReport r = convert(c, dir.file("e.tensors"), o);
   EXPECT_TRUE(r.key_file_written);
@@ -550,9 +550,9 @@ TEST(Convert, TensorizerEncryptionWithANewKeyFile) {
   EXPECT_EQ(contents(Checkpoint::open(dir.file("e2.tensors"), oo)), contents(ts));
 
   ConvertOptions two = quick();
-  TensorizerTarget both;
-  both.encryption.key = hex;
-  both.encryption.password = "pw";
+  TensorizerSaveOptions both;
+  both.key = hex;
+  both.password = "pw";
   two.target = both;
   EXPECT_CKPT_ERROR(convert(c, dir.file("e3.tensors"), two), ErrorCode::kInvalidArgument);
   EXPECT_FALSE(std::filesystem::exists(dir.file("e3.tensors")));

@@ -432,6 +432,47 @@ TEST(TensorizerWriter, RefusesBadInput) {
                     ErrorCode::kInvalidArgument);
 }
 
+// The key sources convert() takes are the save function's too: a key file made on first use and
+// read after, a password file; a source that does not go with the mode is refused.
+TEST(TensorizerWriter, KeyAndPasswordFiles) {
+  test::TempDir dir;
+  auto es = writer_entries();
+  TensorizerSaveOptions o;
+  o.key_file = dir.file("k.key");  // kNone with a key file: kKeyFile
+  const std::string key = save_tensorizer(dir.file("a.tensors"), es, o);
+  ASSERT_EQ(key.size(), 32u);
+  OpenOptions ro;
+  ro.decrypt_key = slurp(o.key_file);
+  expect_read_back(open_tensorizer(open_file_source(dir.file("a.tensors")), ro), es);
+  o.encryption = TensorizerEncryption::kKeyFile;  // the file exists now: its key is used
+  EXPECT_EQ(save_tensorizer(dir.file("b.tensors"), es, o), key);
+  expect_read_back(open_tensorizer(open_file_source(dir.file("b.tensors")), ro), es);
+
+  {
+    std::ofstream pf(dir.file("pw.txt"));
+    pf << "hunter2\r\nignored\n";
+  }
+  TensorizerSaveOptions p;
+  p.password_file = dir.file("pw.txt");
+  p.pwhash_opslimit = 1;
+  p.pwhash_memlimit = 8192;
+  MemorySink sink;
+  save_tensorizer(sink, es, p);
+  OpenOptions po;
+  po.decrypt_password = "hunter2";
+  expect_read_back(open_tensorizer(memory_source(sink.bytes()), po), es);
+
+  TensorizerSaveOptions mismatch;
+  mismatch.encryption = TensorizerEncryption::kKey;
+  mismatch.password = "pw";
+  MemorySink s2;
+  EXPECT_CKPT_ERROR(save_tensorizer(s2, es, mismatch), ErrorCode::kInvalidArgument);
+  TensorizerSaveOptions missing;
+  missing.password_file = dir.file("none.txt");
+  EXPECT_CKPT_ERROR(save_tensorizer(dir.file("c.tensors"), es, missing), ErrorCode::kNotFound);
+  EXPECT_FALSE(std::filesystem::exists(dir.file("c.tensors")));
+}
+
 // A source that says it is remote (preferred_read_size() > 0, no mapping) and records its reads.
 class RemoteLike final : public ByteSource {
  public:

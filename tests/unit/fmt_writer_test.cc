@@ -171,8 +171,8 @@ TEST(Writer, ConvertRefusesBeforeAnyByteIsWritten) {
     ErrorCode code;
     const char* names;  // what the message names
   };
-  TensorizerTarget bad_key;
-  bad_key.encryption.key = "short";
+  TensorizerSaveOptions bad_key;
+  bad_key.key = "short";
   std::vector<Case> cases = {
       {SafetensorsTarget{}, ErrorCode::kInvalidArgument, "copy_shared"},
       {bad_key, ErrorCode::kInvalidArgument, "key"},

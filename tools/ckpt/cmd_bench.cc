@@ -291,22 +291,25 @@ struct HostBench {
   static std::string tstr(int t) { return std::to_string(t) + (t == 1 ? " thread" : " threads"); }
 };
 
-// Machine facts (no ratio), then the limits: the work of a ckpt row done by plain system calls,
-// same threads, same memory.
-LimitRows measure_limits(HostBench& b) {
-  const int r = b.r, threads = b.threads;
-  const uint64_t fsize = b.fsize, budget = b.budget;
-  // Machine facts (no ratio): memcpy into fresh pages of either kind.
+// Machine facts (no ratio): memcpy into fresh pages of either kind. Returns the file's bytes
+// copied into ordinary memory.
+std::vector<std::byte> measure_machine(HostBench& b) {
+  const int r = b.r;
+  const uint64_t fsize = b.fsize;
   std::vector<std::byte> warm_buf(fsize);
   std::memcpy(warm_buf.data(), b.src->memory(), fsize);
   b.add("machine: memcpy into fresh 4 KiB pages", fresh_memcpy(warm_buf.data(), fsize, false, r),
         fsize);
   b.add("machine: memcpy into fresh huge pages", fresh_memcpy(warm_buf.data(), fsize, true, r),
         fsize);
-  // Limits: the work of a ckpt row done by plain system calls, same threads, same memory.
-  const int fd = ::open(b.o.file.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw Error(ErrorCode::kIo, "cannot open", b.o.file);
-  LimitRows lim;
+  return warm_buf;
+}
+
+// The limits of the loads: the file read by plain system calls from `fd` into the memory each
+// load fills, with the same threads.
+void measure_read_limits(HostBench& b, int fd, LimitRows& lim) {
+  const int r = b.r, threads = b.threads;
+  const uint64_t fsize = b.fsize, budget = b.budget;
   lim.eager = b.add("limit: pread into fresh huge pages, " + b.tstr(threads),
                     time_it(r,
                             [&] {
@@ -361,6 +364,12 @@ LimitRows measure_limits(HostBench& b) {
                              ::munmap(p, fsize);
                            }),
                    fsize);
+}
+
+// The limit of the saves: the file's bytes written by plain system calls.
+int measure_write_limit(HostBench& b, const std::vector<std::byte>& warm_buf) {
+  const int r = b.r;
+  const uint64_t fsize = b.fsize;
   // Saves write loaded tensors (a warm huge-page arena) in 1 MiB slices from two threads into
   // a preallocated file: the limit writes the same way from the same kind of memory — with two
   // threads and with one, keeping the faster: ext4 serializes buffered writes to one file on
@@ -388,11 +397,28 @@ LimitRows measure_limits(HostBench& b) {
           ::sync();
         });
   };
-  lim.write = b.add("limit: pwrite to a new file (page cache), best of 1 and 2 threads",
-                    std::min(write_limit(2), write_limit(1)), fsize);
+  const int row = b.add("limit: pwrite to a new file (page cache), best of 1 and 2 threads",
+                        std::min(write_limit(2), write_limit(1)), fsize);
   warm_huge.reset();
   std::remove(scratch.c_str());
+  return row;
+}
+
+// Machine facts (no ratio), then the limits: the work of a ckpt row done by plain system calls,
+// same threads, same memory.
+LimitRows measure_limits(HostBench& b) {
+  const std::vector<std::byte> warm_buf = measure_machine(b);
+  const int fd = ::open(b.o.file.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw Error(ErrorCode::kIo, "cannot open", b.o.file);
+  LimitRows lim;
+  try {
+    measure_read_limits(b, fd, lim);
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
   ::close(fd);
+  lim.write = measure_write_limit(b, warm_buf);
   return lim;
 }
 
@@ -511,7 +537,7 @@ double measure_save_convert(HostBench& b, int lim_write) {
   // from views of the mapping instead of loaded tensors (its page faults included).
   std::optional<Checkpoint> fresh;
   ConvertOptions co;
-  co.target = PtTarget{};
+  co.target = TorchSaveOptions{};
   co.fsync = false;
   convert_seconds = time_it(
       r, [&] { convert(*fresh, out, co); },

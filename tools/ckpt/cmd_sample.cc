@@ -111,22 +111,18 @@ void save_sample(ByteSink& sink, const std::vector<Tensor>& tensors, const Conve
     ByteSink& sink;
     const std::vector<Tensor>& tensors;
     void operator()(const std::monostate&) const {}
-    void operator()(const PtTarget& t) const {
-      SaveOptions so;
-      if (t.alignment) so.alignment = t.alignment;
+    void operator()(const TorchSaveOptions& so) const {
       save_torch(sink, state_dict_value(tensors), tensors, so);
     }
-    void operator()(const SafetensorsTarget& t) const {
-      SafetensorsSaveOptions so;
-      if (t.alignment) so.alignment = t.alignment;
+    void operator()(const SafetensorsSaveOptions& so) const {
       save_safetensors(sink, tensors, {}, so);
     }
-    void operator()(const TensorizerTarget&) const {
+    void operator()(const TensorizerSaveOptions& so) const {
       std::vector<TensorizerEntry> entries;
       for (const Tensor& t : tensors) entries.push_back({.tensor = t});
-      save_tensorizer(sink, entries);
+      save_tensorizer(sink, entries, so);
     }
-    void operator()(const DcpTarget&) const {
+    void operator()(const DcpSaveOptions&) const {
       throw Error(ErrorCode::kInvalidArgument,
                   "sample writes one file: pt, safetensors or tensorizer");
     }

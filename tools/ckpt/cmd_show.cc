@@ -2,6 +2,7 @@
 // (4 decimals, summarised with "..." past 1000 elements).
 
 #include <algorithm>
+#include <bit>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -40,94 +41,73 @@ double fp8_to_double(uint8_t b, int ebits, int mbits, bool fn) {
   return sign ? -v : v;
 }
 
-// One element as double (real part for complex); nullopt for types printed as raw bits.
-std::optional<double> element(DType d, const std::byte* p, bool imag = false) {
-  auto u8 = [&] { return std::to_integer<uint8_t>(p[0]); };
+template <class T>
+T load_as(const std::byte* p) {
+  T v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+// A floating-point or complex element as double (the real part, or with `imag` the imaginary
+// part, of a complex one); nullopt for another dtype.
+std::optional<double> float_element(DType d, const std::byte* p, bool imag) {
   switch (d) {
-    case DType::kFloat32: {
-      float f;
-      std::memcpy(&f, p, 4);
-      return f;
-    }
-    case DType::kFloat64: {
-      double f;
-      std::memcpy(&f, p, 8);
-      return f;
-    }
-    case DType::kFloat16: {
-      uint16_t h;
-      std::memcpy(&h, p, 2);
-      return half_to_double(h);
-    }
-    case DType::kBFloat16: {
-      uint16_t h;
-      std::memcpy(&h, p, 2);
-      uint32_t w = uint32_t(h) << 16;
-      float f;
-      std::memcpy(&f, &w, 4);
-      return f;
-    }
+    case DType::kFloat32:
+      return load_as<float>(p);
+    case DType::kFloat64:
+      return load_as<double>(p);
+    case DType::kFloat16:
+      return half_to_double(load_as<uint16_t>(p));
+    case DType::kBFloat16:
+      return std::bit_cast<float>(uint32_t{load_as<uint16_t>(p)} << 16);
     case DType::kFloat8_e4m3fn:
-      return fp8_to_double(u8(), 4, 3, true);
+      return fp8_to_double(load_as<uint8_t>(p), 4, 3, true);
     case DType::kFloat8_e5m2:
-      return fp8_to_double(u8(), 5, 2, false);
-    case DType::kComplex64: {
-      float f[2];
-      std::memcpy(f, p, 8);
-      return f[imag];
-    }
-    case DType::kComplex128: {
-      double f[2];
-      std::memcpy(f, p, 16);
-      return f[imag];
-    }
-    case DType::kComplex32: {
-      uint16_t h[2];
-      std::memcpy(h, p, 4);
-      return half_to_double(h[imag]);
-    }
-    case DType::kBool:
-      return u8() ? 1 : 0;
-    case DType::kInt8:
-    case DType::kQInt8:
-      return static_cast<int8_t>(u8());
-    case DType::kUInt8:
-    case DType::kQUInt8:
-      return u8();
-    case DType::kInt16: {
-      int16_t v;
-      std::memcpy(&v, p, 2);
-      return v;
-    }
-    case DType::kUInt16: {
-      uint16_t v;
-      std::memcpy(&v, p, 2);
-      return v;
-    }
-    case DType::kInt32:
-    case DType::kQInt32: {
-      int32_t v;
-      std::memcpy(&v, p, 4);
-      return v;
-    }
-    case DType::kUInt32: {
-      uint32_t v;
-      std::memcpy(&v, p, 4);
-      return v;
-    }
-    case DType::kInt64: {
-      int64_t v;
-      std::memcpy(&v, p, 8);
-      return static_cast<double>(v);
-    }
-    case DType::kUInt64: {
-      uint64_t v;
-      std::memcpy(&v, p, 8);
-      return static_cast<double>(v);
-    }
+      return fp8_to_double(load_as<uint8_t>(p), 5, 2, false);
+    case DType::kComplex64:
+      return load_as<float>(p + (imag ? 4 : 0));
+    case DType::kComplex128:
+      return load_as<double>(p + (imag ? 8 : 0));
+    case DType::kComplex32:
+      return half_to_double(load_as<uint16_t>(p + (imag ? 2 : 0)));
     default:
       return std::nullopt;
   }
+}
+
+// A bool, integer or quantized integer element as double; nullopt for another dtype.
+std::optional<double> integer_element(DType d, const std::byte* p) {
+  switch (d) {
+    case DType::kBool:
+      return load_as<uint8_t>(p) ? 1 : 0;
+    case DType::kInt8:
+    case DType::kQInt8:
+      return load_as<int8_t>(p);
+    case DType::kUInt8:
+    case DType::kQUInt8:
+      return load_as<uint8_t>(p);
+    case DType::kInt16:
+      return load_as<int16_t>(p);
+    case DType::kUInt16:
+      return load_as<uint16_t>(p);
+    case DType::kInt32:
+    case DType::kQInt32:
+      return load_as<int32_t>(p);
+    case DType::kUInt32:
+      return load_as<uint32_t>(p);
+    case DType::kInt64:
+      return static_cast<double>(load_as<int64_t>(p));
+    case DType::kUInt64:
+      return static_cast<double>(load_as<uint64_t>(p));
+    default:
+      return std::nullopt;
+  }
+}
+
+// One element as double (real part for complex); nullopt for types printed as raw bits.
+std::optional<double> element(DType d, const std::byte* p, bool imag = false) {
+  if (auto v = float_element(d, p, imag)) return v;
+  return integer_element(d, p);
 }
 
 std::string fmt_elem(DType d, const std::byte* p) {

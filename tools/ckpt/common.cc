@@ -177,7 +177,6 @@ std::string error_line(const Error& e) {
   // Library messages name the library's options; the tool's user sets its flags.
   static const std::pair<const char*, const char*> kOptions[] = {
       {"SafetensorsSaveOptions::copy_shared", "--copy-shared"},
-      {"SafetensorsTarget::copy_shared", "--copy-shared"},
       {"TargetSettings::alignment", "--align"},
       {"TargetSettings::copy_shared", "--copy-shared"},
       {"TargetSettings::meta", "--meta"},
@@ -185,7 +184,7 @@ std::string error_line(const Error& e) {
       {"TargetSettings::encryption", "--encrypt-key / --encrypt-password-file"},
       {"TargetSettings::dcp_files", "--dcp-files"},
       {"ConvertOptions::max_shard_size", "--max-shard-size"},
-      {"SafetensorsTarget::meta = MetaTensors::kZeros", "--meta=zeros"},
+      {"SafetensorsSaveOptions::meta = MetaTensors::kZeros", "--meta=zeros"},
       {"MetaTensors::kSkip", "--meta=skip"},
       {"OpenOptions::decrypt_key", "--decrypt-key FILE"},
       {"OpenOptions::decrypt_password", "--decrypt-password-file FILE"},

@@ -81,7 +81,7 @@ OpenOptions open_options(const Common& c);
 // and of Common::download_whole; notes (RemoteOptions::on_note) go to stderr as "ckpt: note: ...".
 RemoteOptions remote_options(const Common& c);
 // The line the tool prints for an error: its text, the library options it names replaced by the
-// tool's flags (SafetensorsTarget::copy_shared -> --copy-shared), and for kLimitExceeded the
+// tool's flags (SafetensorsSaveOptions::copy_shared -> --copy-shared), and for kLimitExceeded the
 // option that raises the limit it names ("raise it with --max-tensors").
 std::string error_line(const Error& e);
 

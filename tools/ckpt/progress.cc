@@ -20,43 +20,42 @@ void add_progress_flags(CLI::App& cmd, ProgressMode& mode) {
       ->excludes(on);
 }
 
+namespace {
+bool drawn_for(ProgressMode mode) {
+  return mode == ProgressMode::kOn || (mode == ProgressMode::kAuto && isatty(STDERR_FILENO) == 1);
+}
+}  // namespace
+
 ProgressLine::ProgressLine(ProgressMode mode, std::string label)
-    : draw_(mode == ProgressMode::kOn ||
-            (mode == ProgressMode::kAuto && isatty(STDERR_FILENO) == 1)),
+    : draw_(drawn_for(mode)),
       // Asked for (--progress): drawn from the start, the final line always. On a terminal by
       // default: only once the work has taken a quarter of a second.
-      delay_(mode == ProgressMode::kOn ? 0.0 : 0.25),
+      pace_(std::chrono::milliseconds(100), mode == ProgressMode::kOn
+                                                ? std::chrono::milliseconds(0)
+                                                : std::chrono::milliseconds(250)),
       label_(std::move(label)),
-      t0_(now_seconds()),
-      start_(t0_) {}
+      t0_(now_seconds()) {}
 
 ProgressLine::~ProgressLine() { end_line(); }
 
 ProgressFn ProgressLine::fn() {
   if (!draw_) return {};
   // The library's last call has done == total: the 100% line.
-  return [this](uint64_t done, uint64_t total) {
-    std::lock_guard<std::mutex> lock(mu_);
-    draw(done, total, total > 0 && done == total);
-  };
+  return [this](uint64_t done, uint64_t total) { draw(done, total, total > 0 && done == total); };
 }
 
-void ProgressLine::update(uint64_t done, uint64_t total) {
-  std::lock_guard<std::mutex> lock(mu_);
-  draw(done, total, false);
-}
+void ProgressLine::update(uint64_t done, uint64_t total) { draw(done, total, false); }
 
 void ProgressLine::set_label(std::string label) {
   std::lock_guard<std::mutex> lock(mu_);
   label_ = std::move(label);
   t0_ = now_seconds();  // a new phase: its own rate and time left
+  pace_.restart();
 }
 
 void ProgressLine::finish(uint64_t done) {
-  std::lock_guard<std::mutex> lock(mu_);
   draw(done, done, true);
-  if (drawn_) std::fputc('\n', stderr);
-  drawn_ = false;
+  end_line();
 }
 
 void ProgressLine::end_line() {
@@ -64,6 +63,11 @@ void ProgressLine::end_line() {
   if (!drawn_) return;
   std::fputc('\n', stderr);
   drawn_ = false;
+}
+
+void ProgressLine::draw(uint64_t done, uint64_t total, bool last) {
+  if (!draw_) return;
+  if (auto turn = pace_.due(done, total, last); turn.owns_lock()) show(done, total, last);
 }
 
 namespace {
@@ -82,36 +86,27 @@ std::string clock_str(double secs) {
 }
 }  // namespace
 
-void ProgressLine::draw(uint64_t done, uint64_t total, bool last) {
-  static constexpr double kEvery = 0.1;
-  if (!draw_) return;
-  const double now = now_seconds();
-  if (!last && (now - start_ < delay_ || now - drawn_at_ < kEvery)) return;
-  if (last && !drawn_ && now - start_ < delay_) return;
+void ProgressLine::show(uint64_t done, uint64_t total, bool last) {
+  std::lock_guard<std::mutex> lock(mu_);
   total = std::max(total, done);
   int pct = total ? static_cast<int>(std::min<uint64_t>(done * 100 / total, 99)) : 0;
   if (last) pct = 100;
-  const double secs = std::max(now - t0_, 1e-9);
+  const double secs = std::max(now_seconds() - t0_, 1e-9);
   const double rate = static_cast<double>(done) / secs;
   std::string tail =
       last ? "in " + clock_str(secs)
            : "ETA " + clock_str(rate > 0 ? static_cast<double>(total - done) / rate : -1);
   // \r and erase-to-end: the line is redrawn in place, shorter text leaves nothing behind.
-  if (!items_.empty()) {
+  if (!items_.empty())
     std::fprintf(stderr, "\r%s%s%llu / %llu %s  %3d%%  %s\033[K", label_.c_str(),
                  label_.empty() ? "" : "  ", static_cast<unsigned long long>(done),
                  static_cast<unsigned long long>(total), items_.c_str(), pct, tail.c_str());
-    std::fflush(stderr);
-    drawn_ = true;
-    drawn_at_ = now;
-    return;
-  }
-  std::fprintf(stderr, "\r%s%s%s / %s  %3d%%  %s/s  %s\033[K", label_.c_str(),
-               label_.empty() ? "" : "  ", human_bytes(done).c_str(), human_bytes(total).c_str(),
-               pct, human_bytes(static_cast<uint64_t>(rate)).c_str(), tail.c_str());
+  else
+    std::fprintf(stderr, "\r%s%s%s / %s  %3d%%  %s/s  %s\033[K", label_.c_str(),
+                 label_.empty() ? "" : "  ", human_bytes(done).c_str(), human_bytes(total).c_str(),
+                 pct, human_bytes(static_cast<uint64_t>(rate)).c_str(), tail.c_str());
   std::fflush(stderr);
   drawn_ = true;
-  drawn_at_ = now;
 }
 
 }  // namespace ckpt::cli

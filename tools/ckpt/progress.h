@@ -45,12 +45,14 @@ class ProgressLine {
  private:
   void draw(uint64_t done, uint64_t total, bool last);
 
+  void show(uint64_t done, uint64_t total, bool last);
+
   bool draw_;
-  double delay_;
+  ProgressThrottle pace_;  // when a report is drawn (its turn serializes the drawing)
   std::string label_, items_;
-  double t0_, start_, drawn_at_ = 0;  // t0_: the phase's start (rate, ETA); start_: the line's
+  double t0_;  // the phase's start (rate, ETA)
   bool drawn_ = false;
-  std::mutex mu_;
+  std::mutex mu_;  // label_, t0_, drawn_
 };
 
 }  // namespace ckpt::cli

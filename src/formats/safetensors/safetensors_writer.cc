@@ -86,7 +86,7 @@ DType stored_dtype(DType d) { return d == DType::kFloat4_e2m1fn_x2 ? DType::kFlo
 void write_safetensors(ByteSink& sink, const std::vector<Tensor>& tensors,
                        const std::map<std::string, std::string>& metadata,
                        const SafetensorsSaveOptions& options, const internal::TensorFeed* feed) {
-  const uint64_t align = options.alignment;
+  const uint64_t align = options.alignment ? options.alignment : 8;
   if (!internal::is_pow2(align) || align > (1ull << 30))
     throw Error(ErrorCode::kInvalidArgument,
                 "alignment must be a power of two up to 1 GiB, got " + std::to_string(align),

@@ -12,6 +12,7 @@
 #include "ckpt/tensorizer.h"
 #include "formats/tensorizer/tensorizer_crypt.h"
 #include "formats/tensorizer/tensorizer_format.h"
+#include "formats/tensorizer/tensorizer_key.h"
 #include "formats/writer.h"
 #include "io/gather.h"
 #include "util/bytes.h"
@@ -78,6 +79,8 @@ std::string write_tensorizer(ByteSink& sink, const std::vector<TensorizerEntry>&
       kdf = std::move(p);
       break;
     }
+    case TensorizerEncryption::kKeyFile:  // resolve_key made it kKey or kRandomKey
+      invalid(sink, {}, "a key file is read before writing");
   }
 
   // Plan: names, dtypes, versions, sizes.
@@ -239,27 +242,28 @@ std::string write_tensorizer(ByteSink& sink, const std::vector<TensorizerEntry>&
 
 std::string save_tensorizer(ByteSink& sink, const std::vector<TensorizerEntry>& tensors,
                             const TensorizerSaveOptions& options) {
-  return write_tensorizer(sink, tensors, options, nullptr);
+  return write_tensorizer(sink, tensors, resolve_key(options).options, nullptr);
 }
 
 std::string save_tensorizer(const std::string& path, const std::vector<TensorizerEntry>& tensors,
                             const TensorizerSaveOptions& options) {
-  TensorizerSaveOptions opt = options;
+  ResolvedKey r = resolve_key(options);
+  TensorizerSaveOptions& opt = r.options;
   const FileSinkOptions fso{options.atomic, options.fsync};
   if (opt.encryption == TensorizerEncryption::kRandomKey) {
-    if (opt.key_file.empty())
+    if (r.new_key_file.empty())
       throw Error(ErrorCode::kInvalidArgument, "random-key encryption needs a key_file", path);
     // The key is written (and committed) first: a file whose key was lost is unreadable.
     Key key;
     random_bytes(key);
-    auto ks = create_file_sink(opt.key_file, fso);
+    auto ks = create_file_sink(r.new_key_file, fso);
     ks->write(to_hex(key) + "\n");
     ks->commit();
     opt.encryption = TensorizerEncryption::kKey;
     opt.key.assign(reinterpret_cast<const char*>(key.data()), key.size());
   }
   auto sink = create_file_sink(path, fso);
-  std::string key = save_tensorizer(*sink, tensors, opt);
+  std::string key = write_tensorizer(*sink, tensors, opt, nullptr);
   sink->commit();
   return key;
 }

@@ -365,10 +365,11 @@ void write_torch_zip(ByteSink& sink, const ConstValuePtr& root, const std::vecto
   internal::pickle(tree, pkl, hooks);
 
   std::string folder = options.archive_name.empty() ? "archive" : options.archive_name;
-  internal::ZipWriter zip(sink, folder + "/", options.alignment);
+  const uint32_t align = options.alignment ? options.alignment : 64;
+  internal::ZipWriter zip(sink, folder + "/", align);
   zip.add("data.pkl", pkl);
   zip.add(".format_version", std::string_view("1"));
-  zip.add(".storage_alignment", std::to_string(options.alignment));
+  zip.add(".storage_alignment", std::to_string(align));
   zip.add("byteorder", std::string_view("little"));
   auto storages = builder.ordered_storages();
   // Preallocate the storage records (ByteSink::reserve): their extent is computed, not guessed,
