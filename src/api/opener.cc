@@ -12,6 +12,7 @@
 #include "api/checkpoint_impl.h"
 #include "ckpt/remote.h"
 #include "formats/dcp/dcp_folder.h"
+#include "formats/dcp/dtensor_files.h"
 #include "formats/open.h"
 
 namespace ckpt::internal {
@@ -85,6 +86,9 @@ std::optional<Checkpoint> open_folder(const std::string& dir, const OpenOptions&
       break;
   }
   const bool dcp = !found.empty();
+  // verl's FSDP checkpoints: one torch.save of DTensors per rank (formats/dcp/dtensor_files.h).
+  const bool dtensors = !is_url(dir) && has_dtensor_files(dir);
+  if (dtensors) found.push_back("model_world_size_<N>_rank_<R>.pt");
   // A model folder: the weights save_pretrained wrote (an index is the set of its shards).
   if (!is_url(dir))
     for (const char* f : kModelFiles)
@@ -92,6 +96,7 @@ std::optional<Checkpoint> open_folder(const std::string& dir, const OpenOptions&
   if (found.empty()) return std::nullopt;
   note_choice(dir, found, options);
   if (dcp) return CheckpointAccess::make(open_dcp(dir, options));
+  if (dtensors) return CheckpointAccess::make(open_dtensor_files(dir, options));
   return open_path(join(dir, found[0]), options);
 }
 
@@ -111,11 +116,13 @@ Checkpoint open_file(const SourcePtr& source, const OpenOptions& options, const 
 
 Checkpoint open_path(const std::string& path, const OpenOptions& options, const OpenHooks& hooks) {
   if (is_folder(path)) {
-    if (auto c = open_folder(path, options)) return std::move(*c);
+    if (auto c = open_folder(path, options))
+      return is_url(path) ? std::move(*c) : CheckpointAccess::in_folder(*c, path);
     if (!is_url(path))
       throw Error(ErrorCode::kInvalidArgument,
                   "is a directory that holds no checkpoint ckpt reads (a DCP .metadata or "
-                  "__0.metadata, shard-*-model-*.safetensors, model.safetensors[.index.json] or "
+                  "__0.metadata, shard-*-model-*.safetensors, model_world_size_<N>_rank_0.pt, "
+                  "model.safetensors[.index.json] or "
                   "pytorch_model.bin[.index.json]): name a file in it",
                   path);
   }

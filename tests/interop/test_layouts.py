@@ -8,6 +8,8 @@ plus DTensors placed by hand):
   hf_dist     HuggingFaceStorageWriter(save_distributed=True): shard-<rank>-model-*.safetensors
   hf_cons     the same with enable_consolidation=True (hf_cons/sharded, and the consolidated
               model folder torch writes beside it)
+  verl        torch.save(model.state_dict()) of the FSDP2 DTensors per rank, as verl's FSDP
+              checkpoint manager names them: model_world_size_2_rank_<rank>.pt
 
 Every tensor ckpt reads must equal the full tensor torch had (DTensor.full_tensor()), through
 ls, load, convert to safetensors and pt, and an HF folder that from_pretrained loads with the
@@ -24,7 +26,7 @@ import torch
 pytestmark = pytest.mark.skipif(int(torch.__version__.split(".")[0]) < 2,
                                 reason="the layouts are made by torch 2.x")
 
-DCP_LAYOUTS = ["st", "ranklocal", "hf_dist", "hf_cons/sharded", "hf_cons"]
+DCP_LAYOUTS = ["st", "ranklocal", "hf_dist", "hf_cons/sharded", "hf_cons", "verl"]
 
 
 @pytest.fixture(scope="session")
@@ -88,7 +90,7 @@ def test_convert_to_pt_keeps_the_tree_and_values(ckpt, layouts, name, tmp_path):
 
 @pytest.mark.parametrize("mode", ["eager", "mmap", "stream"])
 def test_load_modes(ckpt, layouts, mode):
-    for name in ("st", "ranklocal", "hf_dist"):
+    for name in ("st", "ranklocal", "hf_dist", "verl"):
         r = ckpt.run("load", folder(layouts, name), "--mode", mode)
         assert r.returncode == 0, (name, r.stderr)
 
@@ -124,7 +126,7 @@ def test_hf_shards_with_a_missing_shard_is_refused(ckpt, layouts, tmp_path):
     assert r.returncode != 0, r.stdout
 
 
-@pytest.mark.parametrize("name", ["hf_dist", "hf_cons/sharded", "ranklocal", "st"])
+@pytest.mark.parametrize("name", ["hf_dist", "hf_cons/sharded", "ranklocal", "st", "verl"])
 def test_converts_to_an_hf_folder_that_from_pretrained_loads(ckpt, layouts, name, tmp_path):
     import transformers
 
@@ -145,3 +147,22 @@ def test_converts_to_an_hf_folder_that_from_pretrained_loads(ckpt, layouts, name
     got = transformers.AutoModelForCausalLM.from_pretrained(str(out)).eval()
     with torch.no_grad():
         assert torch.equal(got(ids).logits, want(ids).logits)
+
+
+def test_verl_rank_file_alone_lists_its_shard(ckpt, layouts):
+    """One rank's file is that rank's shards (DTensor._local_tensor), as torch.load gives them."""
+    path = os.path.join(folder(layouts, "verl"), "model_world_size_2_rank_1.pt")
+    want = torch.load(path, weights_only=False)
+    got = {t["name"]: t for t in ckpt.json("ls", path, "--json")["tensors"]}
+    assert set(want) <= set(got)  # and the mesh's rank map, a tensor in each DTensor's spec
+    for k, v in want.items():
+        assert got[k]["shape"] == list(v.to_local().shape), k
+
+
+def test_verl_with_a_missing_rank_is_refused_naming_it(ckpt, layouts, tmp_path):
+    d = tmp_path / "verl"
+    shutil.copytree(folder(layouts, "verl"), d)
+    os.remove(d / "model_world_size_2_rank_1.pt")
+    r = ckpt.run("ls", d)
+    assert r.returncode == 2, r.stderr
+    assert "model_world_size_2_rank_1.pt" in r.stderr
