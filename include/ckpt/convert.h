@@ -346,7 +346,8 @@ struct ConvertReport {
 //
 // A checkpoint opened from a local folder (a model folder, a DCP folder) written into a local
 // folder (an existing one or a path ending in '/', any format) gets the input folder's
-// config.json, generation_config.json and tokenizer files beside its weights, each copied through
+// config.json, generation_config.json and tokenizer files (from its huggingface/ subfolder when
+// only that has a config.json, as verl saves) beside its weights, each copied through
 // a temporary and a rename (ConvertReport::model_files_copied), so that the output loads with
 // from_pretrained as the input did.
 //

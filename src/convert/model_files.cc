@@ -30,8 +30,12 @@ constexpr const char* kModelFiles[] = {"config.json",
 
 void copy_model_files(const Checkpoint& c, const std::string& out_path, ConvertReport& report) {
   namespace fs = std::filesystem;
-  const std::string& in = CheckpointAccess::folder(c);
+  std::string in = CheckpointAccess::folder(c);
   std::error_code ec;
+  // verl keeps the model's config and tokenizer in huggingface/ beside its per-rank files.
+  if (!in.empty() && !fs::exists(fs::path(in) / "config.json", ec) &&
+      fs::is_regular_file(fs::path(in) / "huggingface" / "config.json", ec))
+    in = (fs::path(in) / "huggingface").string();
   if (in.empty() || out_path.empty() || is_url(out_path) || !fs::is_directory(in, ec) ||
       !fs::is_directory(out_path, ec) || fs::equivalent(in, out_path, ec))
     return;

@@ -135,9 +135,11 @@ def test_safetensors_serialised_items_are_read_and_checked_against_their_blob(ck
     d = tmp_path / "st"
     w = torch.arange(32, dtype=torch.float32).reshape(8, 4)
     writer = dcp.FileSystemWriter(str(d), serialization_format=SerializationFormat.SAFETENSORS)
-    dcp.save({"w": w, "n": 3}, storage_writer=writer, no_dist=True)
+    flag = torch.tensor([True])  # an item of 1 byte: shorter than a zip's magic number
+    dcp.save({"w": w, "flag": flag, "n": 3}, storage_writer=writer, no_dist=True)
     ckpt.ok("convert", d, tmp_path / "out.safetensors")
-    assert torch.equal(load_file(str(tmp_path / "out.safetensors"))["w"], w)
+    got = load_file(str(tmp_path / "out.safetensors"))
+    assert torch.equal(got["w"], w) and torch.equal(got["flag"], flag)
     data = d / "__0_0.distcp"
     raw = data.read_bytes()
     assert raw.count(b'"w":{"dtype"') == 1

@@ -249,12 +249,13 @@ class Opener {
     const uint32_t f = item_file_[i];
     SourcePtr w = window_source(layout_->sources[f], s->offset, s->length,
                                 layout_->paths[f] + "@" + std::to_string(s->offset));
-    if (j.chunk && s->length >= 4) {
+    if (j.chunk) {
       // A tensor item is a torch.save zip, or with SerializationFormat.SAFETENSORS (and in the
       // files of HuggingFaceStorageWriter) one safetensors blob per data file that every tensor
-      // item of the file points at.
-      std::byte head[4];
-      w->read_into(0, head);
+      // item of the file points at (its length is the tensor's bytes: maybe under 4).
+      const SourcePtr& file = layout_->sources[f];
+      std::byte head[4]{};
+      if (file->size() - s->offset >= 4) file->read_into(s->offset, head);
       if (std::memcmp(head, "PK\x03\x04", 4) != 0) return blob_item(*j.entry, *j.chunk, i);
     }
     try {
