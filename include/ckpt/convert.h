@@ -276,6 +276,12 @@ struct ConvertReport {
   // safetensors without copy_shared: names left out because they are another name's tensor
   // (tied weights), as (left out, kept); also in the file's __metadata__ as {left out: kept}.
   std::vector<std::pair<std::string, std::string>> aliases_dropped;
+  // A checkpoint opened from a local folder, converted into a local folder: the files beside the
+  // weights that serving needs, copied from the input folder (model_files_from) as they are
+  // (config.json, generation_config.json, the tokenizer's files: kModelFiles in
+  // src/convert/model_files.cc), by name.
+  std::string model_files_from;
+  std::vector<std::string> model_files_copied;
 };
 
 // Converts `checkpoint` to `out_path` (format: options.target's, or the path's extension).
@@ -291,6 +297,13 @@ struct ConvertReport {
 // pt -> pt conversion with save_torch of the same tensors loaded.
 //
 // To dcp: a folder at out_path (DcpSaveOptions); `progress` is called once, at the end.
+//
+// A checkpoint opened from a local folder (a model folder, a DCP folder) written into a local
+// folder (an existing one or a path ending in '/', any format) gets the input folder's
+// config.json, generation_config.json and tokenizer files (from its huggingface/ subfolder when
+// only that has a config.json, as verl saves) beside its weights, each copied through
+// a temporary and a rename (ConvertReport::model_files_copied), so that the output loads with
+// from_pretrained as the input did.
 //
 // Throws Error: kInvalidArgument (no format for the path, tensors sharing part of a storage to
 // safetensors without copy_shared, a transform that cannot apply (include/ckpt/transform.h),

@@ -629,7 +629,9 @@ class Checkpoint:
         would (`ckpt convert --dcp-files`). A checkpoint that is not one mapped file (a DCP
         folder, a URL, compressed records) is streamed to the writer: memory_budget bytes of
         tensor data at most are read ahead (default 128 MiB; a larger tensor is held alone),
-        as `ckpt convert --budget-mb`.
+        as `ckpt convert --budget-mb`. A checkpoint opened from a folder written into a folder
+        gets the input folder's config.json, generation_config.json and tokenizer files beside
+        its weights, as `ckpt convert` copies them (the report's "model_files_copied").
 
         Transforms for serving (`ckpt convert --rename ...`, docs/python.md): recipe= a dict (or
         a JSON file's path) of rules as `--recipe` takes them, and keywords that add to it:

@@ -134,6 +134,7 @@ pyb::dict report_dict(const ConvertReport& r) {
   d["transforms"] = rules;
   d["unmatched_rules"] = texts(r.transforms.unmatched);
   d["aliases_dropped"] = aliases;
+  d["model_files_copied"] = texts(r.model_files_copied);
   return d;
 }
 

@@ -29,6 +29,7 @@ struct Checkpoint::Impl {
 
   internal::KindPtr kind;
   ConstValuePtr root;  // the model's root, read-only
+  std::string folder;  // the local folder it was opened from (api/opener.cc), else empty
   mutable std::mutex mu;
   // Loaded storages, so that views of one storage share it; sized on first use (under mu).
   mutable std::vector<std::weak_ptr<Storage>> cache;
@@ -46,6 +47,13 @@ struct CheckpointAccess {
   static Checkpoint make(std::shared_ptr<const CheckpointModel> m) {
     return make(file_kind(std::move(m)));
   }
+  // The same checkpoint, remembered as opened from the local folder `dir`.
+  static Checkpoint in_folder(const Checkpoint& c, std::string dir) {
+    auto impl = std::make_shared<Checkpoint::Impl>(c.impl_->kind);
+    impl->folder = std::move(dir);
+    return Checkpoint(std::move(impl));
+  }
+  static const std::string& folder(const Checkpoint& c) { return c.impl_->folder; }
 };
 
 }  // namespace internal

@@ -11,6 +11,8 @@
 
 #include "api/checkpoint_impl.h"
 #include "ckpt/remote.h"
+#include "formats/dcp/dcp_folder.h"
+#include "formats/dcp/dtensor_files.h"
 #include "formats/open.h"
 
 namespace ckpt::internal {
@@ -67,15 +69,34 @@ void note_choice(const std::string& dir, const std::vector<std::string>& found,
 std::optional<Checkpoint> open_folder(const std::string& dir, const OpenOptions& options) {
   std::vector<std::string> found;
   // torch.distributed.checkpoint: `.metadata` and its data files (a URL prefix is one too;
-  // Megatron's torch_dist folders are DCP folders with common.pt and metadata.json beside).
-  if (is_url(dir) || has_file(dir, ".metadata")) found.push_back(".metadata");
+  // Megatron's torch_dist folders are DCP folders with common.pt and metadata.json beside), or
+  // one `__<rank>.metadata` per rank, or HuggingFaceStorageWriter's per-rank shards
+  // (formats/dcp/dcp_folder.h).
+  switch (dcp_folder_kind(dir)) {
+    case DcpFolderKind::kMetadata:
+      found.push_back(".metadata");
+      break;
+    case DcpFolderKind::kRankLocal:
+      found.push_back("__<rank>.metadata");
+      break;
+    case DcpFolderKind::kHfShards:
+      found.push_back("shard-*-model-*.safetensors");
+      break;
+    case DcpFolderKind::kNone:
+      break;
+  }
+  const bool dcp = !found.empty();
+  // verl's FSDP checkpoints: one torch.save of DTensors per rank (formats/dcp/dtensor_files.h).
+  const bool dtensors = !is_url(dir) && has_dtensor_files(dir);
+  if (dtensors) found.push_back("model_world_size_<N>_rank_<R>.pt");
   // A model folder: the weights save_pretrained wrote (an index is the set of its shards).
   if (!is_url(dir))
     for (const char* f : kModelFiles)
       if (has_file(dir, f)) found.push_back(f);
   if (found.empty()) return std::nullopt;
   note_choice(dir, found, options);
-  if (found[0] == ".metadata") return CheckpointAccess::make(open_dcp(dir, options));
+  if (dcp) return CheckpointAccess::make(open_dcp(dir, options));
+  if (dtensors) return CheckpointAccess::make(open_dtensor_files(dir, options));
   return open_path(join(dir, found[0]), options);
 }
 
@@ -95,12 +116,14 @@ Checkpoint open_file(const SourcePtr& source, const OpenOptions& options, const 
 
 Checkpoint open_path(const std::string& path, const OpenOptions& options, const OpenHooks& hooks) {
   if (is_folder(path)) {
-    if (auto c = open_folder(path, options)) return std::move(*c);
+    if (auto c = open_folder(path, options))
+      return is_url(path) ? std::move(*c) : CheckpointAccess::in_folder(*c, path);
     if (!is_url(path))
       throw Error(ErrorCode::kInvalidArgument,
-                  "is a directory that holds no checkpoint ckpt reads (a DCP .metadata, "
-                  "model.safetensors[.index.json] or pytorch_model.bin[.index.json]): name a "
-                  "file in it",
+                  "is a directory that holds no checkpoint ckpt reads (a DCP .metadata or "
+                  "__0.metadata, shard-*-model-*.safetensors, model_world_size_<N>_rank_0.pt, "
+                  "model.safetensors[.index.json] or "
+                  "pytorch_model.bin[.index.json]): name a file in it",
                   path);
   }
   SourcePtr source = options.mmap && options.writable_views && !is_url(path)

@@ -17,6 +17,7 @@
 #include "ckpt/error.h"
 #include "ckpt/remote.h"
 #include "convert/encryption.h"
+#include "convert/model_files.h"
 #include "convert/outputs.h"
 #include "convert/shard_files.h"
 #include "convert/shards.h"
@@ -165,7 +166,9 @@ ConvertReport convert(const Checkpoint& c, const std::string& out_path_given,
                 folder ? "a DCP folder is written to a local path only"
                        : "shards are written to local files only",
                 redact_url(out_path));
-  return write(c, o, Destination{out_path, nullptr, out_path != out_path_given});
+  ConvertReport r = write(c, o, Destination{out_path, nullptr, out_path != out_path_given});
+  internal::copy_model_files(c, out_path_given, r);
+  return r;
 } catch (const std::bad_alloc&) {
   out_of_memory(c, out_path_given);
 }

@@ -121,20 +121,30 @@ def test_transforms_are_an_unknown_layout(ckpt, base, tmp_path):
     refused(ckpt, variant(base, tmp_path, change), UNSUPPORTED, "transforms")
 
 
-def test_safetensors_serialised_items_are_an_unknown_layout(ckpt, tmp_path):
+def test_safetensors_serialised_items_are_read_and_checked_against_their_blob(ckpt, tmp_path):
     """torch's FileSystemWriter(serialization_format=SAFETENSORS) writes one safetensors blob per
-    file where each tensor item would be a torch.save zip (torch's own FileSystemReader cannot
-    read it back either): refused by name, not misread."""
+    file that every tensor item of the file points at (torch's own FileSystemReader cannot read
+    it back): each chunk is found in the blob by name; a blob that lacks it is refused by name,
+    not misread."""
     import torch.distributed.checkpoint as dcp
+    from safetensors.torch import load_file
     try:
         from torch.distributed.checkpoint.filesystem import SerializationFormat
     except ImportError:
         pytest.skip("this torch has no SerializationFormat")
     d = tmp_path / "st"
+    w = torch.arange(32, dtype=torch.float32).reshape(8, 4)
     writer = dcp.FileSystemWriter(str(d), serialization_format=SerializationFormat.SAFETENSORS)
-    dcp.save({"w": torch.ones(8, 4), "n": 3}, storage_writer=writer, no_dist=True)
-    err = refused(ckpt, d, UNSUPPORTED, "w", "__0_0.distcp", "not a torch.save zip")
-    assert "SAFETENSORS" in err
+    flag = torch.tensor([True])  # an item of 1 byte: shorter than a zip's magic number
+    dcp.save({"w": w, "flag": flag, "n": 3}, storage_writer=writer, no_dist=True)
+    ckpt.ok("convert", d, tmp_path / "out.safetensors")
+    got = load_file(str(tmp_path / "out.safetensors"))
+    assert torch.equal(got["w"], w) and torch.equal(got["flag"], flag)
+    data = d / "__0_0.distcp"
+    raw = data.read_bytes()
+    assert raw.count(b'"w":{"dtype"') == 1
+    data.write_bytes(raw.replace(b'"w":{"dtype"', b'"v":{"dtype"'))
+    refused(ckpt, d, CORRUPT, "w", "__0_0.distcp", "not in the safetensors blob")
 
 
 def test_unknown_storage_metadata_class(ckpt, base, tmp_path):

@@ -124,41 +124,13 @@ void print_summary(const ConvertFlags& f, const ConvertReport& r, double seconds
 }
 
 // A model folder converted into a model folder: the files beside the weights that serving needs
-// (config, generation config, tokenizer) are copied as they are, each through a temporary and a
-// rename, so that the output folder loads with from_pretrained as the input did.
-void copy_model_files(const ConvertFlags& f) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  if (f.in.size() != 1 || is_url(f.in[0]) || !fs::is_directory(f.in[0], ec) ||
-      !fs::is_directory(f.out, ec) || fs::equivalent(f.in[0], f.out, ec))
-    return;
-  static constexpr const char* kFiles[] = {"config.json",
-                                           "generation_config.json",
-                                           "tokenizer.json",
-                                           "tokenizer_config.json",
-                                           "special_tokens_map.json",
-                                           "tokenizer.model",
-                                           "vocab.json",
-                                           "vocab.txt",
-                                           "merges.txt",
-                                           "added_tokens.json",
-                                           "chat_template.jinja",
-                                           "chat_template.json",
-                                           "preprocessor_config.json"};
+// (config, generation config, tokenizer), which convert() copied (ConvertReport).
+void print_model_files(const ConvertReport& r) {
+  if (r.model_files_copied.empty()) return;
   std::string copied;
-  for (const char* name : kFiles) {
-    const fs::path from = fs::path(f.in[0]) / name, to = fs::path(f.out) / name;
-    if (!fs::is_regular_file(from, ec)) continue;
-    const fs::path tmp = to.string() + ".ckpt-tmp";
-    if (!fs::copy_file(from, tmp, fs::copy_options::overwrite_existing, ec) ||
-        (fs::rename(tmp, to, ec), ec)) {
-      fs::remove(tmp, ec);
-      throw Error(ErrorCode::kIo, "cannot copy " + from.string() + ": " + ec.message(),
-                  to.string());
-    }
-    copied += (copied.empty() ? "" : ", ") + std::string(name);
-  }
-  if (!copied.empty()) std::printf("copied from %s: %s\n", f.in[0].c_str(), copied.c_str());
+  for (const std::string& name : r.model_files_copied)
+    copied += (copied.empty() ? "" : ", ") + name;
+  std::printf("copied from %s: %s\n", r.model_files_from.c_str(), copied.c_str());
 }
 
 void run_convert(ConvertFlags& f) {
@@ -189,7 +161,7 @@ void run_convert(ConvertFlags& f) {
   line.finish(r.bytes_written);
   print_transform_report(r);
   print_notes(f, r);
-  copy_model_files(f);
+  print_model_files(r);
   print_summary(f, r, now_seconds() - t0);
 }
 

@@ -12,6 +12,7 @@
 #include <exception>
 #include <map>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <thread>
 #include <unordered_map>
@@ -19,6 +20,7 @@
 #include "ckpt/remote.h"
 #include "formats/dcp/dcp_checks.h"
 #include "formats/dcp/dcp_files.h"
+#include "formats/dcp/dcp_folder.h"
 #include "formats/dcp/dcp_layout.h"
 #include "formats/dcp/dcp_metadata.h"
 #include "formats/open.h"
@@ -84,6 +86,15 @@ Opened chunk_facts(const CheckpointModel& b) {
   return o;
 }
 
+// How the folder was written, for `info`.
+std::string layout_name(DcpFolderKind kind, bool blobs) {
+  std::string s = kind == DcpFolderKind::kRankLocal  ? "rank-local __<rank>.metadata"
+                  : kind == DcpFolderKind::kHfShards ? "HuggingFaceStorageWriter shards"
+                                                     : ".metadata";
+  if (kind != DcpFolderKind::kHfShards) s += blobs ? ", safetensors items" : ", torch.save items";
+  return s;
+}
+
 class Opener {
  public:
   Opener(std::string dir, const OpenOptions& options) : options_(options) {
@@ -92,21 +103,11 @@ class Opener {
   }
 
   std::shared_ptr<CheckpointModel> open() {
-    const std::string meta_path = join(layout_->dir, ".metadata");
     remote_ = is_url(layout_->dir);
-    // A link that leads out of the folder is refused, as a shard index's shards are.
-    if (!remote_) check_inside(meta_path, layout_->dir, "file", "the folder", meta_path, {});
-    SourcePtr meta = open_source(meta_path, false, options_.remote);
+    DcpFolderMetadata folder = read_dcp_folder(layout_->dir, options_);
+    SourcePtr meta = folder.source;
     meta_name_ = meta->name();
-    // Its size is checked before a byte is read (a remote one is not downloaded).
-    if (meta->size() > options_.limits.max_metadata_bytes)
-      fail(ErrorCode::kLimitExceeded,
-           ".metadata of " + std::to_string(meta->size()) +
-               " bytes; Limits::max_metadata_bytes is " +
-               std::to_string(options_.limits.max_metadata_bytes),
-           {}, {});
-    Bytes bytes = meta->read(0, meta->size());
-    md_ = read_dcp_metadata(bytes.data, meta_name_, options_.limits);
+    md_ = std::move(folder.md);
     index_storage();
     open_items();
     refuse_shared_bytes();
@@ -124,6 +125,7 @@ class Opener {
     };
     model->properties["data_files"] = std::to_string(layout_->paths.size());
     if (!md_.version.empty()) model->properties["dcp_version"] = md_.version;
+    model->properties["dcp_layout"] = layout_name(folder.kind, !blobs_.empty());
     model->finalize();
     return model;
   }
@@ -205,7 +207,9 @@ class Opener {
   void refuse_shared_bytes() const {
     std::vector<DcpItemRange> ranges(md_.storage.size());
     for (size_t i = 0; i < ranges.size(); ++i)
-      ranges[i] = {item_file_[i], md_.storage[i].offset, md_.storage[i].length, i};
+      ranges[i] =
+          ranges_[i] ? DcpItemRange{item_file_[i], ranges_[i]->first, ranges_[i]->second, i}
+                     : DcpItemRange{item_file_[i], md_.storage[i].offset, md_.storage[i].length, i};
     if (auto two = shared_bytes(std::move(ranges))) {
       const DcpStorage& a = md_.storage[two->first];
       const DcpStorage& b = md_.storage[two->second];
@@ -241,6 +245,7 @@ class Opener {
       }
     }
     opened_.resize(jobs_.size());
+    ranges_.resize(md_.storage.size());
     std::vector<std::exception_ptr> errors(jobs_.size());
     std::atomic<size_t> next{0};
     auto work = [&] {
@@ -278,25 +283,22 @@ class Opener {
                    : std::string("the bytes item has no storage item"),
            {}, j.entry->fqn);
     const uint32_t f = item_file_[i];
-    std::string name = layout_->paths[f] + "@" + std::to_string(s->offset);
+    const std::string name = layout_->paths[f] + "@" + std::to_string(s->offset);
     SourcePtr w = window_source(layout_->sources[f], s->offset, s->length, name);
-    if (j.chunk && s->length <= kSmallItem) {  // one read, not one per zip record
-      std::vector<std::byte> bytes(s->length);
-      w->read_into(0, bytes);
-      w = memory_source(std::move(bytes), std::move(name));
-    }
-    if (j.chunk && s->length >= 4) {
-      // A tensor item is a torch.save zip. torch's SerializationFormat.SAFETENSORS writes one
-      // safetensors blob per file instead, at an offset every item of the file shares (torch's
-      // own FileSystemReader does not read it either).
-      std::byte head[4];
-      w->read_into(0, head);
-      if (std::memcmp(head, "PK\x03\x04", 4) != 0)
-        fail(ErrorCode::kUnsupported,
-             "the chunk at " + dims(j.chunk->offsets) +
-                 " is not a torch.save zip (a storage layout this reader does not know; a "
-                 "safetensors blob is what torch writes with SerializationFormat.SAFETENSORS)",
-             layout_->paths[f], j.entry->fqn, s->offset);
+    if (j.chunk) {
+      // A tensor item is a torch.save zip, or with SerializationFormat.SAFETENSORS (and in the
+      // files of HuggingFaceStorageWriter) one safetensors blob per data file that every tensor
+      // item of the file points at (its length is the tensor's bytes: maybe under 4).
+      std::byte head[4]{};
+      if (s->length >= 4 && s->length <= kSmallItem) {  // one read, not one per zip record
+        std::vector<std::byte> bytes(s->length);
+        w->read_into(0, bytes);
+        std::memcpy(head, bytes.data(), 4);
+        w = memory_source(std::move(bytes), name);
+      } else if (layout_->sources[f]->size() - s->offset >= 4) {
+        layout_->sources[f]->read_into(s->offset, head);
+      }
+      if (std::memcmp(head, "PK\x03\x04", 4) != 0) return blob_item(*j.entry, *j.chunk, i);
     }
     try {
       std::shared_ptr<CheckpointModel> m = open_model(w, options_);
@@ -311,6 +313,93 @@ class Opener {
     }
   }
 
+  // The safetensors blob at item i's offset (to the end of its data file, as torch writes it),
+  // opened once per file and offset; the chunk's tensor is found in it by name and checked
+  // against the chunk (blob_tensor), and its bytes become the item's range.
+  Opened blob_item(const DcpEntry& e, const DcpChunk& c, size_t i) const {
+    const DcpStorage& s = md_.storage[i];
+    const uint32_t f = item_file_[i];
+    std::shared_ptr<CheckpointModel> b;
+    {
+      std::lock_guard<std::mutex> lock(blob_mu_);
+      std::shared_ptr<CheckpointModel>& slot = blobs_[{f, s.offset}];
+      if (!slot) {
+        const SourcePtr& file = layout_->sources[f];
+        SourcePtr w = window_source(file, s.offset, file->size() - s.offset,
+                                    layout_->paths[f] + "@" + std::to_string(s.offset));
+        try {
+          slot = open_safetensors(w, options_);
+          slot->finalize();
+        } catch (Error& err) {
+          err.add_context("the chunk at " + dims(c.offsets) + " of '" + e.fqn +
+                          "' is neither a torch.save zip nor a safetensors blob "
+                          "(SerializationFormat.SAFETENSORS)");
+          throw;
+        }
+      }
+      b = slot;
+    }
+    const TensorInfo& t = blob_tensor(*b, e, c, i);
+    const StorageInfo& bs = b->storages[t.storage];
+    ranges_[i] = {s.offset + bs.offset + t.byte_offset(), t.nbytes()};
+    Opened o;  // the blob stays open in blobs_
+    o.one_tensor = true;
+    o.dtype = t.dtype;
+    o.shape = t.shape;
+    o.raw =
+        t.is_contiguous() && !bs.meta && b->kind(t.storage) == StorageKind::kRaw && !bs.byteswap;
+    o.offset = bs.offset + t.byte_offset();
+    o.nbytes = t.nbytes();
+    return o;
+  }
+
+  const nlohmann::json& sharding(const CheckpointModel& b) const {
+    std::lock_guard<std::mutex> lock(blob_mu_);
+    auto [it, fresh] = sharding_.try_emplace(&b);
+    if (fresh) {
+      auto info = b.properties.find("metadata.DCP_SHARDING_INFO");
+      if (info != b.properties.end())
+        it->second = nlohmann::json::parse(info->second, nullptr, false);
+      if (it->second.is_discarded()) it->second = nlohmann::json::object();  // matches nothing
+    }
+    return it->second;
+  }
+
+  // The chunk's tensor in a safetensors blob: the tensor named as the entry, at the offsets
+  // DCP_SHARDING_INFO records for it (torch keys the blob by name, so a rank that held two
+  // chunks of one tensor kept only the last: refused here rather than read wrong).
+  const TensorInfo& blob_tensor(const CheckpointModel& b, const DcpEntry& e, const DcpChunk& c,
+                                size_t i) const {
+    const std::string& file = file_name(i);
+    const uint64_t at = md_.storage[i].offset;
+    std::optional<size_t> k = b.find(e.fqn);
+    if (!k)
+      fail(ErrorCode::kCorrupt,
+           "the chunk at " + dims(c.offsets) + " is not in the safetensors blob of its file", file,
+           e.fqn, at);
+    const TensorInfo& t = b.tensors[*k];
+    if (t.dtype != e.dtype || t.shape != c.sizes)
+      fail(ErrorCode::kCorrupt,
+           "the chunk at " + dims(c.offsets) + " holds a " + std::string(dtype_name(t.dtype)) +
+               " tensor " + dims(t.shape) + "; the metadata says " +
+               std::string(dtype_name(e.dtype)) + " " + dims(c.sizes),
+           file, e.fqn, at);
+    const nlohmann::json& j = sharding(b);
+    if (!j.is_null()) {
+      std::vector<int64_t> saved;
+      if (j.is_object() && j.contains(e.fqn) && j[e.fqn].is_object() &&
+          j[e.fqn].contains("saved_offsets") && j[e.fqn]["saved_offsets"].is_array())
+        for (const auto& v : j[e.fqn]["saved_offsets"])
+          saved.push_back(v.is_number_integer() ? v.get<int64_t>() : -1);
+      if (saved != c.offsets)
+        fail(ErrorCode::kCorrupt,
+             "the blob's DCP_SHARDING_INFO places the tensor at " + dims(saved) +
+                 ", not at the chunk's offsets " + dims(c.offsets),
+             file, e.fqn, at);
+    }
+    return t;
+  }
+
   void build(CheckpointModel& m);
   void place(const ValuePtr& root, const DcpEntry& e, ValuePtr v) const;
 
@@ -322,6 +411,13 @@ class Opener {
   DcpMetadata md_;
   std::map<std::pair<std::string, std::vector<int64_t>>, size_t> by_key_;
   std::vector<uint32_t> item_file_;  // per storage item: its data file
+  // Per storage item in a safetensors blob: the bytes of its tensor (offset, length in the file).
+  mutable std::vector<std::optional<std::pair<uint64_t, uint64_t>>> ranges_;
+  // The safetensors blobs by (data file, offset).
+  mutable std::mutex blob_mu_;
+  mutable std::map<std::pair<uint32_t, uint64_t>, std::shared_ptr<CheckpointModel>> blobs_;
+  // Their DCP_SHARDING_INFO, parsed once (null where a blob has none).
+  mutable std::map<const CheckpointModel*, nlohmann::json> sharding_;
   std::vector<Job> jobs_;
   std::vector<Opened> opened_;
   // The entries of each dict place() walks: key text -> entry number. A dict's entries only grow

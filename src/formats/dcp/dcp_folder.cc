@@ -1,0 +1,247 @@
+// The metadata of a torch.distributed.checkpoint folder, wherever its writer put it
+// (formats/dcp/dcp_folder.h).
+
+#include "formats/dcp/dcp_folder.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <regex>
+
+#include "ckpt/error.h"
+#include "ckpt/remote.h"
+#include "formats/open.h"
+#include "io/inside.h"
+
+namespace ckpt::internal {
+namespace {
+
+std::string join(const std::string& dir, const std::string& name) {
+  return !dir.empty() && dir.back() == '/' ? dir + name : dir + "/" + name;
+}
+
+std::string dims(const std::vector<int64_t>& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s + "]";
+}
+
+bool exists(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+// The folder's plain files whose names match `re`, by the number its first group holds.
+std::map<uint64_t, std::string> numbered(const std::string& dir, const std::regex& re) {
+  std::map<uint64_t, std::string> found;
+  std::error_code ec;
+  for (const auto& f : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = f.path().filename().string();
+    std::smatch m;
+    if (std::regex_match(name, m, re) && m[1].length() <= 9)
+      found.emplace(std::stoull(m[1].str()), name);
+  }
+  return found;
+}
+
+const std::regex& rank_metadata() {
+  static const std::regex re(R"(__([0-9]+)\.metadata)");
+  return re;
+}
+const std::regex& hf_shard() {
+  static const std::regex re(R"(shard-([0-9]+)-model-[0-9]+-of-[0-9]+\.safetensors)");
+  return re;
+}
+
+// One metadata pickle, its size checked before a byte is read.
+DcpMetadata read_one(const std::string& dir, const std::string& name, const OpenOptions& options,
+                     SourcePtr* source) {
+  const std::string path = join(dir, name);
+  // A link that leads out of the folder is refused, as a shard index's shards are.
+  if (!is_url(dir)) check_inside(path, dir, "file", "the folder", path, {});
+  SourcePtr meta = open_source(path, false, options.remote);
+  if (meta->size() > options.limits.max_metadata_bytes)
+    throw Error(ErrorCode::kLimitExceeded,
+                name + " of " + std::to_string(meta->size()) +
+                    " bytes; Limits::max_metadata_bytes is " +
+                    std::to_string(options.limits.max_metadata_bytes),
+                meta->name());
+  Bytes bytes = meta->read(0, meta->size());
+  DcpMetadata md = read_dcp_metadata(bytes.data, meta->name(), options.limits);
+  if (source) *source = meta;
+  return md;
+}
+
+// Adds one rank's metadata to `all`: new tensors and chunks, and the storage items no lower rank
+// wrote already.
+void merge(DcpMetadata& all, DcpMetadata&& one, const std::string& file,
+           std::map<std::string, size_t>& entry_of,
+           std::map<std::pair<std::string, std::vector<int64_t>>, bool>& items) {
+  for (DcpEntry& e : one.entries) {
+    auto [it, fresh] = entry_of.emplace(e.fqn, all.entries.size());
+    if (fresh) {
+      all.entries.push_back(std::move(e));
+      continue;
+    }
+    DcpEntry& have = all.entries[it->second];
+    if (have.is_bytes != e.is_bytes ||
+        (!e.is_bytes && (have.dtype != e.dtype || have.size != e.size)))
+      throw Error(
+          ErrorCode::kCorrupt,
+          "the ranks disagree on the entry: " +
+              (e.is_bytes ? std::string("bytes")
+                          : std::string(dtype_name(e.dtype)) + " " + dims(e.size)) +
+              " here, " +
+              (have.is_bytes ? std::string("bytes")
+                             : std::string(dtype_name(have.dtype)) + " " + dims(have.size)) +
+              " in a lower rank's metadata",
+          file, e.fqn);
+    for (DcpChunk& c : e.chunks) {
+      const bool dup = std::any_of(have.chunks.begin(), have.chunks.end(), [&](const DcpChunk& h) {
+        return h.offsets == c.offsets && h.sizes == c.sizes;
+      });
+      if (!dup) have.chunks.push_back(std::move(c));
+    }
+  }
+  for (DcpStorage& s : one.storage)
+    if (items.emplace(std::make_pair(s.fqn, s.chunk_offsets), true).second)
+      all.storage.push_back(std::move(s));
+  if (all.version.empty()) all.version = one.version;
+}
+
+DcpFolderMetadata read_rank_local(const std::string& dir, const OpenOptions& options) {
+  DcpFolderMetadata out;
+  out.kind = DcpFolderKind::kRankLocal;
+  const std::map<uint64_t, std::string> ranks = numbered(dir, rank_metadata());
+  std::map<std::string, size_t> entry_of;
+  std::map<std::pair<std::string, std::vector<int64_t>>, bool> items;
+  uint64_t expect = 0;
+  for (const auto& [rank, name] : ranks) {
+    if (rank != expect)
+      throw Error(ErrorCode::kNotFound,
+                  "__" + std::to_string(expect) +
+                      ".metadata is missing: the folder holds the "
+                      "rank-local metadata of ranks 0 to " +
+                      std::to_string(ranks.rbegin()->first) +
+                      " with gaps (every rank writes its own)",
+                  join(dir, "__" + std::to_string(expect) + ".metadata"));
+    ++expect;
+    SourcePtr src;
+    DcpMetadata md = read_one(dir, name, options, rank == 0 ? &out.source : &src);
+    merge(out.md, std::move(md), join(dir, name), entry_of, items);
+  }
+  return out;
+}
+
+// One HuggingFaceStorageWriter shard: its tensors as chunks at their saved_offsets.
+void add_shard(DcpMetadata& md, std::map<std::string, size_t>& entry_of, const std::string& dir,
+               const std::string& name, const OpenOptions& options, SourcePtr* first) {
+  const std::string path = join(dir, name);
+  check_inside(path, dir, "file", "the folder", path, {});
+  SourcePtr src = open_file_source(path);
+  std::shared_ptr<CheckpointModel> m = open_model(src, options);
+  if (m->format != Format::kSafetensors)
+    throw Error(ErrorCode::kCorrupt, "a shard of HuggingFaceStorageWriter that is not safetensors",
+                path);
+  if (!*first) *first = src;
+  nlohmann::json info;
+  if (auto it = m->properties.find("metadata.DCP_SHARDING_INFO"); it != m->properties.end()) {
+    info = nlohmann::json::parse(it->second, nullptr, false);
+    if (!info.is_object())
+      throw Error(ErrorCode::kCorrupt, "__metadata__[\"DCP_SHARDING_INFO\"] is not a JSON object",
+                  path, "__metadata__");
+  }
+  for (const TensorInfo& t : m->tensors) {
+    std::vector<int64_t> offsets(t.shape.size(), 0);
+    if (info.contains(t.name)) {
+      const nlohmann::json& o = info[t.name].is_object()
+                                    ? info[t.name].value("saved_offsets", nlohmann::json())
+                                    : nlohmann::json();
+      if (!o.is_array() || o.size() != t.shape.size() ||
+          !std::all_of(o.begin(), o.end(),
+                       [](const nlohmann::json& v) { return v.is_number_unsigned(); }))
+        throw Error(ErrorCode::kCorrupt,
+                    "DCP_SHARDING_INFO's saved_offsets is not one offset per dimension", path,
+                    t.name);
+      for (size_t d = 0; d < offsets.size(); ++d) offsets[d] = o[d].get<int64_t>();
+    }
+    auto [it, fresh] = entry_of.emplace(t.name, md.entries.size());
+    if (fresh) {
+      md.entries.emplace_back();
+      md.entries.back().fqn = t.name;
+      md.entries.back().dtype = t.dtype;
+      md.entries.back().size.assign(t.shape.size(), 0);
+    }
+    DcpEntry& e = md.entries[it->second];
+    if (e.dtype != t.dtype || e.size.size() != t.shape.size())
+      throw Error(ErrorCode::kCorrupt,
+                  "the shards disagree on the tensor: " + std::string(dtype_name(t.dtype)) + " " +
+                      dims(t.shape) + " here, " + std::string(dtype_name(e.dtype)) + " with " +
+                      std::to_string(e.size.size()) + " dimensions in another shard",
+                  path, t.name);
+    for (size_t d = 0; d < offsets.size(); ++d) {
+      if (offsets[d] > INT64_MAX - t.shape[d])
+        throw Error(ErrorCode::kCorrupt, "saved_offsets overflow", path, t.name);
+      e.size[d] = std::max(e.size[d], offsets[d] + t.shape[d]);
+    }
+    e.chunks.push_back({offsets, t.shape});
+    // The item is the file: the reader finds the tensor in it by name.
+    DcpStorage item;
+    item.fqn = t.name;
+    item.chunk_offsets = std::move(offsets);
+    item.relative_path = name;
+    item.length = src->size();
+    md.storage.push_back(std::move(item));
+  }
+}
+
+DcpFolderMetadata read_hf_shards(const std::string& dir, const OpenOptions& options) {
+  DcpFolderMetadata out;
+  out.kind = DcpFolderKind::kHfShards;
+  std::map<std::string, size_t> entry_of;
+  // Ranks in order; each rank's files by name.
+  std::map<std::pair<uint64_t, std::string>, bool> files;
+  std::error_code ec;
+  for (const auto& f : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = f.path().filename().string();
+    std::smatch m;
+    if (std::regex_match(name, m, hf_shard()) && m[1].length() <= 9)
+      files.emplace(std::make_pair(std::stoull(m[1].str()), name), true);
+  }
+  for (const auto& [key, unused] : files)
+    add_shard(out.md, entry_of, dir, key.second, options, &out.source);
+  return out;
+}
+
+}  // namespace
+
+DcpFolderKind dcp_folder_kind(const std::string& dir) {
+  if (is_url(dir) || exists(join(dir, ".metadata"))) return DcpFolderKind::kMetadata;
+  if (exists(join(dir, "__0.metadata"))) return DcpFolderKind::kRankLocal;
+  if (!numbered(dir, hf_shard()).empty()) return DcpFolderKind::kHfShards;
+  return DcpFolderKind::kNone;
+}
+
+DcpFolderMetadata read_dcp_folder(const std::string& dir, const OpenOptions& options) {
+  switch (dcp_folder_kind(dir)) {
+    case DcpFolderKind::kMetadata: {
+      DcpFolderMetadata out;
+      out.kind = DcpFolderKind::kMetadata;
+      out.md = read_one(dir, ".metadata", options, &out.source);
+      return out;
+    }
+    case DcpFolderKind::kRankLocal:
+      return read_rank_local(dir, options);
+    case DcpFolderKind::kHfShards:
+      return read_hf_shards(dir, options);
+    case DcpFolderKind::kNone:
+      break;
+  }
+  throw Error(ErrorCode::kNotFound,
+              "no .metadata, __0.metadata or shard-*-model-*.safetensors in the folder", dir);
+}
+
+}  // namespace ckpt::internal

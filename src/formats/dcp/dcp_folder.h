@@ -1,0 +1,44 @@
+#pragma once
+// The metadata of a folder that torch.distributed.checkpoint wrote, wherever its writer put it
+// (docs/formats.md, "torch.distributed.checkpoint folders"):
+//   kMetadata   `.metadata`: dcp.save with rank coordination (the usual folder, and a URL prefix)
+//   kRankLocal  `__<rank>.metadata`, one per rank, each describing that rank's own items:
+//               dcp.save(..., use_collectives=False). They are merged into one: a tensor's chunks
+//               from every rank, and of an item two ranks both wrote (a replicated tensor, a
+//               non-tensor value) the lowest rank's.
+//   kHfShards   no pickle: HuggingFaceStorageWriter(save_distributed=True) writes one
+//               `shard-<rank>-model-<i>-of-<n>.safetensors` per rank and file; the header's
+//               `__metadata__["DCP_SHARDING_INFO"]` gives each tensor's `saved_offsets` in the
+//               global tensor, whose shape is the largest offset plus extent per dimension (as
+//               torch's HuggingFaceStorageReader takes it). Every item is then the whole file,
+//               a safetensors blob (dcp_reader.cc finds each tensor in it by name).
+//
+// Thread-safety: plain functions over their arguments.
+
+#include <string>
+
+#include "ckpt/options.h"
+#include "ckpt/source.h"
+#include "formats/dcp/dcp_metadata.h"
+
+namespace ckpt::internal {
+
+enum class DcpFolderKind { kNone, kMetadata, kRankLocal, kHfShards };
+
+// Which kind a local folder is (a URL prefix is kMetadata: its files cannot be listed).
+DcpFolderKind dcp_folder_kind(const std::string& dir);
+
+struct DcpFolderMetadata {
+  DcpMetadata md;
+  SourcePtr source;  // the (first) metadata file, or the first shard: the model's source
+  DcpFolderKind kind = DcpFolderKind::kNone;
+};
+
+// Reads the folder's metadata. Throws Error: kNotFound when the folder is none of the kinds or
+// a rank's `__<rank>.metadata` is missing between others, kCorrupt for ranks that disagree on a
+// tensor's dtype or shape or shards without DCP_SHARDING_INFO that disagree, kLimitExceeded for
+// a metadata file past Limits::max_metadata_bytes, and what read_dcp_metadata and the
+// safetensors reader throw.
+DcpFolderMetadata read_dcp_folder(const std::string& dir, const OpenOptions& options);
+
+}  // namespace ckpt::internal
