@@ -44,6 +44,11 @@ bool plain_name(const std::string& n) {
          n.find('\\') == std::string::npos && n.find('\0') == std::string::npos;
 }
 
+// A tensor chunk of at most this many bytes is read whole, in one read, and opened from memory:
+// opened from its data file, a torch.save zip takes two reads (the zip's directory, then data.pkl
+// with the small records), each a system call for a local file.
+constexpr uint64_t kSmallItem = 64 << 10;
+
 // An item, opened. A bytes item keeps its model (its value and tensors join the folder's); a
 // tensor chunk keeps only what build() checks and places, its model freed by the thread that
 // opened it (400,000 models kept to the end were most of the memory of opening such a folder).
@@ -273,8 +278,13 @@ class Opener {
                    : std::string("the bytes item has no storage item"),
            {}, j.entry->fqn);
     const uint32_t f = item_file_[i];
-    SourcePtr w = window_source(layout_->sources[f], s->offset, s->length,
-                                layout_->paths[f] + "@" + std::to_string(s->offset));
+    std::string name = layout_->paths[f] + "@" + std::to_string(s->offset);
+    SourcePtr w = window_source(layout_->sources[f], s->offset, s->length, name);
+    if (j.chunk && s->length <= kSmallItem) {  // one read, not one per zip record
+      std::vector<std::byte> bytes(s->length);
+      w->read_into(0, bytes);
+      w = memory_source(std::move(bytes), std::move(name));
+    }
     if (j.chunk && s->length >= 4) {
       // A tensor item is a torch.save zip. torch's SerializationFormat.SAFETENSORS writes one
       // safetensors blob per file instead, at an offset every item of the file shares (torch's
