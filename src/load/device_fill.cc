@@ -232,6 +232,11 @@ void fill_device(const LoadPlan& plan, CopyEngine& engine, const std::vector<Dev
       if (!failure) failure = std::current_exception();
     }
   }
+  // Read-ahead for one reader may have brought back pages another had consumed and dropped.
+  if (dropper)
+    for (const DeviceTarget& t : targets)
+      if (plan.storages[t.k].route != Route::kZeros)
+        dropper->consumed(m.storages[plan.storages[t.k].storage].offset + t.from, t.len);
   if (failure) std::rethrow_exception(failure);
   if (stats) {
     stats->direct_bytes = direct_bytes.load();

@@ -130,6 +130,9 @@ void Preload::finish() {
   work();
   for (auto& t : threads_) t.join();
   threads_.clear();
+  // Read-ahead for one reader may have brought back pages another had consumed and dropped.
+  if (dropper_)
+    for (const PreloadRange& r : ranges_) dropper_->consumed(r.offset, r.size);
   if (failure_) std::rethrow_exception(failure_);
   if (!want_crc_) return;
   // A range's pieces, in chunk order, are in file order: combine them.
