@@ -88,6 +88,22 @@ void PageCacheDropper::consumed(uint64_t offset, uint64_t n) const noexcept {
   drop(p, end);
 }
 
+void PageCacheDropper::consumed_all(
+    std::vector<std::pair<uint64_t, uint64_t>> ranges) const noexcept {
+  std::sort(ranges.begin(), ranges.end());
+  uint64_t from = 0, to = 0;
+  for (const auto& [off, len] : ranges) {
+    if (len == 0) continue;
+    if (to > from && off <= to + (1 << 20)) {
+      to = std::max(to, off + len);
+      continue;
+    }
+    if (to > from) consumed(from, to - from);
+    from = off, to = off + len;
+  }
+  if (to > from) consumed(from, to - from);
+}
+
 uint64_t PageCacheDropper::cached_pages() const noexcept {
   uint64_t n = 0;
   for (const auto& r : cached_) n += r.second - r.first;

@@ -22,6 +22,11 @@ class PageCacheDropper {
   // a page shared with bytes not yet read is dropped too; reading it again costs one page).
   // Thread-safe; never throws.
   void consumed(uint64_t offset, uint64_t n) const noexcept;
+  // The last pass of a load over every range it read (offset, length; any order): the ranges
+  // are merged where less than 1 MiB apart and each merged span is dropped as above. The page
+  // cache keeps large folios (several pages, up to 2 MiB and more under large read-ahead) that a
+  // drop of part of one leaves in place: only spans that cover them drop them.
+  void consumed_all(std::vector<std::pair<uint64_t, uint64_t>> ranges) const noexcept;
   // Pages resident at make() (for tests and reports).
   uint64_t cached_pages() const noexcept;
 

@@ -233,10 +233,13 @@ void fill_device(const LoadPlan& plan, CopyEngine& engine, const std::vector<Dev
     }
   }
   // Read-ahead for one reader may have brought back pages another had consumed and dropped.
-  if (dropper)
+  if (dropper) {
+    std::vector<std::pair<uint64_t, uint64_t>> read;
     for (const DeviceTarget& t : targets)
       if (plan.storages[t.k].route != Route::kZeros)
-        dropper->consumed(m.storages[plan.storages[t.k].storage].offset + t.from, t.len);
+        read.emplace_back(m.storages[plan.storages[t.k].storage].offset + t.from, t.len);
+    dropper->consumed_all(std::move(read));
+  }
   if (failure) std::rethrow_exception(failure);
   if (stats) {
     stats->direct_bytes = direct_bytes.load();

@@ -131,8 +131,11 @@ void Preload::finish() {
   for (auto& t : threads_) t.join();
   threads_.clear();
   // Read-ahead for one reader may have brought back pages another had consumed and dropped.
-  if (dropper_)
-    for (const PreloadRange& r : ranges_) dropper_->consumed(r.offset, r.size);
+  if (dropper_) {
+    std::vector<std::pair<uint64_t, uint64_t>> read;
+    for (const PreloadRange& r : ranges_) read.emplace_back(r.offset, r.size);
+    dropper_->consumed_all(std::move(read));
+  }
   if (failure_) std::rethrow_exception(failure_);
   if (!want_crc_) return;
   // A range's pieces, in chunk order, are in file order: combine them.
