@@ -47,7 +47,8 @@ class TorchAllocator : public DeviceAllocator {
     pyb::gil_scoped_acquire gil;
     try {
       static PyObject* release = torch_cuda("caching_allocator_delete");
-      pyb::handle(release)(reinterpret_cast<uintptr_t>(p));
+      pyb::handle fn(release);
+      fn(reinterpret_cast<uintptr_t>(p));
     } catch (pyb::error_already_set& e) {
       e.discard_as_unraisable("ckpt: freeing device memory");
     }
