@@ -58,11 +58,24 @@ class DeviceAllocator {
   // none. The load then frees what it took and throws Error{kLimitExceeded}.
   virtual void* allocate(uint64_t bytes, const Device& device) = 0;
   virtual void free(void* p, uint64_t bytes, const Device& device) noexcept = 0;
+  // Every storage of a load at once, before any byte is read: out[i] gets sizes[i] bytes (null
+  // or a throw where there are none; the load then frees every non-null out[i] and throws
+  // Error{kLimitExceeded}). One call lets an allocator that must take a lock or an
+  // interpreter's lock (the Python module's, over torch's caching allocator) take it once per
+  // load instead of once per storage. The default calls allocate() for each in turn.
+  virtual void allocate_all(std::span<const uint64_t> sizes, const Device& device,
+                            std::span<void*> out) {
+    for (size_t i = 0; i < sizes.size(); ++i) out[i] = allocate(sizes[i], device);
+  }
 };
 
 // Bytes read straight into device memory by GPUDirect Storage in this process so far (what
 // LoadOptions::gds really did: 0 when every byte went through host staging).
 uint64_t gds_bytes_read();
+// Bytes loaded in this process so far straight into device memory that the host shares (a CUDA
+// device whose `integrated` attribute is set: no staging buffer, no copy; describe_device() says
+// "unified memory"). 0 when every device load went through staging or GDS.
+uint64_t unified_bytes_loaded();
 
 struct Storage;
 // Copies `dst.size()` bytes of a storage's memory from byte `offset` into host memory, wherever

@@ -172,6 +172,13 @@ struct LoadOptions {
   bool gds = false;
   int threads = 0;    // reader threads; 0 = pick for the machine
   bool copy = false;  // with an mmap source: copy into owned memory instead of views
+  // A local file read by an eager or device load: once a range's bytes are consumed (in the
+  // load's memory, or copied on from staging), its pages that were not in the page cache when
+  // the load began are dropped from it (posix_fadvise POSIX_FADV_DONTNEED), so a cold load
+  // leaves the page cache as it found it and the file is not held twice in memory. Pages that
+  // were cached before (another process's warm cache) stay. Views of a mapping and other
+  // sources are not affected.
+  bool drop_cache = false;
   // Bytes of the loaded storages (load_all, open_and_load, stream; Checkpoint::verify(progress)
   // counts the bytes it checks). Not called for zero-copy views, which read nothing. For a set
   // of files, one count over all of them: the total is the sum of the files' totals.

@@ -253,7 +253,7 @@ def _loader(fw):
 
 def load(f, map_location="cpu", pickle_module=None, *, weights_only=None, mmap=None,
          verify=False, strict=False, key=None, password=None, progress=None, encoding=None,
-         plan=None, group=None, timeout=None, exchange_budget=64 << 20):
+         plan=None, group=None, timeout=None, exchange_budget=64 << 20, drop_cache=False):
     """Load a checkpoint: returns what ``torch.load(f)`` returns, without running any code.
 
     f: a path (str or os.PathLike), a URL (http://, https://, s3://bucket/key: ranged requests,
@@ -280,6 +280,10 @@ def load(f, map_location="cpu", pickle_module=None, *, weights_only=None, mmap=N
       mapping. Stored bytes that need decoding (compressed, encrypted, other byte order) are
       decoded into memory of their own.
     verify: check every stored CRC32 while reading (raises ckpt.CorruptError on a mismatch).
+    drop_cache: a local file's pages leave the page cache once their bytes are read, those that
+      were not cached when the load began (another process's warm cache stays), so that a cold
+      load does not leave a second copy of the checkpoint in memory; a load of the same file
+      right after reads it from the disk again. Not for mmap=True (the views are the pages).
     strict: refuse classes ckpt does not know (ckpt.UnsupportedError), as torch.load(
       weights_only=True) does; otherwise they come back as ckpt.Opaque, never called.
     key / password: decryption for encrypted tensorizer files (32 raw bytes or 64 hex digits).
@@ -320,7 +324,7 @@ def load(f, map_location="cpu", pickle_module=None, *, weights_only=None, mmap=N
     device = _device(map_location, fw)
     with _NoGC(), _Progress(progress, "load") as fn:
         return _load(source, bool(mmap), verify, strict, key, password, device=device,
-                     progress=fn)
+                     progress=fn, drop_cache=bool(drop_cache))
 
 
 def _source(f):
@@ -353,14 +357,15 @@ def _open_source(source, strict, key, password, mmap=True):
     return _open_path(source, mmap, strict, key, password)
 
 
-def _load(f, mmap, verify, strict, key, password, flat=False, device="cpu", progress=None):
+def _load(f, mmap, verify, strict, key, password, flat=False, device="cpu", progress=None,
+          drop_cache=False):
     # One call: the bytes, the tensors and the tree (python/src/load.cc).
     fw = _framework(None)
     source = _source(f)
     if device == "meta":
         return _load_meta(source, strict, key, password, flat)
     return _ckpt.load(source, mmap, verify, strict, _key(key), password or "", flat, *_loader(fw),
-                      device, progress)
+                      device, progress, drop_cache)
 
 
 def _load_meta(source, strict, key, password, flat):

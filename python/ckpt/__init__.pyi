@@ -88,7 +88,8 @@ def load(f: Union[_Path, IO[bytes]], map_location: Any = ..., pickle_module: Any
          verify: bool = ..., strict: bool = ..., key: _Key = ...,
          password: Optional[str] = ..., progress: _Progress = ...,
          encoding: Optional[str] = ..., plan: Any = ..., group: Any = ...,
-         timeout: Optional[float] = ..., exchange_budget: int = ...) -> Any: ...
+         timeout: Optional[float] = ..., exchange_budget: int = ...,
+         drop_cache: bool = ...) -> Any: ...
 def save(obj: Any, f: Union[_Path, IO[bytes]], *, format: Optional[str] = ...,
          metadata: Optional[Mapping[str, str]] = ..., fsync: bool = ...,
          progress: _Progress = ..., align: Optional[int] = ..., copy_shared: bool = ...,

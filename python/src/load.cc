@@ -95,10 +95,12 @@ pyb::object load_mapped(const pyb::object& ck, bool verify, const Want& w) {
 // Eager: the tensors and the result are made while the reader threads still fill the memory
 // (LoadOptions::on_placed; after the load for a sharded set, which does not call it).
 pyb::object load_eager(const std::string& path, const OpenOptions& oo, bool verify,
-                       const std::string& device, const Want& w, PyProgress& progress) {
+                       const std::string& device, const Want& w, PyProgress& progress,
+                       bool drop_cache) {
   pyb::object out;
   std::optional<pyb::error_already_set> build_error;
   LoadOptions lo = load_options(verify, 0, device);
+  lo.drop_cache = drop_cache;
   lo.progress = progress.fn();
   lo.on_placed = [&](const Checkpoint& c, const std::vector<Tensor>& loaded) {
     pyb::gil_scoped_acquire gil;
@@ -166,7 +168,7 @@ void bind_load(pyb::module_& m) {
       [](const pyb::object& source, bool mmap, bool verify, bool strict, const std::string& key,
          const std::string& password, bool flat, const pyb::object& from_dlpack,
          const pyb::object& build, const pyb::module_& tree, const pyb::object& script,
-         const std::string& device, const pyb::object& progress_fn) {
+         const std::string& device, const pyb::object& progress_fn, bool drop_cache) {
         LoadScope scope;
         PyProgress progress(progress_fn);
         Want w = want(flat, from_dlpack, build, tree, script);
@@ -207,12 +209,12 @@ void bind_load(pyb::module_& m) {
           }
           return out;
         }
-        return load_eager(path, oo, verify, device, w, progress);
+        return load_eager(path, oo, verify, device, w, progress, drop_cache);
       },
       pyb::arg("source"), pyb::arg("mmap"), pyb::arg("verify"), pyb::arg("strict"), pyb::arg("key"),
       pyb::arg("password"), pyb::arg("flat"), pyb::arg("from_dlpack"), pyb::arg("build"),
       pyb::arg("tree"), pyb::arg("script"), pyb::arg("device") = "cpu",
-      pyb::arg("progress") = pyb::none(),
+      pyb::arg("progress") = pyb::none(), pyb::arg("drop_cache") = false,
       "A whole load: the object tree (flat: the flattened state dict) of a path, URL or "
       "(bytes, name), its tensors made through from_dlpack (None: numpy, by build.finish).");
   m.def(

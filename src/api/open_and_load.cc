@@ -47,8 +47,8 @@ LoadedCheckpoint Checkpoint::open_and_load(const std::string& path, const OpenOp
     std::vector<internal::PreloadRange> pr;
     pr.reserve(started.size());
     for (const auto& r : started) pr.push_back({r.offset, r.size});
-    pre =
-        std::make_unique<internal::Preload>(copy, std::move(pr), load_options.verify, threads - 1);
+    pre = std::make_unique<internal::Preload>(copy, std::move(pr), load_options.verify, threads - 1,
+                                              0, load_options.drop_cache);
   };
 
   Checkpoint c = internal::open_path(path, open_options, hooks);

@@ -78,12 +78,22 @@ class CopyEngine {
   }
   // The device's free memory now (cudaMemGetInfo), for budgets decided before a load allocates.
   virtual uint64_t free_bytes() = 0;
+  // Whether allocate() returns memory the host reads and writes directly, that the device uses
+  // where it lies (a device sharing the host's memory: CUDA's integrated GPUs): a load then
+  // reads the file straight into it, with no staging and no copy. host_accessible(p): whether
+  // device address `p` is such memory of this engine (a caller's allocation is not assumed to be).
+  virtual bool unified() const { return false; }
+  virtual bool host_accessible(const std::byte* p) const {
+    (void)p;
+    return false;
+  }
   // Why open_direct() returns null whatever the file ("" when it may succeed).
   virtual std::string direct_unavailable() { return "this engine reads through host memory only"; }
 };
 
-// Adds to gds_bytes_read() (include/ckpt/device.h).
+// Adds to gds_bytes_read() and unified_bytes_loaded() (include/ckpt/device.h).
 void count_direct_bytes(uint64_t n);
+void count_unified_bytes(uint64_t n);
 
 // The engine of a CUDA device, shared process-wide (created on first use). Throws
 // Error{kUnsupported} naming what is missing (no runtime library, no such device).
@@ -113,6 +123,9 @@ struct HostEngineOptions {
   uint64_t free_bytes = UINT64_MAX;    // what free_bytes() reports (less what is allocated)
   bool direct = false;                 // open_direct(): pread straight into "device" memory
   bool direct_fails = false;           // ... whose reads all fail with Error{kIo}
+  // Pose as a device sharing the host's memory (CopyEngine::unified): allocate() returns plain
+  // host memory the host may touch.
+  bool unified = false;
 };
 class HostCopyEngine : public CopyEngine {
  public:
@@ -130,6 +143,8 @@ class HostCopyEngine : public CopyEngine {
   std::unique_ptr<DirectFile> open_direct(int fd, std::string& why) override;
   std::string direct_unavailable() override;
   uint64_t free_bytes() override;
+  bool unified() const override;
+  bool host_accessible(const std::byte* p) const override;
   // The fake's current device of this thread (cudaGetDevice/cudaSetDevice), 0 until set.
   static int current_device();
   static void set_current_device(int index);
@@ -137,7 +152,8 @@ class HostCopyEngine : public CopyEngine {
   bool owns(const std::byte* p) const;
 
   uint64_t staging_peak() const;
-  uint64_t direct_bytes() const;  // read by open_direct()'s files
+  uint64_t staging_calls() const;  // staging() calls so far
+  uint64_t direct_bytes() const;   // read by open_direct()'s files
   uint64_t device_in_use() const;
   uint64_t copies() const;     // copies queued so far
   int max_lanes_busy() const;  // the most lanes copying at one moment (overlap)

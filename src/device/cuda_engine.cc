@@ -37,6 +37,7 @@ using cuda::Stream;
 using cudaError = cuda::Error;
 using cuda::DeviceGuard;
 using cuda::kEventDisableTiming;
+using cuda::kHostAllocMapped;
 using cuda::kHostAllocPortable;
 using cuda::kMemcpyDeviceToHost;
 using cuda::kMemcpyHostToDevice;
@@ -98,6 +99,8 @@ const Runtime& runtime() {
     }
     if (!bind(h, "cudaGetDeviceProperties_v2", r.GetDeviceProperties))
       bind(h, "cudaGetDeviceProperties", r.GetDeviceProperties);
+    bind(h, "cudaDeviceGetAttribute", r.DeviceGetAttribute);
+    bind(h, "cudaHostGetDevicePointer", r.HostGetDevicePointer);
     return r;
   }();
   return rt;
@@ -214,10 +217,44 @@ class CudaSession : public CopySession {
   std::vector<uint8_t> queued_;  // per slot: a copy was marked and not yet waited for
 };
 
+// A device attribute (cudaDeviceGetAttribute), 0 where it cannot be read.
+int attribute(const Runtime& rt, int index, int attr) {
+  int v = 0;
+  if (!rt.DeviceGetAttribute) return 0;
+  if (cudaError e = rt.DeviceGetAttribute(&v, attr, index); e != 0) {
+    quiet(rt, e);
+    return 0;
+  }
+  return v;
+}
+
 class CudaEngine : public CopyEngine {
  public:
-  CudaEngine(const Runtime& rt, int index) : rt_(rt), index_(index) {}
+  CudaEngine(const Runtime& rt, int index) : rt_(rt), index_(index) {
+    // Unified memory: an integrated GPU uses the host's own memory. Its allocations are pinned
+    // host memory mapped into the device (cudaHostAlloc, cudaHostAllocMapped): the host writes
+    // them at any time (managed memory may not be touched by the host while a kernel runs on
+    // a device without concurrent managed access, as integrated ones are), and the device reads
+    // them in place. A discrete GPU that reads pageable host memory through the host's page
+    // tables (ATS: Grace Hopper) keeps the staged path: its own memory is HBM, and tensors read
+    // into host pages would live in the slower host memory; its link outruns any file read.
+    integrated_ = attribute(rt_, index_, cuda::kDevAttrIntegrated) != 0 &&
+                  attribute(rt_, index_, cuda::kDevAttrCanMapHostMemory) != 0 &&
+                  rt_.HostGetDevicePointer != nullptr;
+    ats_ = attribute(rt_, index_, cuda::kDevAttrPageableMemoryAccessUsesHostPageTables) != 0 &&
+           attribute(rt_, index_, cuda::kDevAttrPageableMemoryAccess) != 0;
+  }
   ~CudaEngine() override { release_staging(); }
+
+  bool unified() const override { return integrated_; }
+  bool host_accessible(const std::byte* p) const override {
+    const auto a = reinterpret_cast<uintptr_t>(p);
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = shared_.upper_bound(a);
+    if (it == shared_.begin()) return false;
+    --it;
+    return a < it->first + std::max<uint64_t>(it->second, 1);
+  }
 
   Device device() const override { return Device::cuda(index_); }
 
@@ -239,7 +276,10 @@ class CudaEngine : public CopyEngine {
     quiet(rt_, rt_.RuntimeGetVersion(&v));
     return "cuda:" + std::to_string(index_) + " " + name + ", " + std::to_string(total_b >> 30) +
            " GiB, CUDA runtime " + std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10) +
-           " (" + rt_.path + ")";
+           " (" + rt_.path + ")" +
+           (integrated_ ? ", unified memory (integrated)"
+            : ats_      ? ", reads pageable host memory (ATS)"
+                        : "");
   }
 
   uint64_t free_bytes() override {
@@ -251,6 +291,8 @@ class CudaEngine : public CopyEngine {
 
   std::shared_ptr<std::byte> allocate(uint64_t bytes) override {
     DeviceGuard on(rt_, index_);
+    if (integrated_)
+      if (auto shared = allocate_shared(bytes)) return shared;
     void* p = nullptr;
     if (cudaError e = rt_.Malloc(&p, std::max<uint64_t>(bytes, 1)); e != 0) {
       quiet(rt_, e);
@@ -270,6 +312,35 @@ class CudaEngine : public CopyEngine {
       } catch (...) {
         quiet(*rt, rt->Free(q));
       }
+    });
+  }
+
+  // Pinned host memory mapped into the device at the same address (unified()), or null where
+  // the runtime gives none (the load then uses device memory and staging).
+  std::shared_ptr<std::byte> allocate_shared(uint64_t bytes) {
+    void* p = nullptr;
+    if (cudaError e =
+            rt_.HostAlloc(&p, std::max<uint64_t>(bytes, 1), kHostAllocPortable | kHostAllocMapped);
+        e != 0) {
+      quiet(rt_, e);
+      return nullptr;
+    }
+    void* d = nullptr;
+    if (cudaError e = rt_.HostGetDevicePointer(&d, p, 0); e != 0 || d != p) {
+      quiet(rt_, e);
+      quiet(rt_, rt_.FreeHost(p));
+      return nullptr;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      shared_[reinterpret_cast<uintptr_t>(p)] = bytes;
+    }
+    return std::shared_ptr<std::byte>(static_cast<std::byte*>(p), [this](std::byte* q) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        shared_.erase(reinterpret_cast<uintptr_t>(q));
+      }
+      quiet(rt_, rt_.FreeHost(q));
     });
   }
 
@@ -358,6 +429,8 @@ class CudaEngine : public CopyEngine {
   mutable std::mutex mu_;
   void* cached_ = nullptr;  // one pinned staging buffer kept for the next load
   uint64_t cached_size_ = 0;
+  bool integrated_ = false, ats_ = false;
+  std::map<uintptr_t, uint64_t> shared_;  // unified allocations -> size (under mu_)
 };
 
 }  // namespace

@@ -21,6 +21,11 @@ using Event = void*;
 constexpr int kMemcpyHostToDevice = 1;
 constexpr int kMemcpyDeviceToHost = 2;
 constexpr unsigned kHostAllocPortable = 1;
+constexpr unsigned kHostAllocMapped = 2;
+constexpr int kDevAttrIntegrated = 18;
+constexpr int kDevAttrCanMapHostMemory = 19;
+constexpr int kDevAttrPageableMemoryAccess = 88;
+constexpr int kDevAttrPageableMemoryAccessUsesHostPageTables = 100;
 constexpr unsigned kStreamNonBlocking = 1;
 constexpr unsigned kEventDisableTiming = 2;
 
@@ -47,7 +52,9 @@ struct Runtime {
   Error (*MemGetInfo)(size_t*, size_t*) = nullptr;
   Error (*RuntimeGetVersion)(int*) = nullptr;
   const char* (*GetErrorString)(Error) = nullptr;
-  Error (*GetDeviceProperties)(void*, int) = nullptr;  // optional
+  Error (*GetDeviceProperties)(void*, int) = nullptr;                // optional
+  Error (*DeviceGetAttribute)(int*, int, int) = nullptr;             // optional
+  Error (*HostGetDevicePointer)(void**, void*, unsigned) = nullptr;  // optional
 };
 
 // Makes device `index` current on this thread for the guard's life and restores the device that

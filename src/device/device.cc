@@ -10,11 +10,13 @@
 
 namespace ckpt {
 namespace {
-std::atomic<uint64_t> direct_total{0};
+std::atomic<uint64_t> direct_total{0}, unified_total{0};
 }
 
 void internal::count_direct_bytes(uint64_t n) { direct_total += n; }
 uint64_t gds_bytes_read() { return direct_total.load(); }
+void internal::count_unified_bytes(uint64_t n) { unified_total += n; }
+uint64_t unified_bytes_loaded() { return unified_total.load(); }
 
 Device Device::parse(std::string_view text) {
   if (text == "cpu") return {};

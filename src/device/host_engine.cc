@@ -36,7 +36,8 @@ struct HostCopyEngine::State {
     uint64_t size;
     std::byte* backing;
   };
-  std::map<uintptr_t, Block> blocks;  // device address -> its backing (under mu)
+  std::map<uintptr_t, Block> blocks;     // device address -> its backing (under mu)
+  std::map<uintptr_t, uint64_t> shared;  // options.unified: allocation -> size (under mu)
   // The backing of device address `p` (inside an allocation of this engine), else `p` itself
   // (host memory: staging, a caller's buffer).
   std::byte* host_of(const std::byte* p) {
@@ -48,7 +49,7 @@ struct HostCopyEngine::State {
     if (a >= it->first + std::max<uint64_t>(it->second.size, 1)) return const_cast<std::byte*>(p);
     return it->second.backing + (a - it->first);
   }
-  std::atomic<uint64_t> copies{0}, direct_bytes{0};
+  std::atomic<uint64_t> copies{0}, direct_bytes{0}, staging_calls{0};
   std::atomic<int> busy{0}, busy_peak{0};
 };
 
@@ -161,6 +162,21 @@ std::shared_ptr<std::byte> HostCopyEngine::allocate(uint64_t bytes) {
     st->device_now += bytes;
   }
   const uint64_t span = std::max<uint64_t>(bytes, 1);
+  if (st->options.unified) {  // host memory the host may touch, as an integrated GPU's
+    auto* p = static_cast<std::byte*>(::operator new(span, std::align_val_t(256)));
+    {
+      std::lock_guard<std::mutex> lock(st->mu);
+      st->shared[reinterpret_cast<uintptr_t>(p)] = bytes;
+    }
+    return std::shared_ptr<std::byte>(p, [st, bytes](std::byte* q) {
+      {
+        std::lock_guard<std::mutex> lock(st->mu);
+        st->shared.erase(reinterpret_cast<uintptr_t>(q));
+        st->device_now -= bytes;
+      }
+      ::operator delete(q, std::align_val_t(256));
+    });
+  }
   void* reserved =
       ::mmap(nullptr, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (reserved == MAP_FAILED) {
@@ -188,6 +204,7 @@ std::shared_ptr<std::byte> HostCopyEngine::allocate(uint64_t bytes) {
 
 std::shared_ptr<std::byte> HostCopyEngine::staging(uint64_t bytes) {
   std::shared_ptr<State> st = state_;
+  ++st->staging_calls;
   {
     std::lock_guard<std::mutex> lock(st->mu);
     st->staging_now += bytes;
@@ -213,6 +230,15 @@ void HostCopyEngine::to_device(std::byte* dst, const std::byte* src, uint64_t n)
   std::memcpy(state_->host_of(dst), state_->host_of(src), n);
 }
 bool HostCopyEngine::owns(const std::byte* p) const { return state_->host_of(p) != p; }
+bool HostCopyEngine::unified() const { return state_->options.unified; }
+bool HostCopyEngine::host_accessible(const std::byte* p) const {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  std::lock_guard<std::mutex> lock(state_->mu);
+  auto it = state_->shared.upper_bound(a);
+  if (it == state_->shared.begin()) return false;
+  --it;
+  return a < it->first + std::max<uint64_t>(it->second, 1);
+}
 
 uint64_t HostCopyEngine::free_bytes() {
   std::lock_guard<std::mutex> lock(state_->mu);
@@ -277,6 +303,7 @@ std::string HostCopyEngine::direct_unavailable() {
 }
 uint64_t HostCopyEngine::direct_bytes() const { return state_->direct_bytes.load(); }
 
+uint64_t HostCopyEngine::staging_calls() const { return state_->staging_calls.load(); }
 uint64_t HostCopyEngine::staging_peak() const {
   std::lock_guard<std::mutex> lock(state_->mu);
   return state_->staging_peak;

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "io/local_file.h"
+#include "io/page_cache.h"
 #include "load/device_load.h"
 #include "util/arena.h"
 #include "util/bytes.h"
@@ -57,9 +58,19 @@ struct DirectFd {
 }  // namespace
 
 void fill_device(const LoadPlan& plan, CopyEngine& engine, const std::vector<DeviceTarget>& targets,
-                 const LoadOptions& options, DeviceLoadStats* stats) {
+                 const LoadOptions& options, DeviceLoadStats* stats,
+                 const PageCacheDropper* dropper) {
   const CheckpointModel& m = *plan.model;
   const size_t n = targets.size();
+  // Device memory the host writes directly (CopyEngine::unified): read into place, no ring.
+  bool unified = engine.unified();
+  for (const DeviceTarget& t : targets)
+    if (unified && t.len && !engine.host_accessible(t.dst)) unified = false;
+  std::unique_ptr<PageCacheDropper> own_dropper;
+  if (!dropper && plan.drop_cache && plan.copy) {
+    own_dropper = PageCacheDropper::make(*plan.copy);
+    dropper = own_dropper.get();
+  }
 
   // The ring: two slots per reader, each at most kMaxSlot, all within the budget.
   int readers = std::max(1, plan.threads);
@@ -81,13 +92,15 @@ void fill_device(const LoadPlan& plan, CopyEngine& engine, const std::vector<Dev
   }
   readers = static_cast<int>(
       std::min<size_t>(static_cast<size_t>(readers), std::max<size_t>(items.size(), 1)));
-  std::shared_ptr<std::byte> ring = engine.staging(slot * 2 * static_cast<uint64_t>(readers));
+  const uint64_t ring_bytes = unified ? 0 : slot * 2 * static_cast<uint64_t>(readers);
+  std::shared_ptr<std::byte> ring;
+  if (!unified) ring = engine.staging(ring_bytes);
 
   // Direct reads (GPUDirect Storage) of the file, where the engine has them; a failed one falls
   // back to the ring for the rest of the load.
   std::unique_ptr<DirectFile> file;
   std::unique_ptr<DirectFd> direct_fd;
-  if (options.gds && plan.copy) {
+  if (options.gds && plan.copy && !unified) {
     std::string why;
     if (int fd = local_file_fd(*plan.copy); fd >= 0) {
       direct_fd = std::make_unique<DirectFd>(fd);
@@ -100,7 +113,7 @@ void fill_device(const LoadPlan& plan, CopyEngine& engine, const std::vector<Dev
   if (stats) {
     stats->readers = readers;
     stats->slot_bytes = slot;
-    stats->staging_bytes = slot * 2 * static_cast<uint64_t>(readers);
+    stats->staging_bytes = ring_bytes;
   }
 
   // Per target with a CRC to check (a whole raw storage): the CRC of each chunk, combined in
@@ -137,8 +150,19 @@ void fill_device(const LoadPlan& plan, CopyEngine& engine, const std::vector<Dev
           const PlannedStorage& p = plan.storages[t.k];
           const StorageInfo& si = m.storages[p.storage];
           if (p.route == Route::kDecode) {
+            if (unified && t.from == 0 && t.len == si.nbytes) {
+              load_into(plan, p, t.dst);  // decoded in place
+              progress_add(progress, t.len);
+              continue;
+            }
             // Decoded into host memory first (the storage's size), then through the slots.
             std::unique_ptr<std::byte[]> host(new std::byte[si.nbytes]);
+            if (unified) {
+              load_into(plan, p, host.get());
+              std::memcpy(t.dst, host.get() + t.from, t.len);
+              progress_add(progress, t.len);
+              continue;
+            }
             load_into(plan, p, host.get());
             for (uint64_t off = 0; off < t.len && !stop.load(std::memory_order_relaxed);
                  off += slot) {
@@ -164,8 +188,9 @@ void fill_device(const LoadPlan& plan, CopyEngine& engine, const std::vector<Dev
               direct_ok = false;  // this chunk, and the rest, through the ring
             }
           }
-          int s = take_slot();
-          std::byte* b = buf(s);
+          // Unified memory: the bytes are read into their place; else into a staging slot.
+          const int s = unified ? -1 : take_slot();
+          std::byte* b = unified ? t.dst + it.off : buf(s);
           if (crc) {
             uint32_t c = 0;
             for (uint64_t d = 0; d < it.len; d += kCrcPiece) {
@@ -177,9 +202,10 @@ void fill_device(const LoadPlan& plan, CopyEngine& engine, const std::vector<Dev
           } else {
             plan.copy->read_into(at, std::span<std::byte>(b, it.len));
           }
+          if (dropper) dropper->consumed(at, it.len);
           if (p.byteswap)
             byteswap_elements(b, it.len, dtype_size(si.dtype), dtype_info(si.dtype).is_complex);
-          session->copy(s, t.dst + it.off, b, it.len);
+          if (!unified) session->copy(s, t.dst + it.off, b, it.len);
           progress_add(progress, it.len);
         }
       } catch (...) {
@@ -206,9 +232,22 @@ void fill_device(const LoadPlan& plan, CopyEngine& engine, const std::vector<Dev
       if (!failure) failure = std::current_exception();
     }
   }
+  // Read-ahead for one reader may have brought back pages another had consumed and dropped.
+  if (dropper) {
+    std::vector<std::pair<uint64_t, uint64_t>> read;
+    for (const DeviceTarget& t : targets)
+      if (plan.storages[t.k].route != Route::kZeros)
+        read.emplace_back(m.storages[plan.storages[t.k].storage].offset + t.from, t.len);
+    dropper->consumed_all(std::move(read));
+  }
   if (failure) std::rethrow_exception(failure);
-  if (stats) stats->direct_bytes = direct_bytes.load();
+  if (stats) {
+    stats->direct_bytes = direct_bytes.load();
+    stats->path = unified ? "unified" : stats->direct_bytes ? "gds" : "staged";
+  }
   count_direct_bytes(direct_bytes.load());
+  if (unified)
+    for (const DeviceTarget& t : targets) count_unified_bytes(t.len);
 
   for (size_t j = 0; j < n; ++j) {
     if (crcs[j].empty()) continue;

@@ -24,6 +24,9 @@ std::vector<StoragePtr> execute_device(const LoadPlan& plan, const Device& devic
                                        const LoadOptions& options, DeviceLoadStats* stats) {
   if (engine_ready(device) || !plan.copy || !is_local_file(*plan.copy))
     return execute_device(plan, engine_for(device), options, stats);
+  // drop_cache: the residency before the warmers below read anything.
+  std::unique_ptr<PageCacheDropper> dropper;
+  if (plan.drop_cache) dropper = PageCacheDropper::make(*plan.copy);
   // Raw ranges in the order the load takes them.
   const CheckpointModel& m = *plan.model;
   std::vector<std::pair<uint64_t, uint64_t>> ranges;
@@ -76,7 +79,7 @@ std::vector<StoragePtr> execute_device(const LoadPlan& plan, const Device& devic
     Join join{ready, pool};
     engine = &engine_for(device);  // throws (kUnsupported...) after the warmers stop
   }
-  std::vector<StoragePtr> out = execute_device(plan, *engine, options, stats);
+  std::vector<StoragePtr> out = execute_device(plan, *engine, options, stats, dropper.get());
   if (stats) stats->warmed_bytes = warmed.load();
   return out;
 }
@@ -126,7 +129,8 @@ void check_device_budget(CopyEngine& engine, uint64_t need, const LoadOptions& o
 }
 
 std::vector<StoragePtr> execute_device(const LoadPlan& plan, CopyEngine& engine,
-                                       const LoadOptions& options, DeviceLoadStats* stats) {
+                                       const LoadOptions& options, DeviceLoadStats* stats,
+                                       const PageCacheDropper* dropper) {
   const CheckpointModel& m = *plan.model;
   const size_t n = plan.storages.size();
   // Every storage's place and size, then the budget, before any byte moves. Meta storages get
@@ -147,20 +151,37 @@ std::vector<StoragePtr> execute_device(const LoadPlan& plan, CopyEngine& engine,
   std::vector<std::shared_ptr<std::byte>> owners(n);
   std::shared_ptr<std::byte> arena;
   if (options.allocator) {
+    // Every storage's memory in one call (before the first read), each freed on its own.
     const Device device = engine.device();
     std::shared_ptr<DeviceAllocator> a = options.allocator;
-    for (size_t k = 0; k < n; ++k) {
-      const uint64_t bytes = targets[k].len;
-      if (bytes == 0) continue;
-      auto* p = static_cast<std::byte*>(a->allocate(bytes, device));
-      if (!p)
+    std::vector<size_t> which;
+    std::vector<uint64_t> sizes;
+    for (size_t k = 0; k < n; ++k)
+      if (targets[k].len) which.push_back(k), sizes.push_back(targets[k].len);
+    std::vector<void*> got(which.size(), nullptr);
+    auto take = [&] {  // ownership of whatever was given, so that a failure frees it
+      for (size_t i = 0; i < which.size(); ++i) {
+        if (!got[i] || owners[which[i]]) continue;
+        const uint64_t bytes = sizes[i];
+        owners[which[i]] = std::shared_ptr<std::byte>(
+            static_cast<std::byte*>(got[i]),
+            [a, bytes, device](std::byte* q) noexcept { a->free(q, bytes, device); });
+      }
+    };
+    try {
+      a->allocate_all(sizes, device, got);
+    } catch (...) {
+      take();
+      throw;
+    }
+    take();
+    for (size_t i = 0; i < which.size(); ++i) {
+      if (!got[i])
         throw Error(ErrorCode::kLimitExceeded,
-                    "the allocator gave no memory for " + std::to_string(bytes) + " bytes on " +
+                    "the allocator gave no memory for " + std::to_string(sizes[i]) + " bytes on " +
                         device.str(),
-                    m.source->name(), m.storages[plan.storages[k].storage].key);
-      owners[k] = std::shared_ptr<std::byte>(
-          p, [a, bytes, device](std::byte* q) noexcept { a->free(q, bytes, device); });
-      targets[k].dst = p;
+                    m.source->name(), m.storages[plan.storages[which[i]].storage].key);
+      targets[which[i]].dst = static_cast<std::byte*>(got[i]);
     }
   } else {
     arena = engine.allocate(std::max<uint64_t>(total, 1));
@@ -171,7 +192,7 @@ std::vector<StoragePtr> execute_device(const LoadPlan& plan, CopyEngine& engine,
     *stats = {};
     stats->device_bytes = options.allocator ? need : total;
   }
-  fill_device(plan, engine, targets, options, stats);
+  fill_device(plan, engine, targets, options, stats, dropper);
 
   std::vector<StoragePtr> storages(m.storages.size());
   for (size_t k = 0; k < n; ++k) {

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "device/copy_engine.h"
+#include "io/page_cache.h"
 #include "load/plan.h"
 
 namespace ckpt::internal {
@@ -32,6 +33,10 @@ struct DeviceLoadStats {
   uint64_t slot_bytes = 0;
   uint64_t staging_bytes = 0;  // held during the load
   uint64_t device_bytes = 0;   // the allocation
+  // How the bytes reached the device: "staged" (pinned ring and copies), "unified" (read
+  // straight into memory the host and the device share: CopyEngine::unified), "gds" (some read
+  // with GPUDirect Storage).
+  const char* path = "staged";
 };
 
 // One destination of a device load: bytes [from, from + len) of the planned storage
@@ -46,8 +51,14 @@ struct DeviceTarget {
 // planned), options.staging_bytes of staging (within host_staging_budget()) and, with
 // options.gds, direct reads (below). A raw storage's CRC is checked where a target covers all of
 // it. Throws like the executors; on a throw every queued copy has completed.
+// When every target is memory the host may write (CopyEngine::host_accessible: the engine's own
+// allocations on a device that shares memory with the host) there is no ring and no copy: each
+// reader reads its chunks straight into the targets (CRC and byte swap in place), decoded storages
+// are decoded in place. With plan.drop_cache, each chunk's pages that were not cached when the load
+// began (`dropper`'s record, made here when null) leave the page cache once read.
 void fill_device(const LoadPlan& plan, CopyEngine& engine, const std::vector<DeviceTarget>& targets,
-                 const LoadOptions& options, DeviceLoadStats* stats = nullptr);
+                 const LoadOptions& options, DeviceLoadStats* stats = nullptr,
+                 const PageCacheDropper* dropper = nullptr);
 
 // Pinned staging within the host's budget: `asked`, at most half of what the cgroup memory
 // limit (/sys/fs/cgroup/memory.max, less memory.current) leaves, at least 2 MiB.
@@ -76,8 +87,8 @@ void check_device_budget(CopyEngine& engine, uint64_t need, const LoadOptions& o
 // ring, and so is the rest of the load; DeviceLoadStats::direct_bytes and gds_bytes_read() count
 // what really went direct.
 std::vector<StoragePtr> execute_device(const LoadPlan& plan, CopyEngine& engine,
-                                       const LoadOptions& options,
-                                       DeviceLoadStats* stats = nullptr);
+                                       const LoadOptions& options, DeviceLoadStats* stats = nullptr,
+                                       const PageCacheDropper* dropper = nullptr);
 // The same into `device`, whose engine (engine_for) may not exist yet: creating it (a CUDA
 // context: hundreds of milliseconds) then overlaps reading. While it starts, the readers read the
 // plan's first chunks, in the order the load takes them, from a local file into a small scratch

@@ -83,7 +83,8 @@ std::vector<Tensor> execute_eager(const LoadPlan& plan, std::unique_ptr<Preload>
       extra_base = extra_arena.get();
     }
   } else {
-    pre = std::make_unique<Preload>(plan.copy, std::move(ranges), plan.verify, 0, extra);
+    pre = std::make_unique<Preload>(plan.copy, std::move(ranges), plan.verify, 0, extra,
+                                    plan.drop_cache);
     extra_base = pre->extra_bytes();
   }
   if (meter.active()) pre->set_progress(&meter);

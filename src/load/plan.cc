@@ -51,6 +51,7 @@ LoadPlan empty_plan(const CheckpointModel& m, SourcePtr copy, const LoadOptions&
   plan.model = &m;
   plan.copy = std::move(copy);
   plan.verify = options.verify;
+  plan.drop_cache = options.drop_cache;
   plan.threads = options.threads > 0 ? options.threads : default_threads();
   // Nothing here may cost O(storages): storage() plans one storage per call.
   return plan;

@@ -39,6 +39,7 @@ struct LoadPlan {
   const CheckpointModel* model = nullptr;
   SourcePtr copy;  // where kRead bytes come from (a mapping's pread twin, else the source)
   bool verify = false;
+  bool drop_cache = false;  // LoadOptions::drop_cache
   int threads = 1;
   ProgressFn progress;  // LoadOptions::progress: bytes of the planned storages as they load
   std::vector<uint32_t> tensors;         // selected tensors, in table order

@@ -15,8 +15,9 @@ constexpr uint64_t kSlice = 1 << 20;  // pread granularity: the CRC runs while t
 }  // namespace
 
 Preload::Preload(SourcePtr source, std::vector<PreloadRange> ranges, bool crc, int background,
-                 uint64_t extra)
+                 uint64_t extra, bool drop_cache)
     : source_(std::move(source)), ranges_(std::move(ranges)), want_crc_(crc) {
+  if (drop_cache) dropper_ = PageCacheDropper::make(*source_);
   const size_t n = ranges_.size();
   crc_.assign(n, 0);
   arena_off_.assign(n, 0);
@@ -99,6 +100,7 @@ void Preload::work() noexcept {
         const uint64_t f0 = ch.file_off + done, f1 = f0 + n;
         std::byte* dst = base_ + ch.arena_off + done;
         source_->read_into(f0, std::span<std::byte>(dst, n));
+        if (dropper_) dropper_->consumed(f0, n);
         progress_add(progress_.load(std::memory_order_acquire), n);
         if (!want_crc_) continue;
         if (ch.range != kAny) {
@@ -128,6 +130,12 @@ void Preload::finish() {
   work();
   for (auto& t : threads_) t.join();
   threads_.clear();
+  // Read-ahead for one reader may have brought back pages another had consumed and dropped.
+  if (dropper_) {
+    std::vector<std::pair<uint64_t, uint64_t>> read;
+    for (const PreloadRange& r : ranges_) read.emplace_back(r.offset, r.size);
+    dropper_->consumed_all(std::move(read));
+  }
   if (failure_) std::rethrow_exception(failure_);
   if (!want_crc_) return;
   // A range's pieces, in chunk order, are in file order: combine them.

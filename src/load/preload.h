@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "ckpt/source.h"
+#include "io/page_cache.h"
 #include "util/progress.h"
 
 namespace ckpt::internal {
@@ -35,9 +36,11 @@ class Preload {
  public:
   // Starts reading `ranges` (any order; they may overlap) of `source`. `background` threads
   // start now; finish() adds the caller. `extra` more arena bytes (64-byte aligned, after the
-  // ranges) are left for the caller (extra_bytes()). Throws Error{kIo} if the arena cannot be had.
+  // ranges) are left for the caller (extra_bytes()). With `drop_cache` (a local file), each
+  // slice's pages that were not cached when the Preload began leave the page cache once read
+  // (io/page_cache.h). Throws Error{kIo} if the arena cannot be had.
   Preload(SourcePtr source, std::vector<PreloadRange> ranges, bool crc, int background,
-          uint64_t extra = 0);
+          uint64_t extra = 0, bool drop_cache = false);
   ~Preload();  // stops and joins (errors are dropped if finish() was never called)
   Preload(const Preload&) = delete;
   Preload& operator=(const Preload&) = delete;
@@ -75,6 +78,7 @@ class Preload {
   void crc_slice(size_t chunk, size_t range, uint64_t f0, uint64_t f1, const std::byte* src);
 
   SourcePtr source_;
+  std::unique_ptr<PageCacheDropper> dropper_;  // drop_cache
   std::atomic<ProgressMeter*> progress_{nullptr};
   std::vector<PreloadRange> ranges_;
   std::vector<size_t> order_;    // range indices by file offset

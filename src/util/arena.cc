@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -39,6 +40,30 @@ Kept& kept() {
   }();
   return *k;
 }
+// 2 MiB blocks the kernel's buddy allocator has free now (/proc/buddyinfo, orders 9 and up),
+// or SIZE_MAX where that cannot be read.
+size_t free_huge_blocks() {
+  FILE* f = std::fopen("/proc/buddyinfo", "re");
+  if (!f) return SIZE_MAX;
+  size_t blocks = 0;
+  char line[512];
+  while (std::fgets(line, sizeof line, f)) {
+    const char* p = std::strstr(line, "zone");
+    if (!p) continue;
+    p += 4;
+    while (*p == ' ') ++p;
+    while (*p && *p != ' ') ++p;  // the zone's name
+    char* end = nullptr;
+    for (int order = 0;; ++order, p = end) {
+      const unsigned long long n = std::strtoull(p, &end, 10);
+      if (end == p) break;
+      if (order >= 9) blocks += static_cast<size_t>(n) << (order - 9);
+    }
+  }
+  std::fclose(f);
+  return blocks;
+}
+
 }  // namespace
 
 std::shared_ptr<std::byte> zero_pages(size_t size) {
@@ -78,6 +103,10 @@ std::shared_ptr<std::byte> allocate_arena(size_t size) {
     }
   }
   if (stale) ::munmap(stale, stale_len);  // never hold a kept arena beside a new one
+  // Huge pages for fresh memory only where the kernel has them free: where it must compact
+  // memory to make them (THP defrag "madvise": synchronously, in the faulting thread), a 1 GiB
+  // arena's first touch costs ~2x the system time of plain pages (docs/benchmarks.md).
+  bool huge = raw != nullptr || free_huge_blocks() >= len / kHuge;
   if (!raw) {
     raw = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (raw == MAP_FAILED) {
@@ -90,7 +119,7 @@ std::shared_ptr<std::byte> allocate_arena(size_t size) {
   }
   auto base = reinterpret_cast<uintptr_t>(raw);
   uintptr_t aligned = (base + kHuge - 1) / kHuge * kHuge;
-  ::madvise(reinterpret_cast<void*>(aligned), len - (aligned - base), MADV_HUGEPAGE);
+  if (huge) ::madvise(reinterpret_cast<void*>(aligned), len - (aligned - base), MADV_HUGEPAGE);
   return std::shared_ptr<std::byte>(reinterpret_cast<std::byte*>(aligned), [raw, len](std::byte*) {
     Kept& k = kept();
     // Kept only if the kernel takes lazily freed pages (MADV_FREE, Linux 4.5) and the slot is

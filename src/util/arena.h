@@ -7,8 +7,10 @@
 
 namespace ckpt::internal {
 
-// An uninitialised buffer of `size` bytes, 2 MiB-aligned when large. Pages are not touched here:
-// the readers fault them in in parallel as they write. Throws Error{kIo} when out of memory.
+// An uninitialised buffer of `size` bytes, 2 MiB-aligned when large, asking for huge pages when
+// the kernel has enough free 2 MiB blocks for it (/proc/buddyinfo; never when it would have to
+// compact memory first). Pages are not touched here: the readers fault them in in parallel as
+// they write. Throws Error{kIo} when out of memory.
 std::shared_ptr<std::byte> allocate_arena(size_t size);
 
 // `size` zero bytes that cost no memory: a private read-only anonymous mapping (every page the

@@ -339,3 +339,46 @@ def test_no_warnings_from_ckpt(torch_corpus, built_path):
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.strip() == "ok"
+
+
+def _resident(path):
+    """Bytes of `path` in the page cache (util-linux fincore)."""
+    r = subprocess.run(["fincore", "--bytes", "--noheadings", "--raw", "-o", "RES", path],
+                       capture_output=True, text=True)
+    return int(r.stdout.split()[0])
+
+
+def _drop(path):
+    with open(path, "rb") as f:
+        os.fdatasync(f.fileno())
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+
+
+def test_drop_cache_leaves_a_cold_file_cold_and_a_warm_one_warm(tmp_path):
+    import shutil
+    if not shutil.which("fincore"):
+        pytest.skip("fincore (util-linux) is not installed")
+    path = str(tmp_path / "m.pt")
+    sd = {f"t{i}": torch.full((1 << 20,), float(i)) for i in range(32)}  # 128 MiB
+    torch.save(sd, path)
+    _drop(path)
+    if _resident(path) != 0:
+        pytest.skip("this filesystem keeps pages posix_fadvise drops")
+    assert_same(ckpt.load(path, drop_cache=True), sd)
+    # At most what the open read before the load began (data.pkl, the zip directory) and the
+    # kernel's read-ahead around it (read_ahead_kb of the disk, twice: the window and the next).
+    st = os.stat(path)
+    ra = 128 << 10
+    for q in ("queue/read_ahead_kb", "../queue/read_ahead_kb"):
+        try:
+            with open(f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}/{q}") as f:
+                ra = int(f.read()) << 10
+            break
+        except OSError:
+            pass
+    assert _resident(path) <= 2 * ra + (256 << 10)
+    assert_same(ckpt.load(path), sd)
+    size = os.path.getsize(path)
+    assert _resident(path) >= size - 4096  # without: the file stays cached
+    ckpt.load(path, drop_cache=True)  # warm before the load: another reader's cache stays
+    assert _resident(path) >= size - 4096

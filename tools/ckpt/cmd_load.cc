@@ -1,7 +1,7 @@
 // ckpt load FILE [--mode eager|mmap|stream] [--device cuda:N [--gds]] [--budget-mb N] [--verify]
-// [--json]: loads every tensor once and reports time, throughput and this process's peak RSS (used
-// by `ckpt bench` to measure memory in a fresh process). With --rank/--world/--plan: the dry run of
-// one rank's load (rank_plan_print.cc).
+// [--drop-cache] [--json]: loads every tensor once and reports time, throughput, the device path
+// and this process's peak RSS (used by `ckpt bench` to measure memory and the first load in a
+// fresh process). With --rank/--world/--plan: the dry run of one rank's load (rank_plan_print.cc).
 
 #include <sys/resource.h>
 #include <zlib.h>
@@ -22,7 +22,7 @@ struct LoadFlags {
   std::vector<std::string> files;  // one checkpoint, an index, or shards
   std::string file, mode = "eager";
   double budget_mb = 64;
-  bool verify = false, json = false, digest = false, gds = false;
+  bool verify = false, json = false, digest = false, gds = false, drop_cache = false;
   int threads = 0;
   std::string device = "cpu";
   double staging_mb = 256;
@@ -44,6 +44,7 @@ struct Tally {
 LoadOptions load_options_of(const LoadFlags& f) {
   LoadOptions lo;
   lo.verify = f.verify;
+  lo.drop_cache = f.drop_cache;
   lo.threads = f.threads;
   lo.device = Device::parse(f.device);
   lo.staging_bytes = static_cast<uint64_t>(f.staging_mb * 1024 * 1024);
@@ -135,8 +136,18 @@ void load_stream(const LoadFlags& f, const Checkpoint& c, const LoadOptions& lo,
       lo);
 }
 
+// How a device load's bytes reached the device: "gds", "unified" or "staged" ("host": none).
+struct DevicePath {
+  uint64_t direct_before = gds_bytes_read(), unified_before = unified_bytes_loaded();
+  std::string name(const Device& d) const {
+    if (d.is_cpu()) return "host";
+    if (gds_bytes_read() > direct_before) return "gds";
+    return unified_bytes_loaded() > unified_before ? "unified" : "staged";
+  }
+};
+
 void print_load(const LoadFlags& f, const LoadOptions& lo, Tally& tally, double seconds,
-                uint64_t direct_bytes) {
+                uint64_t direct_bytes, const std::string& path, double context_seconds) {
   struct rusage ru;
   ::getrusage(RUSAGE_SELF, &ru);
   const uint64_t rss = static_cast<uint64_t>(ru.ru_maxrss) * 1024;
@@ -145,9 +156,11 @@ void print_load(const LoadFlags& f, const LoadOptions& lo, Tally& tally, double 
                              {"device", lo.device.str()},
                              {"gds", direct_bytes > 0},
                              {"gds_bytes", direct_bytes},
+                             {"path", path},
                              {"tensors", tally.tensors},
                              {"bytes", tally.bytes},
                              {"seconds", seconds},
+                             {"context_seconds", context_seconds},
                              {"peak_rss_bytes", rss},
                              {"checksum", tally.checksum}};
     if (f.digest) j["digests"] = std::move(tally.digests);
@@ -163,8 +176,17 @@ void print_load(const LoadFlags& f, const LoadOptions& lo, Tally& tally, double 
 void run_load(LoadFlags& f) {
   f.common.download_whole = true;  // every byte is read: a server without ranges is no obstacle
   f.file = files_name(f.files);
+  // A device's context is made before the timing starts (as a process that uses the device has
+  // made it before it loads): `seconds` is the load's own.
+  double context_seconds = 0;
+  if (const Device d = Device::parse(f.device); !d.is_cpu() && f.mode == "eager") {
+    const double c0 = now_seconds();
+    (void)describe_device(d);
+    context_seconds = now_seconds() - c0;
+  }
   const double t0 = now_seconds();
   const uint64_t direct_before = gds_bytes_read();
+  const DevicePath path;
   LoadOptions lo = load_options_of(f);
   ProgressLine line(f.progress);
   lo.progress = line.fn();
@@ -179,7 +201,9 @@ void run_load(LoadFlags& f) {
       load_stream(f, c, lo, tally);
   }
   line.end_line();
-  print_load(f, lo, tally, now_seconds() - t0, gds_bytes_read() - direct_before);
+  const double seconds = now_seconds() - t0;
+  print_load(f, lo, tally, seconds, gds_bytes_read() - direct_before, path.name(lo.device),
+             context_seconds);
 }
 
 }  // namespace
@@ -208,6 +232,9 @@ void add_load(CLI::App& app) {
                 "GPUDirect Storage (cuFile) where available; else through pinned staging, "
                 "with a note");
   cmd->add_flag("--verify", o->verify, "check CRC32 while loading");
+  cmd->add_flag("--drop-cache", o->drop_cache,
+                "eager: drop the file's pages from the page cache once read, those that were "
+                "not cached before the load (another process's warm cache stays)");
   auto* json = cmd->add_flag("--json", o->json, "machine-readable output");
   cmd->add_flag("--digest", o->digest,
                 "with --json: CRC32 of each tensor's elements (row-major), by name, to compare "
