@@ -11,6 +11,8 @@
 #   make python        - build the Python module (build/python) and run its tests (tests/python)
 #   make python-install - install the Python module and the ckpt command for /usr/bin/python3 (no index)
 #   make wheel-check   - build the wheel as pip does, install it where only torch and numpy are, use it
+#   make wheels        - self-contained manylinux wheels for each CPython 3.9-3.13 here (wheelhouse/)
+#   make wheels-check  - make wheels, then each wheel used where none of our libraries are
 #   make peers         - the torch 2.x peer venv (tests/peers/requirements.txt), once per machine
 #   make gpu-pack      - build-gpu/: what tests/gpu/run.sh needs on a lent GPU machine (docs/benchmarks.md)
 # Both install missing Debian packages first (apt-get, non-interactive); make test also the peers.
@@ -52,6 +54,10 @@ DEB_PACKAGES := cmake ninja-build g++ pkg-config libgtest-dev libgmock-dev libbe
 # What a tensorizer checkout imports under /usr/bin/python3 (bench/python.py --tensorizer DIR); by
 # default the benchmark runs the PyPI tensorizer of the peer venv, which needs none of them.
 BENCH_PACKAGES := python3-boto3 python3-redis python3-libnacl python3-psutil python3-protobuf
+# What make wheels and make wheels-check need beyond DEB_PACKAGES (a Debian root for the chroot).
+WHEEL_PACKAGES := ccache debootstrap
+# The CPython versions make wheels builds for (those found: pyenv's, pythonX.Y, /usr/bin/python3).
+WHEEL_PYTHONS ?= 3.9 3.10 3.11 3.12 3.13
 # libFuzzer and the sanitizer runtimes come with clang; Debian 12 splits them into libclang-rt-14-dev.
 FUZZ_PACKAGES := clang libclang-rt-14-dev
 
@@ -192,6 +198,17 @@ python-install: deps peers
 # with auditwheel and used from a venv that holds only torch and numpy, away from the clone.
 wheel-check: deps peers
 	./scripts/check-wheel.sh
+
+# The self-contained wheels (scripts/build-wheels.sh): auditwheel-repaired, one per CPython.
+wheels: deps
+	@./scripts/install-deps.sh $(WHEEL_PACKAGES)
+	./scripts/build-wheels.sh $(WHEEL_PYTHONS)
+
+# Each wheel used where ckpt's libraries are not (scripts/check-wheels.sh): cp311 in a chroot into
+# a minimal Debian 12 root (debootstrap, cached in ~/.cache/ckpt) and with torch 2.x on the host,
+# the others in a venv of their interpreter with numpy; https from an nginx it starts.
+wheels-check: wheels peers
+	./scripts/check-wheels.sh $(foreach v,$(WHEEL_PYTHONS),$(wildcard wheelhouse/ckpt_io-*-cp$(subst .,,$(v))-*.whl))
 
 # The CLI, its shared libraries and the static library, for a GPU machine that has none of our
 # Debian packages (tests/gpu/run.sh runs them there and builds the module against its Python).
