@@ -19,6 +19,14 @@
 
 #include "ckpt/ckpt.h"
 
+#if PY_VERSION_HEX < 0x030A0000
+// Py_NewRef is CPython 3.10's; pyproject.toml's requires-python is 3.9.
+inline PyObject* Py_NewRef(PyObject* o) {
+  Py_INCREF(o);
+  return o;
+}
+#endif
+
 namespace ckpt::py {
 
 namespace pyb = pybind11;
