@@ -13,6 +13,7 @@
 #   make wheel-check   - build the wheel as pip does, install it where only torch and numpy are, use it
 #   make wheels        - self-contained manylinux wheels for each CPython 3.9-3.13 here (wheelhouse/)
 #   make wheels-check  - make wheels, then each wheel used where none of our libraries are
+#   make wheels-smoke  - the cp311 wheel alone, built and checked as wheels-check does (in make test)
 #   make peers         - the torch 2.x peer venv (tests/peers/requirements.txt), once per machine
 #   make gpu-pack      - build-gpu/: what tests/gpu/run.sh needs on a lent GPU machine (docs/benchmarks.md)
 # Both install missing Debian packages first (apt-get, non-interactive); make test also the peers.
@@ -209,6 +210,11 @@ wheels: deps
 # the others in a venv of their interpreter with numpy; https from an nginx it starts.
 wheels-check: wheels peers
 	./scripts/check-wheels.sh $(foreach v,$(WHEEL_PYTHONS),$(wildcard wheelhouse/ckpt_io-*-cp$(subst .,,$(v))-*.whl))
+
+# The part of wheels-check that make test runs: the cp311 wheel (Debian's Python), in the chroot
+# and with torch 2.x; .ci/run runs the whole wheels-check after make test.
+wheels-smoke:
+	$(MAKE) --no-print-directory wheels-check WHEEL_PYTHONS=3.11
 
 # The CLI, its shared libraries and the static library, for a GPU machine that has none of our
 # Debian packages (tests/gpu/run.sh runs them there and builds the module against its Python).
