@@ -13,7 +13,7 @@
 #   cp39, cp310, cp312, cp313: on the host, a venv of that interpreter (scripts/build-wheels.sh
 #          finds them) that sees numpy only (a cached numpy-only venv per version,
 #          ~/.cache/ckpt/numpy-only-cpXY-<hash>: PyPI's torch 2.x is several GB per version).
-# Usage: scripts/check-wheels.sh [WHEEL...]   (default: every wheelhouse/ckpt_io-*.whl)
+# Usage: scripts/check-wheels.sh [WHEEL | X.Y ...]   (default: every wheelhouse/ckpt_io-*.whl)
 # Needs root (sudo) for the chroot. CKPT_WHEEL_CHROOT=0 skips the chroot.
 set -euo pipefail
 
@@ -23,9 +23,12 @@ fail() { echo "check-wheels: FAILED: $*" >&2; exit 1; }
 cache=${CKPT_PEERS_ROOT:-$HOME/.cache/ckpt}
 SUDO=""
 [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-wheels=("$@")
-[ ${#wheels[@]} -gt 0 ] || wheels=("$root"/wheelhouse/ckpt_io-*.whl)
-[ -f "${wheels[0]}" ] || fail "no wheels (make wheels first)"
+wheels=()
+for a in "$@"; do  # X.Y: that version's wheel in wheelhouse/
+  if [[ $a =~ ^3\.[0-9]+$ ]]; then wheels+=("$root"/wheelhouse/ckpt_io-*-cp${a/./}-*.whl); else wheels+=("$a"); fi
+done
+[ $# -gt 0 ] || wheels=("$root"/wheelhouse/ckpt_io-*.whl)
+for w in "${wheels[@]}"; do [ -f "$w" ] || fail "no wheel $w (make wheels first)"; done
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 
 peers=$("$root/scripts/install-peers.sh")
