@@ -23,9 +23,15 @@ fail() { echo "check-wheels: FAILED: $*" >&2; exit 1; }
 cache=${CKPT_PEERS_ROOT:-$HOME/.cache/ckpt}
 SUDO=""
 [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+source "$root/scripts/find-python.sh"
 wheels=()
-for a in "$@"; do  # X.Y: that version's wheel in wheelhouse/
-  if [[ $a =~ ^3\.[0-9]+$ ]]; then wheels+=("$root"/wheelhouse/ckpt_io-*-cp${a/./}-*.whl); else wheels+=("$a"); fi
+for a in "$@"; do  # X.Y: that version's wheel in wheelhouse/ (none needed without that Python)
+  if [[ $a =~ ^3\.[0-9]+$ ]]; then
+    [ -n "$(find_python "$a")" ] || { step "no CPython $a here: skipped"; continue; }
+    wheels+=("$root"/wheelhouse/ckpt_io-*-cp${a/./}-*.whl)
+  else
+    wheels+=("$a")
+  fi
 done
 [ $# -gt 0 ] || wheels=("$root"/wheelhouse/ckpt_io-*.whl)
 for w in "${wheels[@]}"; do [ -f "$w" ] || fail "no wheel $w (make wheels first)"; done
@@ -146,7 +152,6 @@ numpy_only() {  # $1: X.Y, $2: interpreter; prints the site-packages of a cached
   "$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))'
 }
 
-source "$root/scripts/find-python.sh"
 for whl in "${wheels[@]}"; do
   tag=$(basename "$whl" | sed 's/.*-\(cp3[0-9]*\)-cp3.*/\1/')
   v=3.${tag#cp3}
