@@ -91,7 +91,7 @@ check_wheel() {  # $1: the wheel
   site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
   echo "import site; site.addsitedir('$torch_site')" > "$site/torch-only.pth"
   "$venv/bin/python" -m pip install -q --no-index --no-deps "$whl"
-  if [[ $(basename "$whl") == *manylinux* ]]; then  # repaired: its libraries from ckpt.libs
+  if [[ $(basename "$whl") == *manylinux* ]]; then  # repaired: its libraries from ckpt_io.libs
     for f in "$site"/ckpt/_ckpt*.so "$site/ckpt/_bin/ckpt"; do
       ldd "$f" | grep 'ckpt_io\.libs/libcurl' >/dev/null || fail "$f does not use the bundled libcurl"
     done
