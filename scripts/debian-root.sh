@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Creates (once per machine) a minimal Debian 12 root for scripts/check-wheel-chroot.sh and prints
+# Creates (once per machine) a minimal Debian 12 root for scripts/check-wheels.sh and prints
 # its path: debootstrap --variant=minbase bookworm with python3, python3-venv and python3-numpy
-# (1.24) only (no compiler, no torch, none of ckpt's libraries), in ${CKPT_PEERS_ROOT:-~/.cache/ckpt}/debian-bookworm-minbase-<hash>
+# (1.24) only (no compiler, no torch, none of ckpt's libraries),
+# in ${CKPT_PEERS_ROOT:-~/.cache/ckpt}/debian-bookworm-minbase-<hash>
 # (root-owned; <hash> of this script's settings, so a changed package list makes a new root).
 # Built under a temporary name and renamed when complete. Needs root (sudo) and debootstrap.
 # Usage: scripts/debian-root.sh [--path]
