@@ -1,7 +1,7 @@
 # ckpt: two commands for a new user.
 #   make demo  - build, then generate a sample checkpoint and list, verify and load it
 #   make test  - layer check, build, then every test (unit, install, interop with torch,
-#                sanitizers, fuzz smoke)
+#                sanitizers, fuzz smoke, the cp311 wheel in a Debian chroot)
 #   make fuzz  - build the libFuzzer targets (clang) and fuzz each for FUZZ_SECONDS
 #   make layers        - check that #includes only run down the layers (scripts/check_layers.py)
 #   make format-check  - check the tracked C++ files against .clang-format (changes nothing)
@@ -11,6 +11,9 @@
 #   make python        - build the Python module (build/python) and run its tests (tests/python)
 #   make python-install - install the Python module and the ckpt command for /usr/bin/python3 (no index)
 #   make wheel-check   - build the wheel as pip does, install it where only torch and numpy are, use it
+#   make wheels        - self-contained manylinux wheels for each CPython 3.9-3.13 here (wheelhouse/)
+#   make wheels-check  - make wheels, then each wheel used where none of our libraries are
+#   make wheels-smoke  - the cp311 wheel alone, built and checked as wheels-check does (in make test)
 #   make peers         - the torch 2.x peer venv (tests/peers/requirements.txt), once per machine
 #   make vllm-check    - vLLM's load_format="ckpt" end to end (the vLLM venv, tests/vllm/requirements.txt, once per machine)
 #   make gpu-pack      - build-gpu/: what tests/gpu/run.sh needs on a lent GPU machine (docs/benchmarks.md)
@@ -53,6 +56,10 @@ DEB_PACKAGES := cmake ninja-build g++ pkg-config libgtest-dev libgmock-dev libbe
 # What a tensorizer checkout imports under /usr/bin/python3 (bench/python.py --tensorizer DIR); by
 # default the benchmark runs the PyPI tensorizer of the peer venv, which needs none of them.
 BENCH_PACKAGES := python3-boto3 python3-redis python3-libnacl python3-psutil python3-protobuf
+# What make wheels and make wheels-check need beyond DEB_PACKAGES (a Debian root for the chroot).
+WHEEL_PACKAGES := ccache debootstrap
+# The CPython versions make wheels builds for (those found: pyenv's, pythonX.Y, /usr/bin/python3).
+WHEEL_PYTHONS ?= 3.9 3.10 3.11 3.12 3.13
 # libFuzzer and the sanitizer runtimes come with clang; Debian 12 splits them into libclang-rt-14-dev.
 FUZZ_PACKAGES := clang libclang-rt-14-dev
 
@@ -204,6 +211,22 @@ vllm-check: deps peers $(BUILD)/build.ninja
 	CKPT_PYTHONPATH=$(abspath $(BUILD))/python $$(./scripts/install-vllm.sh --path)/bin/python \
 	  -m pytest -q -s tests/vllm
 
+# The self-contained wheels (scripts/build-wheels.sh): auditwheel-repaired, one per CPython.
+wheels: deps
+	@./scripts/install-deps.sh $(WHEEL_PACKAGES)
+	./scripts/build-wheels.sh $(WHEEL_PYTHONS)
+
+# Each wheel used where ckpt's libraries are not (scripts/check-wheels.sh): cp311 in a chroot into
+# a minimal Debian 12 root (debootstrap, cached in ~/.cache/ckpt) and with torch 2.x on the host,
+# the others in a venv of their interpreter with numpy; https from an nginx it starts.
+wheels-check: wheels peers
+	./scripts/check-wheels.sh $(WHEEL_PYTHONS)
+
+# The part of wheels-check that make test runs: the cp311 wheel (Debian's Python), in the chroot
+# and with torch 2.x; .ci/run runs the whole wheels-check after make test.
+wheels-smoke:
+	$(MAKE) --no-print-directory wheels-check WHEEL_PYTHONS=3.11
+
 # The CLI, its shared libraries and the static library, for a GPU machine that has none of our
 # Debian packages (tests/gpu/run.sh runs them there and builds the module against its Python).
 gpu-pack: build
@@ -217,6 +240,7 @@ test: layers format-check build
 	$(MAKE) --no-print-directory asan
 	$(MAKE) --no-print-directory tsan
 	$(MAKE) --no-print-directory fuzz-smoke
+	$(MAKE) --no-print-directory wheels-smoke
 
 clean:
 	rm -rf $(BUILD) $(BUILD_ASAN) $(BUILD_TSAN) $(BUILD_FUZZ) $(DEMO_DIR)

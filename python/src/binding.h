@@ -20,6 +20,15 @@
 
 #include "ckpt/ckpt.h"
 
+#if PY_VERSION_HEX < 0x030A0000
+// Py_NewRef and PySet_CheckExact are CPython 3.10's; pyproject.toml's requires-python is 3.9.
+inline PyObject* Py_NewRef(PyObject* o) {
+  Py_INCREF(o);
+  return o;
+}
+inline bool PySet_CheckExact(PyObject* o) { return Py_IS_TYPE(o, &PySet_Type); }
+#endif
+
 namespace ckpt::py {
 
 namespace pyb = pybind11;

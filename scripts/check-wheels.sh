@@ -1,0 +1,171 @@
+#!/usr/bin/env bash
+# Proves the wheels of scripts/build-wheels.sh (`make wheels-check`) where ckpt's libraries are
+# not: each wheel is installed with pip --no-index into a fresh venv and used by
+# scripts/wheel_smoke.py (ckpt.load of a file torch.save'd outside, ckpt.save to safetensors,
+# `ckpt verify`, `ckpt ls https://...` and ckpt.load of that URL through the bundled libcurl and
+# TLS stack, from an nginx started here with a self-signed certificate).
+#   cp311: in a minimal Debian 12 root (scripts/debian-root.sh: debootstrap minbase with python3,
+#          python3-venv and python3-numpy; no libcurl, libdeflate, ISA-L, libsodium or compiler),
+#          chrooted into inside a mount namespace of its own (the wheel folder and the work folder
+#          bound read-only, /proc, /dev, a tmpfs on /tmp: the root stays as it was), with Debian's
+#          python3 3.11 and numpy 1.24; then on the host with Debian's /usr/bin/python3 and torch
+#          2.x (the torch-only venv of scripts/check-wheel.sh, ~/.cache/ckpt/torch-only-<hash>);
+#   cp39, cp310, cp312, cp313: on the host, a venv of that interpreter (scripts/build-wheels.sh
+#          finds them) that sees numpy only (a cached numpy-only venv per version,
+#          ~/.cache/ckpt/numpy-only-cpXY-<hash>: PyPI's torch 2.x is several GB per version).
+# Usage: scripts/check-wheels.sh [WHEEL | X.Y ...]   (default: every wheelhouse/ckpt_io-*.whl)
+# Needs root (sudo) for the chroot. CKPT_WHEEL_CHROOT=0 skips the chroot.
+set -euo pipefail
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+step() { echo "check-wheels: $*"; }
+fail() { echo "check-wheels: FAILED: $*" >&2; exit 1; }
+cache=${CKPT_PEERS_ROOT:-$HOME/.cache/ckpt}
+SUDO=""
+[ "$(id -u)" -ne 0 ] && SUDO="sudo"
+source "$root/scripts/find-python.sh"
+wheels=()
+for a in "$@"; do  # X.Y: that version's wheel in wheelhouse/ (none needed without that Python)
+  if [[ $a =~ ^3\.[0-9]+$ ]]; then
+    [ -n "$(find_python "$a")" ] || { step "no CPython $a here: skipped"; continue; }
+    wheels+=("$root"/wheelhouse/ckpt_io-*-cp${a/./}-*.whl)
+  else
+    wheels+=("$a")
+  fi
+done
+[ $# -gt 0 ] || wheels=("$root"/wheelhouse/ckpt_io-*.whl)
+for w in "${wheels[@]}"; do [ -f "$w" ] || fail "no wheel $w (make wheels first)"; done
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+
+peers=$("$root/scripts/install-peers.sh")
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/ckpt-wheels-check.XXXXXX")
+nginx_pid=""
+cleanup() {
+  [ -n "$nginx_pid" ] && kill "$nginx_pid" 2>/dev/null && wait "$nginx_pid" 2>/dev/null
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+work=$tmp/work
+mkdir -p "$work" "$tmp/www" "$tmp/nginx"
+chmod 755 "$tmp"
+
+# --- the file, made outside by torch 2.x, and an https server for it -------------------------
+"$peers/bin/python" - "$work" <<'EOF'
+import json, os, sys
+import torch
+work = sys.argv[1]
+g = torch.Generator().manual_seed(0)
+sd = {"w": torch.randn(16, 8, generator=g), "b": torch.arange(8, dtype=torch.int64),
+      "h": torch.randn(3, 5, generator=g).half(), "mask": torch.tensor([True, False, True]),
+      "u8": torch.arange(200, 256, dtype=torch.uint8), "step": 7, "name": "ckpt"}
+torch.save(sd, os.path.join(work, "file.pt"))
+expected = {k: {"dtype": str(v.numpy().dtype), "shape": list(v.shape),
+                "values": v.numpy().ravel().tolist()} if isinstance(v, torch.Tensor) else v
+            for k, v in sd.items()}
+json.dump(expected, open(os.path.join(work, "expected.json"), "w"))
+EOF
+cp "$root/scripts/wheel_smoke.py" "$work/"
+cp "$work/file.pt" "$tmp/www/"
+openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=127.0.0.1 \
+  -addext subjectAltName=IP:127.0.0.1 -keyout "$tmp/nginx/key.pem" -out "$work/cert.pem" \
+  >/dev/null 2>&1
+chmod -R a+rX "$work"
+port=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+user=""
+[ "$(id -u)" = 0 ] && user="user root;"
+cat > "$tmp/nginx/nginx.conf" <<EOF
+$user daemon off; worker_processes 1; pid $tmp/nginx/nginx.pid; error_log $tmp/nginx/error.log;
+events { worker_connections 64; }
+http { access_log off; client_body_temp_path $tmp/nginx; proxy_temp_path $tmp/nginx;
+  fastcgi_temp_path $tmp/nginx; uwsgi_temp_path $tmp/nginx; scgi_temp_path $tmp/nginx;
+  server { listen 127.0.0.1:$port ssl; root $tmp/www;
+           ssl_certificate $work/cert.pem; ssl_certificate_key $tmp/nginx/key.pem; } }
+EOF
+/usr/sbin/nginx -c "$tmp/nginx/nginx.conf" -p "$tmp/nginx" -e "$tmp/nginx/error.log" &
+nginx_pid=$!
+for _ in $(seq 100); do
+  (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
+  sleep 0.1
+done
+url=https://127.0.0.1:$port/file.pt
+step "file.pt made by torch $("$peers/bin/python" -c 'import torch; print(torch.__version__)'), served at $url"
+
+# --- cp311 in a Debian 12 root that has none of ckpt's libraries -----------------------------
+chroot_check() {  # $1: the wheel
+  local whl=$1 droot
+  droot=$("$root/scripts/debian-root.sh")
+  # (python3 itself needs libssl3: the checks below see that ckpt maps its own copy)
+  for lib in libcurl libdeflate libisal libsodium; do
+    ! ls "$droot"/usr/lib/x86_64-linux-gnu/"$lib"* >/dev/null 2>&1 ||
+      fail "the Debian root has $lib: it would not prove the wheel self-contained"
+  done
+  step "$(basename "$whl"): in a chroot ($droot: Debian 12 minbase, python3, python3-numpy)"
+  # A mount namespace of its own: the mounts end with it, the cached root is not changed.
+  $SUDO unshare --mount --propagation private /bin/bash -s "$droot" "$(dirname "$whl")" \
+    "$work" "$(basename "$whl")" "$url" <<'EOF'
+set -euo pipefail
+droot=$1 wheels=$2 work=$3 whl=$4 url=$5
+mount -t tmpfs tmpfs "$droot/tmp"
+mkdir -p "$droot/tmp/wheels" "$droot/tmp/work"
+for pair in "$wheels:$droot/tmp/wheels" "$work:$droot/tmp/work"; do
+  mount --bind "${pair%%:*}" "${pair#*:}"
+  mount -o remount,bind,ro "${pair#*:}"
+done
+mount -t proc proc "$droot/proc"
+mount --bind /dev "$droot/dev"
+chroot "$droot" /usr/bin/env -i PATH=/usr/bin:/bin HOME=/tmp LANG=C.UTF-8 /bin/bash -euc '
+  python3 -m venv --system-site-packages /tmp/venv
+  /tmp/venv/bin/python -m pip install -q --no-index "/tmp/wheels/$1"
+  mkdir /tmp/out && cd /tmp/out
+  /tmp/venv/bin/python /tmp/work/wheel_smoke.py /tmp/work "$2" /tmp/out' - "$whl" "$url"
+EOF
+}
+
+# --- on the host: a fresh venv of the wheel's interpreter that sees one extra site folder ------
+host_check() {  # $1: the wheel, $2: the interpreter, $3: a site-packages folder to see, $4: what
+  local whl=$1 py=$2 extra=$3 venv=$tmp/venv site
+  rm -rf "$venv" "$tmp/out"
+  step "$(basename "$whl"): on the host, $py with $4"
+  "$py" -m venv "$venv"
+  site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
+  echo "import site; site.addsitedir('$extra')" > "$site/extra.pth"
+  "$venv/bin/python" -m pip install -q --no-index --no-deps "$whl"
+  mkdir "$tmp/out"
+  (cd "$tmp/out" && env -u PYTHONPATH -u CKPT_PYTHONPATH "$venv/bin/python" \
+    "$work/wheel_smoke.py" "$work" "$url" "$tmp/out")
+}
+
+numpy_pin() {  # the newest numpy for a CPython X.Y
+  case $1 in 3.9) echo 2.0.2 ;; 3.10) echo 2.2.6 ;; *) echo 2.4.6 ;; esac
+}
+numpy_only() {  # $1: X.Y, $2: interpreter; prints the site-packages of a cached numpy-only venv
+  local pin venv
+  pin=$(numpy_pin "$1")
+  venv=$cache/numpy-only-cp${1/./}-$(echo "numpy==$pin" | sha256sum | cut -c1-16)
+  if [ ! -f "$venv/.complete" ]; then
+    rm -rf "$venv.tmp"
+    "$2" -m venv "$venv.tmp" >&2
+    "$venv.tmp/bin/python" -m pip install -q "numpy==$pin" >&2
+    mv "$venv.tmp" "$venv"  # only site-packages is used (by path), so the rename is harmless
+    touch "$venv/.complete"
+  fi
+  "$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))'
+}
+
+for whl in "${wheels[@]}"; do
+  tag=$(basename "$whl" | sed 's/.*-\(cp3[0-9]*\)-cp3.*/\1/')
+  v=3.${tag#cp3}
+  if [ "$tag" = cp311 ]; then
+    [ "${CKPT_WHEEL_CHROOT:-1}" = 0 ] || chroot_check "$whl"
+    grep -E '^(torch|numpy)==' "$root/tests/peers/requirements.txt" > "$tmp/torch-only.txt"
+    torch_only=$("$root/scripts/install-peers.sh" "$tmp/torch-only.txt" torch-only)
+    host_check "$whl" /usr/bin/python3 \
+      "$("$torch_only/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" \
+      "torch 2.x ($torch_only)"
+  else
+    py=$(find_python "$v")
+    [ -n "$py" ] || fail "no CPython $v here for $(basename "$whl")"
+    host_check "$whl" "$py" "$(numpy_only "$v" "$py")" "numpy $(numpy_pin "$v") only"
+  fi
+done
+step "OK: ${#wheels[@]} wheels"
