@@ -146,9 +146,9 @@ interop-asan: peers
 tsan: deps
 	cmake -S . -B $(BUILD_TSAN) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCKPT_TSAN=ON
 	cmake --build $(BUILD_TSAN) -j $(JOBS) --target $(TSAN_TESTS:%=%_tests)
-	for t in $(TSAN_TESTS); do \
+	for t in $(TSAN_TESTS); do (cd $(BUILD_TSAN) && \
 	  TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
-	    $(BUILD_TSAN)/$${t}_tests --gtest_filter='$(TSAN_FILTER)' || exit 1; done
+	    ./$${t}_tests --gtest_filter='$(TSAN_FILTER)') || exit 1; done
 
 fuzz-build:
 	@./scripts/install-deps.sh $(DEB_PACKAGES) $(FUZZ_PACKAGES)
