@@ -8,13 +8,18 @@
 #include <numeric>
 
 namespace ckpt::internal {
-namespace {
 
 std::string dims(const std::vector<int64_t>& v) {
   std::string s = "[";
   for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
   return s + "]";
 }
+
+std::string join(const std::string& dir, const std::string& name) {
+  return !dir.empty() && dir.back() == '/' ? dir + name : dir + "/" + name;
+}
+
+namespace {
 
 bool meet(const DcpChunk& a, const DcpChunk& b, size_t d) {
   return a.offsets[d] < b.offsets[d] + b.sizes[d] && b.offsets[d] < a.offsets[d] + a.sizes[d];

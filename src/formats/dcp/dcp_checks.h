@@ -14,6 +14,12 @@
 
 namespace ckpt::internal {
 
+// "[1, 2, 3]": a shape or offsets, for messages.
+std::string dims(const std::vector<int64_t>& v);
+
+// dir/name (one slash).
+std::string join(const std::string& dir, const std::string& name);
+
 // Throws the error for a fault of chunk `chunk` of the tensor (null: of the tensor as a whole).
 using ChunkFail = std::function<void(ErrorCode, const std::string& what, const DcpChunk* chunk)>;
 

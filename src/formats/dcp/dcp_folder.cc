@@ -13,21 +13,12 @@
 
 #include "ckpt/error.h"
 #include "ckpt/remote.h"
+#include "formats/dcp/dcp_checks.h"
 #include "formats/open.h"
 #include "io/inside.h"
 
 namespace ckpt::internal {
 namespace {
-
-std::string join(const std::string& dir, const std::string& name) {
-  return !dir.empty() && dir.back() == '/' ? dir + name : dir + "/" + name;
-}
-
-std::string dims(const std::vector<int64_t>& v) {
-  std::string s = "[";
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
-  return s + "]";
-}
 
 bool exists(const std::string& path) {
   struct stat st {};
