@@ -17,24 +17,37 @@ import collections
 import gc
 import io
 import os
-import pickle
 import sys
 import threading
 
 from . import _build, _ckpt, _script, _tree
-from ._load_into import load_into
 from ._build import Builder, backend
 from ._build import untyped_storage as _untyped_storage
-from ._errors import (AuthError, CorruptError, Error, ForbiddenGlobalError, InvalidArgumentError,
+from ._errors import (AuthError, CorruptError, Error, InvalidArgumentError,
                       IoError, LimitExceededError, NotACheckpointDirError, NotFoundError,
                       TruncatedError, UnsupportedError, error)
 from ._save import _key, _Progress, load_model, save, save_file, save_model
 from ._tree import Global, Opaque, OpaqueDict
-from . import _ranks
-from ._ranks import Box, RankError, Replicate, Shard
 
 # Large checkpoints are freed on a background thread (python/src/reaper.cc); wait for them at exit.
 atexit.register(_ckpt.drain_reaped)
+
+# Loaded on first use (PEP 562), not at `import ckpt`: loading across ranks and in place, and
+# the refusal that is also a pickle.UnpicklingError (it needs the pickle module).
+_LAZY = {"ForbiddenGlobalError": "_errors", "Box": "_ranks", "RankError": "_ranks",
+         "Replicate": "_ranks", "Shard": "_ranks", "load_into": "_load_into"}
+
+
+def __getattr__(name):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'ckpt' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module("." + module, __name__), name)
+    globals()[name] = value
+    return value
+
 
 __version__ = "0.1.0"
 __all__ = [
@@ -193,7 +206,7 @@ _ENCODINGS = ("utf-8", "utf8", "ascii")
 def _torch_load_args(pickle_module, encoding):
     """torch.load's pickle_module= and encoding=: accepted where ckpt does what torch does,
     refused by name otherwise (ckpt.InvalidArgumentError)."""
-    if pickle_module is not None and pickle_module is not pickle:
+    if pickle_module is not None and pickle_module is not sys.modules.get("pickle"):
         name = getattr(pickle_module, "__name__", type(pickle_module).__name__)
         raise error(InvalidArgumentError, f"pickle_module={name}: ckpt reads pickles itself and "
                     "never runs a pickle module (pass None or pickle)")
@@ -317,6 +330,8 @@ def load(f, map_location="cpu", pickle_module=None, *, weights_only=None, mmap=N
     source = _source(f)
     if plan is not None or group is not None:
         ck = _open_source(source, strict, key, password, mmap=False)
+        from . import _ranks
+
         return _ranks.load(ck, plan, group, _device(map_location, "torch"), verify, timeout,
                            exchange_budget)
     fw = _framework(None)

@@ -7,7 +7,7 @@ InvalidArgumentError and LimitExceededError ValueErrors, UnsupportedError a NotI
 """
 
 import errno as _errno
-import pickle as _pickle
+import threading
 
 __all__ = [
     "Error", "IoError", "NotFoundError", "TruncatedError", "CorruptError", "UnsupportedError",
@@ -79,10 +79,33 @@ class UnsupportedError(Error, NotImplementedError):
     code = "unsupported"
 
 
-class ForbiddenGlobalError(UnsupportedError, _pickle.UnpicklingError):
-    """strict=True (weights_only=True) met a class or function outside torch's weights_only
-    list. Also a pickle.UnpicklingError, as torch.load(weights_only=True) raises, so code that
-    falls back to a full load on ``except pickle.UnpicklingError`` catches it."""
+_forbidden_lock = threading.Lock()
+
+
+def _forbidden_global_error():
+    """ForbiddenGlobalError, made on first use: its base pickle.UnpicklingError needs the pickle
+    module, which `import ckpt` does not import."""
+    with _forbidden_lock:  # one class, whichever thread makes it
+        cls = globals().get("ForbiddenGlobalError")
+        if cls is not None:
+            return cls
+        import pickle
+
+        class ForbiddenGlobalError(UnsupportedError, pickle.UnpicklingError):
+            """strict=True (weights_only=True) met a class or function outside torch's
+            weights_only list. Also a pickle.UnpicklingError, as torch.load(weights_only=True)
+            raises, so code that falls back to a full load on ``except pickle.UnpicklingError``
+            catches it."""
+
+        ForbiddenGlobalError.__qualname__ = "ForbiddenGlobalError"
+        globals()["ForbiddenGlobalError"] = ForbiddenGlobalError
+        return ForbiddenGlobalError
+
+
+def __getattr__(name):
+    if name == "ForbiddenGlobalError":
+        return _forbidden_global_error()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class LimitExceededError(Error, ValueError):
@@ -117,7 +140,7 @@ def class_for(code, message=""):
     unpickler's "global 'm.n' is not allowed") and a folder that is not a checkpoint ("is a
     directory") by their messages."""
     if code == "unsupported" and message.startswith("global '") and "is not allowed" in message:
-        return ForbiddenGlobalError
+        return _forbidden_global_error()
     if code == "invalid_argument" and message.startswith("is a directory"):
         return NotACheckpointDirError
     return _BY_CODE.get(code, Error)

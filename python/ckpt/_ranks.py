@@ -5,8 +5,6 @@ only this rank's bytes; for Replicate tensors each rank of the group reads 1/n o
 and torch.distributed's all-gather assembles the rest, so the group reads every byte once.
 """
 
-import datetime
-
 from . import _ckpt
 from ._errors import IoError, InvalidArgumentError, error
 
@@ -128,6 +126,8 @@ def _gatherer(dist, torch, group, world, timeout, failure):
     """fn(mine, all): all-gather of equal byte buffers over the group (NCCL: through the
     device; gloo and others: CPU tensors), waiting at most `timeout` seconds."""
     nccl = dist.get_backend(group) == "nccl"
+    import datetime  # here, not at `import ckpt`
+
     wait = datetime.timedelta(seconds=timeout) if timeout else None
 
     def gather(mine, all_):

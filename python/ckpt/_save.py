@@ -2,7 +2,6 @@
 (python/src/save.cc), each writer's options as keywords; and the progress= argument."""
 
 import collections
-import contextlib
 import io
 import os
 import sys
@@ -66,17 +65,24 @@ class _Progress:
 
 # --- saving ---------------------------------------------------------------------------------
 
-@contextlib.contextmanager
-def _naming_file(path, replacing=""):
+class _naming_file:
     """A ckpt.Error raised inside that names no file (a value that cannot be saved) is raised
-    naming ``path`` (and one naming ``replacing``, a temporary file, names ``path`` instead)."""
-    try:
-        yield
-    except Error as e:
-        named = with_source(e, path, replacing)
+    naming ``path`` (and one naming ``replacing``, a temporary file, names ``path`` instead).
+    A class, not contextlib's decorator: contextlib is not imported at `import ckpt`."""
+
+    def __init__(self, path, replacing=""):
+        self._path, self._replacing = path, replacing
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, e, tb):
+        if e is None or not isinstance(e, Error):
+            return False
+        named = with_source(e, self._path, self._replacing)
         if named is None:
-            raise
-        raise named.with_traceback(e.__traceback__) from None
+            return False
+        raise named.with_traceback(tb) from None
 
 
 def _file_object_name(f):

@@ -134,3 +134,25 @@ def test_rename_failure_keeps_the_old_set(ckpt, models, tmp_path):
     assert which_model(str(out) + ".index.json", tensors) == "a"
     shutil.rmtree(blocker)
     assert sorted(os.listdir(tmp_path)) == before
+
+
+def test_a_shard_that_cannot_be_replaced_leaves_a_whole_set(ckpt, models, tmp_path):
+    """The same shard names, and the old set's 10th shard cannot be replaced (immutable:
+    `chattr +i`, so a rename over it fails with EPERM) once earlier shards have been. The set
+    on disk is then A's or B's whole, and it loads: never A's index over a mix, or over shards
+    that were removed."""
+    d, tensors = models
+    out = tmp_path / "model.safetensors"
+    index = str(out) + ".index.json"
+    ckpt.ok("convert", d / "a.safetensors", out, "--max-shard-size", SHARD)
+    pinned = tmp_path / f"model-00010-of-{TENSORS:05d}.safetensors"
+    assert pinned.is_file()
+    if subprocess.run(["chattr", "+i", str(pinned)], capture_output=True).returncode != 0:
+        pytest.skip("chattr +i is not available here (needs root and a file system with flags)")
+    try:
+        ckpt.run("convert", d / "b.safetensors", out, "--max-shard-size", SHARD)
+        assert which_model(index, tensors) in ("a", "b")
+        r = ckpt.run("load", index)
+        assert r.returncode == 0, r.stderr
+    finally:
+        subprocess.run(["chattr", "-i", str(pinned)])

@@ -185,3 +185,21 @@ def test_namespace_state_with_dunder_is_a_ckpt_error(tmp_path):
     with pytest.raises(ckpt.Error) as e:
         ckpt.load(p)
     assert "__class__" in str(e.value)
+
+
+def test_import_ckpt_leaves_the_rest_for_first_use():
+    """`import ckpt` imports neither pickle (ForbiddenGlobalError's base: the class is made on
+    first use, and is then still a pickle.UnpicklingError) nor the modules of loading across
+    ranks and in place."""
+    code = ("import sys, ckpt\n"
+            "late = {'pickle', '_pickle', 'datetime', 'contextlib', 'ckpt._ranks',"
+            " 'ckpt._load_into'} & set(sys.modules)\n"
+            "assert not late, late\n"
+            "import pickle\n"
+            "assert issubclass(ckpt.ForbiddenGlobalError, pickle.UnpicklingError)\n"
+            "assert ckpt.ForbiddenGlobalError is ckpt._errors.class_for("
+            "'unsupported', \"global 'os.system' is not allowed\")\n"
+            "assert ckpt.Shard(0).dim == 0 and callable(ckpt.load_into)\n")
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(ckpt.__file__)))
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
