@@ -309,6 +309,39 @@ std::string_view trimmed(std::string_view s) {
 constexpr const char* kSmall[] = {".data/version",      "version",   ".format_version",
                                   ".storage_alignment", "byteorder", ".data/serialization_id"};
 
+// The facts of the tensor whose storage's bytes start at `at` in the item: a non-empty,
+// contiguous tensor whose elements lie inside its storage (what finalize() checks), else nullopt.
+std::optional<DcpChunkFacts> tensor_facts(ChunkTensor t, uint64_t at) {
+  const uint64_t elsize = dtype_size(t.dtype);
+  TensorInfo ti;
+  ti.dtype = t.dtype;
+  ti.shape = std::move(t.shape);
+  ti.strides = std::move(t.strides);
+  ti.storage_offset = t.offset;
+  uint64_t numel = 1;
+  for (int64_t s : ti.shape) {
+    const std::optional<uint64_t> m = checked_mul(numel, static_cast<uint64_t>(s));
+    if (!m) return std::nullopt;
+    numel = *m;
+  }
+  if (numel == 0 || !ti.is_contiguous()) return std::nullopt;
+  for (size_t d = 0; d < ti.shape.size(); ++d)
+    if (ti.shape[d] > 1 &&
+        !checked_mul(static_cast<uint64_t>(ti.shape[d] - 1), static_cast<uint64_t>(ti.strides[d])))
+      return std::nullopt;
+  const std::optional<uint64_t> end_elem = checked_add(static_cast<uint64_t>(t.offset), numel);
+  if (!end_elem || *end_elem > t.storage_numel) return std::nullopt;
+
+  DcpChunkFacts o;
+  o.one_tensor = true;
+  o.dtype = ti.dtype;
+  o.raw = true;
+  o.offset = at + static_cast<uint64_t>(t.offset) * elsize;
+  o.nbytes = numel * elsize;
+  o.shape = std::move(ti.shape);
+  return o;
+}
+
 std::optional<DcpChunkFacts> read_item(const SourcePtr& item, const OpenOptions& options) {
   const Limits& lim = options.limits;
   // Room for what a chunk's item makes, far inside every limit open_model applies.
@@ -360,35 +393,7 @@ std::optional<DcpChunkFacts> read_item(const SourcePtr& item, const OpenOptions&
     return std::nullopt;
   const uint64_t at = zip.data_offset(*rec);
   if (at > item->size() || re.size > item->size() - at) return std::nullopt;
-
-  TensorInfo ti;
-  ti.dtype = t.dtype;
-  ti.shape = std::move(t.shape);
-  ti.strides = std::move(t.strides);
-  ti.storage_offset = t.offset;
-  // Non-empty and contiguous, its elements inside the storage (what finalize() checks).
-  uint64_t numel = 1;
-  for (int64_t s : ti.shape) {
-    const std::optional<uint64_t> m = checked_mul(numel, static_cast<uint64_t>(s));
-    if (!m) return std::nullopt;
-    numel = *m;
-  }
-  if (numel == 0 || !ti.is_contiguous()) return std::nullopt;
-  for (size_t d = 0; d < ti.shape.size(); ++d)
-    if (ti.shape[d] > 1 &&
-        !checked_mul(static_cast<uint64_t>(ti.shape[d] - 1), static_cast<uint64_t>(ti.strides[d])))
-      return std::nullopt;
-  const std::optional<uint64_t> end_elem = checked_add(static_cast<uint64_t>(t.offset), numel);
-  if (!end_elem || *end_elem > t.storage_numel) return std::nullopt;
-
-  DcpChunkFacts o;
-  o.one_tensor = true;
-  o.dtype = ti.dtype;
-  o.raw = true;
-  o.offset = at + static_cast<uint64_t>(t.offset) * elsize;
-  o.nbytes = numel * elsize;
-  o.shape = std::move(ti.shape);
-  return o;
+  return tensor_facts(std::move(t), at);
 }
 
 }  // namespace
