@@ -52,6 +52,12 @@ def torch_seeds(out):
         data = buf.getvalue()
         write(out, "torch", name + ".pt", data)
         write(out, "zip_reader", name + ".pt", data)
+        if name in ("param", "module"):  # single tensors, as a DCP chunk's item holds one
+            for key, t in obj.items():
+                if isinstance(t, torch.Tensor) and t.numel():
+                    one = io.BytesIO()
+                    torch.save(t.detach(), one)
+                    write(out, "dcp_chunk", f"{name}_{key}.pt", one.getvalue())
         with zipfile.ZipFile(io.BytesIO(data)) as z:
             pkl = [n for n in z.namelist() if n.endswith("data.pkl")][0]
             write(out, "pickle", name + ".pkl", z.read(pkl))

@@ -27,7 +27,6 @@ struct DcpPiece {
   bool whole = false;
   uint64_t dst_offset = 0;
   std::vector<int64_t> shape, offsets, sizes;
-  std::string fqn;  // names the piece in errors
 };
 
 struct DcpLayout {

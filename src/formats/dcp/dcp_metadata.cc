@@ -7,7 +7,6 @@
 #include "formats/dcp/dcp_metadata.h"
 
 #include <algorithm>
-#include <set>
 #include <string_view>
 #include <unordered_map>
 #include <unordered_set>
@@ -52,18 +51,21 @@ bool known_global(const std::string& m, const std::string& n) {
 // torch itself writes gaps (an empty dict in a list leaves no key), so only its cost is bounded.
 class PathTree {
  public:
-  explicit PathTree(uint64_t objects) : budget_(objects) {}
+  explicit PathTree(uint64_t objects) : budget_(objects) { list_len_.push_back(0); }
 
-  // False when the path's objects would exceed the budget.
+  // False when the path's objects would exceed the budget. The steps' strings must outlive the
+  // tree (they are the path Values the entries keep).
   bool add(const std::vector<ValuePtr>& path) {
     uint32_t node = 0;  // the root dict
     for (const ValuePtr& step : path) {
-      key_.assign(reinterpret_cast<const char*>(&node), sizeof node);
       const bool index = step->kind() == Value::Kind::kInt;
-      key_ += index ? 'i' : 's';
-      key_ += index ? std::to_string(step->as_int()) : step->str();
-      auto [it, fresh] = children_.try_emplace(key_, static_cast<uint32_t>(children_.size() + 1));
-      if (fresh && !spend(1)) return false;
+      const Step key{node, index, index ? step->as_int() : 0,
+                     index ? std::string_view() : std::string_view(step->str())};
+      auto [it, fresh] = children_.try_emplace(key, static_cast<uint32_t>(list_len_.size()));
+      if (fresh) {
+        if (!spend(1)) return false;
+        list_len_.push_back(0);
+      }
       if (index) {
         uint64_t& len = list_len_[node];
         const uint64_t want = static_cast<uint64_t>(step->as_int()) + 1;
@@ -76,15 +78,32 @@ class PathTree {
   }
 
  private:
+  // A step from node `parent`: a list index, or a dict key (a view of the step's string).
+  struct Step {
+    uint32_t parent;
+    bool index;
+    int64_t i;
+    std::string_view s;
+    bool operator==(const Step& o) const {
+      return parent == o.parent && index == o.index && i == o.i && s == o.s;
+    }
+  };
+  struct StepHash {
+    size_t operator()(const Step& k) const noexcept {
+      const uint64_t h = k.index ? static_cast<uint64_t>(k.i) * 0x9e3779b97f4a7c15ull
+                                 : std::hash<std::string_view>{}(k.s);
+      return static_cast<size_t>(
+          (h ^ (uint64_t{k.parent} << 1 | k.index)) * 0xff51afd7ed558ccdull >> 7);
+    }
+  };
   bool spend(uint64_t n) {
     if (n > budget_) return false;
     budget_ -= n;
     return true;
   }
   uint64_t budget_;
-  std::string key_;
-  std::unordered_map<std::string, uint32_t> children_;  // (parent, step) -> node
-  std::unordered_map<uint32_t, uint64_t> list_len_;     // node -> its length as a list
+  std::unordered_map<Step, uint32_t, StepHash> children_;  // (parent, step) -> node
+  std::vector<uint64_t> list_len_;                         // per node: its length as a list
 };
 
 // Reads the Metadata object in the unpickler's heap (pickle/heap.h) field by field: no Value tree
@@ -333,12 +352,13 @@ class Reader {
     if (n > limits_.max_tensors)
       fail(ErrorCode::kLimitExceeded, std::to_string(n) + " storage items (limit " +
                                           std::to_string(limits_.max_tensors) + ")");
-    std::set<std::pair<std::string_view, const std::vector<int64_t>*>, ItemLess> items;
+    std::unordered_set<DcpItemKey, DcpItemKeyHash> items;
+    items.reserve(n);
     md.storage.reserve(n);
     for (size_t i = 0; i < n; ++i) {
       md.storage.push_back(storage(h_.items(sd)[2 * i], h_.items(sd)[2 * i + 1]));
       const DcpStorage& s = md.storage.back();
-      if (!items.emplace(s.fqn, &s.chunk_offsets).second)
+      if (!items.insert(DcpItemKey{s.fqn, s.chunk_offsets}).second)
         fail(ErrorCode::kCorrupt,
              "storage_data lists the item at chunk offsets " + offsets_text(s.chunk_offsets) +
                  " twice",
@@ -393,13 +413,6 @@ class Reader {
     for (size_t i = 0; i < o.size(); ++i) s += (i ? ", " : "") + std::to_string(o[i]);
     return s + "]";
   }
-  struct ItemLess {
-    using Key = std::pair<std::string_view, const std::vector<int64_t>*>;
-    bool operator()(const Key& a, const Key& b) const {
-      if (a.first != b.first) return a.first < b.first;
-      return *a.second < *b.second;
-    }
-  };
 
  private:
   using Kind = Value::Kind;

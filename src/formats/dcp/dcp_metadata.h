@@ -10,10 +10,13 @@
 //
 // Thread-safety: a plain function over its arguments; the result is a value.
 
+#include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ckpt/dtype.h"
@@ -50,6 +53,24 @@ struct DcpStorage {
   uint64_t length = 0;                 // how many bytes
   bool transformed = false;            // transform_descriptors present (compression, ...)
   std::string transforms;              // their names, for the refusal
+};
+
+// A storage item's key as MetadataIndex gives it, (fqn, chunk offsets), as views: for hashed
+// lookups and duplicate checks over a DcpMetadata that no longer changes.
+struct DcpItemKey {
+  std::string_view fqn;
+  std::span<const int64_t> offsets;
+  bool operator==(const DcpItemKey& o) const {
+    return fqn == o.fqn &&
+           std::equal(offsets.begin(), offsets.end(), o.offsets.begin(), o.offsets.end());
+  }
+};
+struct DcpItemKeyHash {
+  size_t operator()(const DcpItemKey& k) const noexcept {
+    uint64_t h = std::hash<std::string_view>{}(k.fqn);
+    for (int64_t o : k.offsets) h = (h ^ static_cast<uint64_t>(o)) * 0x9e3779b97f4a7c15ull;
+    return static_cast<size_t>(h ^ (h >> 29));
+  }
 };
 
 struct DcpMetadata {

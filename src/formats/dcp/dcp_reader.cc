@@ -14,11 +14,14 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <span>
+#include <string_view>
 #include <thread>
 #include <unordered_map>
 
 #include "ckpt/remote.h"
 #include "formats/dcp/dcp_checks.h"
+#include "formats/dcp/dcp_chunk.h"
 #include "formats/dcp/dcp_files.h"
 #include "formats/dcp/dcp_folder.h"
 #include "formats/dcp/dcp_layout.h"
@@ -42,39 +45,12 @@ bool plain_name(const std::string& n) {
 constexpr uint64_t kSmallItem = 64 << 10;
 
 // An item, opened. A bytes item keeps its model (its value and tensors join the folder's); a
-// tensor chunk keeps only what build() checks and places, its model freed by the thread that
-// opened it (400,000 models kept to the end were most of the memory of opening such a folder).
-struct Opened {
+// tensor chunk keeps only what build() checks and places (formats/dcp/dcp_chunk.h), read
+// directly from the item or from its model, which the thread that opened it frees (400,000
+// models kept to the end were most of the memory of opening such a folder).
+struct Opened : DcpChunkFacts {
   std::shared_ptr<CheckpointModel> blob;  // a bytes item: the item's torch.save, opened
-  // A tensor chunk:
-  bool one_tensor = false;  // its root is one tensor of the model
-  std::string root;         // else: the root's text, for the refusal
-  DType dtype = DType::kFloat32;
-  std::vector<int64_t> shape;
-  bool raw = false;     // contiguous raw bytes in native order, in the file
-  uint64_t offset = 0;  // raw: where its bytes start, from the item's start
-  uint64_t nbytes = 0;
 };
-
-Opened chunk_facts(const CheckpointModel& b) {
-  Opened o;
-  const ValuePtr& r = b.root;
-  o.one_tensor = r && r->kind() == Value::Kind::kTensor && r->tensor_index() < b.tensors.size();
-  if (!o.one_tensor) {
-    o.root = r ? r->repr(40) : std::string("nothing");
-    return o;
-  }
-  const TensorInfo& t = b.tensors[r->tensor_index()];
-  const StorageInfo& bs = b.storages[t.storage];
-  o.dtype = t.dtype;
-  o.shape = t.shape;
-  o.raw = t.is_contiguous() && !bs.meta && b.kind(t.storage) == StorageKind::kRaw && !bs.byteswap;
-  if (o.raw) {
-    o.offset = bs.offset + t.byte_offset();
-    o.nbytes = t.nbytes();
-  }
-  return o;
-}
 
 // How the folder was written, for `info`.
 std::string layout_name(DcpFolderKind kind, bool blobs) {
@@ -84,6 +60,9 @@ std::string layout_name(DcpFolderKind kind, bool blobs) {
   if (kind != DcpFolderKind::kHfShards) s += blobs ? ", safetensors items" : ", torch.save items";
   return s;
 }
+
+// The chunk offsets older writers key a bytes item by.
+constexpr int64_t kOffsetZero[1] = {0};
 
 class Opener {
  public:
@@ -129,6 +108,7 @@ class Opener {
   // The storage items by (fqn, chunk offsets); each data file opened once, in first-use order.
   void index_storage() {
     std::map<std::string, uint32_t> file_of;
+    by_key_.reserve(md_.storage.size());
     for (size_t i = 0; i < md_.storage.size(); ++i) {
       const DcpStorage& s = md_.storage[i];
       if (!plain_name(s.relative_path))
@@ -162,15 +142,15 @@ class Opener {
              "the item is stored through transforms (" + s.transforms +
                  "); only plain torch.save items are read",
              src.name(), s.fqn, s.offset);
-      if (!by_key_.emplace(std::make_pair(s.fqn, s.chunk_offsets), i).second)
+      if (!by_key_.try_emplace(DcpItemKey{s.fqn, s.chunk_offsets}, i).second)
         fail(ErrorCode::kCorrupt, "two storage items for offsets " + dims(s.chunk_offsets),
              src.name(), s.fqn, s.offset);
     }
   }
 
-  const DcpStorage* item(const std::string& fqn, const std::vector<int64_t>& offsets,
+  const DcpStorage* item(std::string_view fqn, std::span<const int64_t> offsets,
                          size_t* index = nullptr) const {
-    auto it = by_key_.find({fqn, offsets});
+    auto it = by_key_.find(DcpItemKey{fqn, offsets});
     if (it == by_key_.end()) return nullptr;
     if (index) *index = it->second;
     return &md_.storage[it->second];
@@ -266,7 +246,8 @@ class Opener {
     const std::vector<int64_t> none;
     size_t i = 0;
     const DcpStorage* s = item(j.entry->fqn, j.chunk ? j.chunk->offsets : none, &i);
-    if (!s && !j.chunk) s = item(j.entry->fqn, {0}, &i);  // older writers key bytes by offset 0
+    if (!s && !j.chunk)
+      s = item(j.entry->fqn, kOffsetZero, &i);  // older writers key bytes by offset 0
     if (!s)
       fail(ErrorCode::kCorrupt,
            j.chunk ? "the chunk at " + dims(j.chunk->offsets) + " has no storage item"
@@ -289,10 +270,19 @@ class Opener {
         layout_->sources[f]->read_into(s->offset, head);
       }
       if (std::memcmp(head, "PK\x03\x04", 4) != 0) return blob_item(*j.entry, *j.chunk, i);
+      if (std::optional<DcpChunkFacts> facts = read_chunk_item(w, options_)) {
+        Opened o;
+        static_cast<DcpChunkFacts&>(o) = std::move(*facts);
+        return o;
+      }
     }
     try {
       std::shared_ptr<CheckpointModel> m = open_model(w, options_);
-      if (j.chunk) return chunk_facts(*m);
+      if (j.chunk) {
+        Opened o;
+        static_cast<DcpChunkFacts&>(o) = chunk_facts(*m);
+        return o;
+      }
       Opened o;
       o.blob = std::move(m);
       return o;
@@ -399,7 +389,8 @@ class Opener {
   std::shared_ptr<DcpLayout> layout_;
   std::string meta_name_;
   DcpMetadata md_;
-  std::map<std::pair<std::string, std::vector<int64_t>>, size_t> by_key_;
+  // The storage items by (fqn, chunk offsets): views into md_.storage, which no longer changes.
+  std::unordered_map<DcpItemKey, size_t, DcpItemKeyHash> by_key_;
   std::vector<uint32_t> item_file_;  // per storage item: its data file
   // Per storage item in a safetensors blob: the bytes of its tensor (offset, length in the file).
   mutable std::vector<std::optional<std::pair<uint64_t, uint64_t>>> ranges_;
@@ -410,18 +401,29 @@ class Opener {
   mutable std::map<const CheckpointModel*, nlohmann::json> sharding_;
   std::vector<Job> jobs_;
   std::vector<Opened> opened_;
-  // The entries of each dict place() walks: key text -> entry number. A dict's entries only grow
-  // while the tree is built, and a dict is indexed from its own entries the first time it is met
-  // (a bytes item's value may bring some), so a lookup costs O(1), not a scan per key.
-  mutable std::unordered_map<const Value*, std::unordered_map<std::string, size_t>> dict_index_;
+  // The entries of each dict place() walks: key -> entry number, string keys (views of the key
+  // Values the dict holds) apart from int keys. A dict's entries only grow while the tree is
+  // built, and a dict is indexed from its own entries the first time it is met (a bytes item's
+  // value may bring some), so a lookup costs O(1), not a scan per key.
+  struct DictIndex {
+    std::unordered_map<std::string_view, size_t> strings;
+    std::unordered_map<int64_t, size_t> ints;
+    // The entry of key k (string or int), added as entry `next` when new: (entry, added).
+    std::pair<size_t, bool> find_or_add(const Value& k, size_t next) {
+      if (k.kind() == Value::Kind::kString) {
+        auto r = strings.try_emplace(k.str(), next);
+        return {r.first->second, r.second};
+      }
+      auto r = ints.try_emplace(k.as_int(), next);
+      return {r.first->second, r.second};
+    }
+  };
+  mutable std::unordered_map<const Value*, DictIndex> dict_index_;
 };
 
 namespace {
-// A dict key as text for dict_index_ ("s" + a string, "i" + an int); nullopt for other kinds.
-std::optional<std::string> key_text(const Value& k) {
-  if (k.kind() == Value::Kind::kString) return "s" + k.str();
-  if (k.kind() == Value::Kind::kInt) return "i" + std::to_string(k.as_int());
-  return std::nullopt;
+bool string_or_int(const Value& k) {
+  return k.kind() == Value::Kind::kString || k.kind() == Value::Kind::kInt;
 }
 }  // namespace
 
@@ -434,18 +436,17 @@ void Opener::place(const ValuePtr& root, const DcpEntry& e, ValuePtr v) const {
   }
   auto slot = [&](const ValuePtr& cur, const ValuePtr& key, bool create_list) -> ValuePtr* {
     if (cur->is_dict()) {
-      std::optional<std::string> text = key_text(*key);
-      if (!text)
+      if (!string_or_int(*key))
         fail(ErrorCode::kCorrupt,
              "planner_data's path holds a key that is neither a string nor an int", {}, e.fqn);
       auto [pos, first_visit] = dict_index_.try_emplace(cur.get());
-      auto& index = pos->second;
+      DictIndex& index = pos->second;
       if (first_visit)
         for (size_t i = 0; i < cur->entries().size(); ++i)
-          if (std::optional<std::string> t = key_text(*cur->entries()[i].first))
-            index.try_emplace(*t, i);
-      auto [it, fresh] = index.try_emplace(*text, cur->entries().size());
-      if (!fresh) return &cur->entries()[it->second].second;
+          if (string_or_int(*cur->entries()[i].first))
+            index.find_or_add(*cur->entries()[i].first, i);
+      const auto [at, fresh] = index.find_or_add(*key, cur->entries().size());
+      if (!fresh) return &cur->entries()[at].second;
       cur->entries().emplace_back(key, nullptr);
       return &cur->entries().back().second;
     }
@@ -469,8 +470,8 @@ void Opener::place(const ValuePtr& root, const DcpEntry& e, ValuePtr v) const {
 
 void Opener::build(CheckpointModel& m) {
   ValuePtr root = Value::dict();
-  size_t j = 0;  // jobs_ are in entry order, chunks in order
-  for (const DcpEntry& e : md_.entries) {
+  size_t j = 0;                      // jobs_ are in entry order, chunks in order
+  for (DcpEntry& e : md_.entries) {  // the last use of md_: its chunks are moved
     if (e.is_bytes) {
       const CheckpointModel& b = *opened_[j++].blob;
       // The value, with its tensors (if any) as tensors of this model read whole from the item.
@@ -487,7 +488,7 @@ void Opener::build(CheckpointModel& m) {
           // The window is the item: its offsets are relative to the item's start.
           size_t i = 0;
           const DcpStorage* st = item(e.fqn, {}, &i);
-          if (!st) st = item(e.fqn, {0}, &i);
+          if (!st) st = item(e.fqn, kOffsetZero, &i);
           p.file = item_file_[i];
           p.file_offset = st->offset + si.offset;
           p.nbytes = si.nbytes;
@@ -523,7 +524,7 @@ void Opener::build(CheckpointModel& m) {
     si.nbytes = mul(numel, elsize, e.fqn);
     std::vector<DcpPiece> pieces;
     std::vector<uint32_t> files;
-    for (const DcpChunk& c : e.chunks) {
+    for (DcpChunk& c : e.chunks) {
       uint64_t vol = 1;
       for (int64_t s : c.sizes) vol *= static_cast<uint64_t>(s);
       if (!vol) continue;
@@ -553,9 +554,8 @@ void Opener::build(CheckpointModel& m) {
       p.file_offset = st->offset + b.offset;
       p.nbytes = b.nbytes;
       p.shape = e.size;
-      p.offsets = c.offsets;
-      p.sizes = c.sizes;
-      p.fqn = e.fqn;
+      p.offsets = std::move(c.offsets);
+      p.sizes = std::move(c.sizes);
       if (std::find(files.begin(), files.end(), p.file) == files.end()) files.push_back(p.file);
       pieces.push_back(std::move(p));
     }

@@ -221,7 +221,6 @@ class Assembler {
       piece.shape = e.size;
       piece.offsets = b.offsets;
       piece.sizes = b.sizes;
-      piece.fqn = key;
       files.push_back(piece.file);
       pieces.push_back(std::move(piece));
     }
