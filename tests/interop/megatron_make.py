@@ -47,7 +47,7 @@ def venv_python():
 
 
 def hand(rank):
-    """The state dict to save, and its ShardedObjects (key -> (offset, shape))."""
+    """The sharded state dict to save."""
     from megatron.core.dist_checkpointing.mapping import ShardedObject, ShardedTensor
 
     g = torch.Generator().manual_seed(7)
@@ -73,9 +73,7 @@ def hand(rank):
         "step": 12, "name": "run-a", "scale": torch.tensor([1.5, 2.5]),
         "nested": {"lrs": [0.1, 0.01], "mask": torch.tensor([True, False])},
     }
-    objects = {"hand.per_rank": [((r,), (WORLD,)) for r in range(WORLD)],
-               "hand.shared": [((0,), (1,))]}
-    return sd, objects
+    return sd
 
 
 def gpt(rank):
@@ -92,20 +90,23 @@ def gpt(rank):
                             params_dtype=torch.float32)
     model = GPTModel(config=cfg, transformer_layer_spec=get_gpt_layer_local_spec(),
                      vocab_size=256, max_sequence_length=64)
-    return model.sharded_state_dict(), {}
+    return model.sharded_state_dict()
 
 
-def read_back(folder, objects):
+def read_back(folder):
     """Megatron's own reading of the folder (every rank calls it; rank 0's is kept).
 
     dist_checkpointing.load_plain_tensors is load() of one unsharded ShardedTensor per global
     tensor, made by load_tensors_metadata; megatron-core 0.16.1's load_tensors_metadata fails on
     torch 2.15 (strategies/torch.py: torch.empty(tp.size, **tp.properties.__dict__) meets the
     `strides` field torch's TensorProperties now has), so the same template is made here from
-    torch's own reading of .metadata and given to dist_checkpointing.load."""
+    torch's own reading of .metadata and given to dist_checkpointing.load. The ShardedObjects
+    are loaded as load_sharded_metadata finds them: one per bytes item of .metadata
+    (ShardedObject.empty_from_unique_key)."""
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.mapping import ShardedObject, ShardedTensor
-    from torch.distributed.checkpoint import FileSystemReader, TensorStorageMetadata
+    from torch.distributed.checkpoint import (BytesStorageMetadata, FileSystemReader,
+                                              TensorStorageMetadata)
 
     md = FileSystemReader(folder).read_metadata()
     plain = {k: ShardedTensor.from_rank_offsets(k, torch.empty(tuple(m.size),
@@ -113,12 +114,10 @@ def read_back(folder, objects):
              for k, m in md.state_dict_metadata.items() if isinstance(m, TensorStorageMetadata)}
     tensors = dist_checkpointing.load(plain, folder, validate_access_integrity=False)
     common = dist_checkpointing.load_common_state_dict(folder)
-    template = {f"{k}@{i}": ShardedObject(k, None, shape, offset, replica_id=1)
-                for k, shards in objects.items() for i, (offset, shape) in enumerate(shards)}
-    loaded = dist_checkpointing.load(template, folder, validate_access_integrity=False)
-    got = {}
-    for name, sh in template.items():
-        got[sh.unique_key] = loaded[name]
+    objects = {k: ShardedObject.empty_from_unique_key(k)
+               for k, m in md.state_dict_metadata.items() if isinstance(m, BytesStorageMetadata)}
+    loaded = dist_checkpointing.load(objects, folder, validate_access_integrity=False)
+    got = {k: loaded[k] for k in objects}
     return {"tensors": {k: tensors[k] for k in plain}, "common": common, "objects": got}
 
 
@@ -150,10 +149,10 @@ def main():
             if rank == 0:
                 os.makedirs(folder, exist_ok=True)
             dist.barrier()
-            sd, objects = make(rank)
+            sd = make(rank)
             dist_checkpointing.save(sd, folder)
             dist.barrier()
-            ref = read_back(folder, objects)
+            ref = read_back(folder)
             ref["megatron"] = megatron.core.__version__
             if rank == 0:
                 torch.save(ref, os.path.join(out, name + ".ref.pt"))
