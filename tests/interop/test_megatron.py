@@ -175,3 +175,24 @@ def test_another_tools_metadata_json_leaves_common_pt_alone(ckpt, megatron, tmp_
     (d / "metadata.json").write_text('{"producer": "someone else"}')
     names = [t["name"] for t in ckpt.json("ls", d, "--json")["tensors"]]
     assert "hand.rows" in names and not any(n.startswith("common.") for n in names)
+
+
+def test_reshaped_flattened_range_tensors_are_refused_naming_them(ckpt, megatron, tmp_path):
+    """Megatron-core before 0.14 saved a ShardedTensor with a flattened_range (its distributed
+    optimizer's state) reshaped to [fragments per dimension..., local numel] and put the real
+    shape in Metadata.mcore_data ({key: {"nd_reformulated_orig_global_shape": shape}}, as
+    megatron-core 0.13.1 writes it; 0.16 refuses flattened_range, so this folder is megatron's
+    with that attribute added). ckpt does not assemble them: refused, naming the key."""
+    import pickle
+
+    from torch.distributed.checkpoint import FileSystemReader
+
+    d = tmp_path / "m"
+    shutil.copytree(folder(megatron, "hand"), d)
+    md = FileSystemReader(str(d)).read_metadata()
+    md.mcore_data = {"hand.rows": {"nd_reformulated_orig_global_shape": (6, 4)}}
+    with open(d / ".metadata", "wb") as f:
+        pickle.dump(md, f)
+    r = ckpt.run("ls", d)
+    assert r.returncode == 6, r.stderr  # unsupported
+    assert "hand.rows" in r.stderr and "mcore_data" in r.stderr

@@ -207,6 +207,22 @@ DcpFolderMetadata read_hf_shards(const std::string& dir, const OpenOptions& opti
   return out;
 }
 
+// Megatron-core before 0.14 saved a ShardedTensor with a flattened_range (its distributed
+// optimizer's state) reshaped, [fragments per dimension..., local numel], and recorded the real
+// shape in Metadata.mcore_data: refused rather than read in the reshaped form.
+void refuse_reshaped(const DcpFolderMetadata& out) {
+  if (out.md.mcore_keys.empty()) return;
+  const std::string& key = out.md.mcore_keys.front();
+  throw Error(ErrorCode::kUnsupported,
+              "Megatron-core saved the tensor reshaped (a flattened_range shard of its "
+              "distributed optimizer, listed in Metadata.mcore_data" +
+                  (out.md.mcore_keys.size() > 1
+                       ? " with " + std::to_string(out.md.mcore_keys.size() - 1) + " more"
+                       : std::string()) +
+                  "); ckpt does not assemble these",
+              out.source->name(), key);
+}
+
 // Megatron-core's torch_dist folder (dcp_folder.h): metadata.json's backends as properties, and
 // common.pt as one more bytes item, the whole file, under the key `common`.
 void add_megatron(const std::string& dir, DcpFolderMetadata& out) {
@@ -268,6 +284,7 @@ DcpFolderMetadata read_dcp_folder(const std::string& dir, const OpenOptions& opt
       DcpFolderMetadata out;
       out.kind = DcpFolderKind::kMetadata;
       out.md = read_one(dir, ".metadata", options, &out.source);
+      refuse_reshaped(out);
       if (!is_url(dir)) add_megatron(dir, out);
       return out;
     }

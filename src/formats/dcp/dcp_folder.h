@@ -45,7 +45,8 @@ struct DcpFolderMetadata {
 // Reads the folder's metadata. Throws Error: kNotFound when the folder is none of the kinds, a
 // rank's `__<rank>.metadata` is missing between others or a Megatron folder's common.pt is
 // missing, kCorrupt for ranks that disagree on a tensor's dtype or shape or shards without
-// DCP_SHARDING_INFO that disagree, kUnsupported for a Megatron folder with a sharded key
+// DCP_SHARDING_INFO that disagree, kUnsupported for a `.metadata` with Megatron's mcore_data
+// (tensors saved reshaped: DcpMetadata::mcore_keys) or a Megatron folder with a sharded key
 // `common` or `common.*` (common.pt's place, its tensors' names), kLimitExceeded for a metadata
 // file past Limits::max_metadata_bytes, and what read_dcp_metadata and the safetensors reader
 // throw.
