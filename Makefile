@@ -14,7 +14,7 @@
 #   make wheels        - self-contained manylinux wheels for each CPython 3.9-3.13 here (wheelhouse/)
 #   make wheels-check  - make wheels, then each wheel used where none of our libraries are
 #   make wheels-smoke  - the cp311 wheel alone, built and checked as wheels-check does (in make test)
-#   make peers         - the torch 2.x peer venv (tests/peers/requirements.txt), once per machine
+#   make peers         - the torch 2.x peer venv (tests/peers/requirements.txt) and megatron-core layered on it (tests/peers/megatron.txt), once per machine
 #   make vllm-check    - vLLM's load_format="ckpt" end to end (the vLLM venv, tests/vllm/requirements.txt, once per machine)
 #   make gpu-pack      - build-gpu/: what tests/gpu/run.sh needs on a lent GPU machine (docs/benchmarks.md)
 # Both install missing Debian packages first (apt-get, non-interactive); make test also the peers.
@@ -75,9 +75,12 @@ deps:
 bench-peers: deps peers
 	@./scripts/install-deps.sh $(BENCH_PACKAGES)
 
-# The torch 2.x tier: a no-op once the venv exists (no network then).
+# The torch 2.x tier: a no-op once the venv exists (no network then). megatron-core (what
+# tests/interop/test_megatron.py writes its checkpoints with) in a small venv that sees the peers'
+# packages (install-peers.sh --on), so that its pins never touch the peers.
 peers: deps
 	@./scripts/install-peers.sh >/dev/null
+	@./scripts/install-peers.sh --on $(PEERS) tests/peers/megatron.txt megatron >/dev/null
 
 $(BUILD)/build.ninja: CMakeLists.txt
 	cmake -S . -B $(BUILD) -G Ninja $(CMAKE_FLAGS)

@@ -69,7 +69,8 @@ void note_choice(const std::string& dir, const std::vector<std::string>& found,
 std::optional<Checkpoint> open_folder(const std::string& dir, const OpenOptions& options) {
   std::vector<std::string> found;
   // torch.distributed.checkpoint: `.metadata` and its data files (a URL prefix is one too;
-  // Megatron's torch_dist folders are DCP folders with common.pt and metadata.json beside), or
+  // Megatron's torch_dist folders are DCP folders with metadata.json and common.pt beside, which
+  // dcp_folder.cc reads in), or
   // one `__<rank>.metadata` per rank, or HuggingFaceStorageWriter's per-rank shards
   // (formats/dcp/dcp_folder.h).
   switch (dcp_folder_kind(dir)) {

@@ -170,3 +170,20 @@ def test_verl_with_a_missing_rank_is_refused_naming_it(ckpt, layouts, tmp_path):
     r = ckpt.run("ls", d)
     assert r.returncode == 2, r.stderr
     assert "model_world_size_2_rank_1.pt" in r.stderr
+
+
+@pytest.mark.parametrize("weights_only", [True, False])
+def test_verl_rank_file_alone_converts_to_a_pt_of_its_shards(ckpt, layouts, tmp_path,
+                                                             weights_only):
+    """Converted alone, one rank's file is its shards: each DTensor is written as the plain
+    tensor of its _local_tensor (a DTensor rebuilt around the shard would have the shard's size
+    under the global spec), which torch.load reads with or without weights_only."""
+    path = os.path.join(folder(layouts, "verl"), "model_world_size_2_rank_1.pt")
+    want = {k: v.to_local() for k, v in torch.load(path, weights_only=False).items()}
+    out = tmp_path / "rank1.pt"
+    ckpt.ok("convert", path, out)
+    got = torch.load(str(out), weights_only=weights_only)
+    assert sorted(got) == sorted(want)
+    for k, v in want.items():
+        assert type(got[k]) is torch.Tensor, (k, type(got[k]))
+        assert got[k].dtype == v.dtype and torch.equal(got[k], v), k

@@ -207,6 +207,68 @@ DcpFolderMetadata read_hf_shards(const std::string& dir, const OpenOptions& opti
   return out;
 }
 
+// Megatron-core before 0.14 saved a ShardedTensor with a flattened_range (its distributed
+// optimizer's state) reshaped, [fragments per dimension..., local numel], and recorded the real
+// shape in Metadata.mcore_data: refused rather than read in the reshaped form.
+void refuse_reshaped(const DcpFolderMetadata& out) {
+  if (out.md.mcore_keys.empty()) return;
+  const std::string& key = out.md.mcore_keys.front();
+  throw Error(ErrorCode::kUnsupported,
+              "Megatron-core saved the tensor reshaped (a flattened_range shard of its "
+              "distributed optimizer, listed in Metadata.mcore_data" +
+                  (out.md.mcore_keys.size() > 1
+                       ? " with " + std::to_string(out.md.mcore_keys.size() - 1) + " more"
+                       : std::string()) +
+                  "); ckpt does not assemble these",
+              out.source->name(), key);
+}
+
+// Megatron-core's torch_dist folder (dcp_folder.h): metadata.json's backends as properties, and
+// common.pt as one more bytes item, the whole file, under the key `common`.
+void add_megatron(const std::string& dir, DcpFolderMetadata& out) {
+  const std::string marker = join(dir, "metadata.json");
+  struct stat st {};
+  // Megatron's is a hundred bytes; a large file of that name is someone else's.
+  if (::stat(marker.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > (64 << 10)) return;
+  check_inside(marker, dir, "file", "the folder", marker, {});
+  SourcePtr src = open_file_source(marker);
+  const Bytes bytes = src->read(0, src->size());
+  const nlohmann::json j = nlohmann::json::parse(bytes.str(), nullptr, false);
+  if (!j.is_object() || !j.contains("sharded_backend") || !j["sharded_backend"].is_string()) return;
+  for (const char* k : {"sharded_backend", "common_backend"}) {
+    const std::string v = std::string(k) + "_version";
+    if (!j.contains(k) || !j[k].is_string()) continue;
+    std::string p = j[k].get<std::string>();
+    if (j.contains(v) && j[v].is_number_integer()) p += " " + std::to_string(j[v].get<int64_t>());
+    out.properties[std::string("megatron_") + k] = p;
+  }
+  const std::string common = join(dir, "common.pt");
+  if (!exists(common))
+    throw Error(ErrorCode::kNotFound,
+                "common.pt is missing: Megatron-core's torch_dist folder (metadata.json) keeps "
+                "the state that is not sharded in it",
+                common);
+  for (const DcpEntry& e : out.md.entries) {
+    const bool under = !e.path.empty() && e.path[0]->kind() == Value::Kind::kString &&
+                       e.path[0]->str() == "common";
+    if (e.fqn == "common" || e.fqn.starts_with("common.") || under)
+      throw Error(ErrorCode::kUnsupported,
+                  "the sharded key takes the place of common.pt's state (`common`); open "
+                  "common.pt by its path",
+                  out.source->name(), e.fqn);
+  }
+  check_inside(common, dir, "file", "the folder", common, {});
+  DcpEntry e;
+  e.fqn = "common";
+  e.is_bytes = true;
+  out.md.entries.push_back(std::move(e));
+  DcpStorage item;
+  item.fqn = "common";
+  item.relative_path = "common.pt";
+  item.length = open_file_source(common)->size();
+  out.md.storage.push_back(std::move(item));
+}
+
 }  // namespace
 
 DcpFolderKind dcp_folder_kind(const std::string& dir) {
@@ -222,6 +284,8 @@ DcpFolderMetadata read_dcp_folder(const std::string& dir, const OpenOptions& opt
       DcpFolderMetadata out;
       out.kind = DcpFolderKind::kMetadata;
       out.md = read_one(dir, ".metadata", options, &out.source);
+      refuse_reshaped(out);
+      if (!is_url(dir)) add_megatron(dir, out);
       return out;
     }
     case DcpFolderKind::kRankLocal:

@@ -306,6 +306,10 @@ class Reader {
     read_entries(root, md);
     read_storage(root, md);
     if (Ref ver = field(root, "version"); is_string(ver)) md.version = h_.text(ver);
+    if (Ref mc = field(root, "mcore_data"); is_dict(mc))  // Megatron-core before 0.14
+      for (size_t i = 0; i < h_.dict_size(mc); ++i)
+        if (is_string(h_.items(mc)[2 * i]))
+          md.mcore_keys.emplace_back(h_.text(h_.items(mc)[2 * i]));
     return md;
   }
 

@@ -77,6 +77,9 @@ struct DcpMetadata {
   std::vector<DcpEntry> entries;
   std::vector<DcpStorage> storage;
   std::string version;  // Metadata.version, when present
+  // The keys of Metadata.mcore_data, which Megatron-core before 0.14 added for the tensors it
+  // saved reshaped (a flattened_range shard: nd_reformulated_orig_global_shape).
+  std::vector<std::string> mcore_keys;
 };
 
 // Reads the pickle in `data`. Throws Error naming `source` and, where it can, the key:

@@ -95,6 +95,7 @@ class Opener {
     model->properties["data_files"] = std::to_string(layout_->paths.size());
     if (!md_.version.empty()) model->properties["dcp_version"] = md_.version;
     model->properties["dcp_layout"] = layout_name(folder.kind, !blobs_.empty());
+    model->properties.insert(folder.properties.begin(), folder.properties.end());
     model->finalize();
     return model;
   }

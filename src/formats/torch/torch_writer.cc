@@ -59,6 +59,12 @@ class TorchPickleBuilder {
     ValuePtr out;
     switch (v->kind()) {
       case Value::Kind::kTensor:
+        // A DTensor read from one rank's file is that rank's shard: written as the plain tensor
+        // it is (rebuilt as a DTensor, its size would be the shard's under a global spec).
+        if (v->origin() && is_dtensor(*v->origin())) {
+          out = plain_reduce(static_cast<size_t>(v->as_int()));
+          break;
+        }
         if (v->origin() && is_tensor_wrapper(*v->origin())) {
           out = wrapped_reduce(static_cast<size_t>(v->as_int()), *v->origin(), depth);
           break;
@@ -158,6 +164,14 @@ class TorchPickleBuilder {
     return o.kind() == Value::Kind::kObject && o.items().size() == 2 &&
            ((o.module() == "torch._tensor" && o.name() == "_rebuild_from_type_v2") ||
             (o.module() == "torch._utils" && o.name() == "_rebuild_parameter_with_state"));
+  }
+
+  // The origin torch_unpickle.cc records for a DTensor: _rebuild_from_type_v2(DTensor, state).
+  static bool is_dtensor(const Value& o) {
+    if (!is_tensor_wrapper(o) || o.name() != "_rebuild_from_type_v2") return false;
+    const ValuePtr& type = o.items()[0];
+    return type && type->kind() == Value::Kind::kGlobal && type->name() == "DTensor" &&
+           type->module().starts_with("torch.distributed.");
   }
 
   // torch's own forms: _rebuild_parameter_with_state(data, requires_grad, hooks, state) and
