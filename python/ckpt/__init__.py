@@ -315,9 +315,11 @@ def load(f, map_location="cpu", pickle_module=None, *, weights_only=None, mmap=N
       ckpt.Box or torch.distributed.tensor placements, a callable (name, shape, dtype) ->
       placement, or one placement for all; unmatched tensors are replicated), over `group` (a
       torch.distributed process group or a 1-D DeviceMesh; default: the world when
-      initialized). Returns a flat dict of plain tensors; Replicate bytes are read once across
-      the group and all-gathered in rounds of `exchange_budget` bytes; a collective that fails or
-      waits past `timeout` seconds raises ckpt.RankError naming the rank and the tensor.
+      initialized). Returns a flat dict of plain tensors, on map_location (cuda: loaded straight
+      into device memory through pinned staging); Replicate bytes are read once across the group,
+      each rank's part broadcast into the others' tensors in rounds of `exchange_budget` bytes; a
+      collective that fails or waits past `timeout` seconds raises ckpt.RankError naming the
+      rank and the tensor.
 
     Tensors are torch tensors when torch can be imported, else numpy arrays. Storages shared in
     the file stay shared; Parameters, requires_grad, torch.Size, OrderedDict (with _metadata)

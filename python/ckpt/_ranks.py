@@ -1,8 +1,10 @@
 """Loading across ranks: ckpt.load(path, plan=..., group=...) (docs/python.md, "Loading across
 ranks"). A plan says how this rank holds each tensor: Shard(dim) (its torch.chunk part along
 dim, as DTensor's Shard splits), Replicate() (whole), or an explicit box. The C++ library reads
-only this rank's bytes; for Replicate tensors each rank of the group reads 1/n of their bytes
-and torch.distributed's all-gather assembles the rest, so the group reads every byte once.
+only this rank's bytes, into host memory or through pinned staging straight into device memory;
+for Replicate tensors each rank of the group reads 1/n of their bytes into place and each part
+is broadcast from its rank (torch.distributed) into the others' tensors, so the group reads every
+byte once.
 """
 
 from . import _ckpt
@@ -122,28 +124,39 @@ def _group_of(group, dist):
     return group, dist.get_rank(group), dist.get_world_size(group)
 
 
-def _gatherer(dist, torch, group, world, timeout, failure):
-    """fn(mine, all): all-gather of equal byte buffers over the group (NCCL: through the
-    device; gloo and others: CPU tensors), waiting at most `timeout` seconds."""
-    nccl = dist.get_backend(group) == "nccl"
+class _DeviceBytes:
+    """`n` bytes of device memory at address `ptr`, as torch.as_tensor takes them (the CUDA array
+    interface): a view, no copy."""
+
+    def __init__(self, ptr, n):
+        self.__cuda_array_interface__ = {"shape": (n,), "typestr": "|u1", "data": (ptr, False),
+                                         "version": 2}
+
+
+def _exchange(dist, torch, group, world, device, timeout, failure):
+    """fn(round, cuts, ptr): one round of a group load assembled in place. Rank k's part, bytes
+    [cuts[k] - cuts[0], cuts[k + 1] - cuts[0]) of the round, is broadcast from rank k into every
+    other rank's memory: host memory (`round`, a memoryview) for gloo, device memory at `ptr`
+    for a CUDA load (NCCL, or gloo's CUDA support). One broadcast per non-empty part, all started
+    before any is waited on (at most `timeout` seconds); no buffer besides the tensors' own."""
     import datetime  # here, not at `import ckpt`
 
     wait = datetime.timedelta(seconds=timeout) if timeout else None
+    glob = getattr(dist, "get_global_rank", None)
+    ranks = [glob(group, k) if glob and group is not None else k for k in range(world)]
 
-    def gather(mine, all_):
+    def gather(round_, cuts, ptr):
         try:
-            src = torch.frombuffer(mine, dtype=torch.uint8) if len(mine) else \
-                torch.empty(0, dtype=torch.uint8)
-            dst = torch.frombuffer(all_, dtype=torch.uint8)
-            if nccl:
-                dev = torch.device("cuda", torch.cuda.current_device())
-                out = torch.empty(dst.numel(), dtype=torch.uint8, device=dev)
-                work = dist.all_gather_into_tensor(out, src.to(dev), group=group, async_op=True)
-                work.wait(wait) if wait else work.wait()
-                dst.copy_(out.cpu())
-            else:
-                outs = list(dst.view(world, -1).unbind(0))
-                work = dist.all_gather(outs, src, group=group, async_op=True)
+            n = cuts[-1] - cuts[0]
+            buf = (torch.frombuffer(round_, dtype=torch.uint8) if ptr is None else
+                   torch.as_tensor(_DeviceBytes(ptr, n), device=device))
+            works = []
+            for k in range(world):
+                a, b = cuts[k] - cuts[0], cuts[k + 1] - cuts[0]
+                if b > a:
+                    works.append(dist.broadcast(buf[a:b], src=ranks[k], group=group,
+                                                async_op=True))
+            for work in works:
                 work.wait(wait) if wait else work.wait()
         except Exception as e:  # noqa: BLE001 - every failure of the collective is the group's
             failure.append(e)
@@ -162,11 +175,12 @@ def load(ck, plan, group, device, verify, timeout, budget):
         raise error(InvalidArgumentError, "plan= / group= need torch")
     group, rank, world = _group_of(group, dist)
     rules, default = _rules(_Infos(ck, torch), plan)
+    device = device or "cpu"
     failure = []
-    gather = _gatherer(dist, torch, group, world, timeout, failure) if world > 1 else None
+    gather = _exchange(dist, torch, group, world, device, timeout, failure) if world > 1 else None
     try:
         loaded = _ckpt.load_ranks(ck, rules, default, rank, world, gather, int(budget),
-                                  bool(verify))
+                                  bool(verify), device)
     except IoError as e:
         if not failure:
             raise
@@ -174,10 +188,14 @@ def load(ck, plan, group, device, verify, timeout, budget):
     out = {}
     for name, dt, shape, span in loaded:
         dtype = getattr(torch, dt)
-        flat = torch.frombuffer(span, dtype=torch.uint8) if len(memoryview(span)) else \
-            torch.empty(0, dtype=torch.uint8)
-        t = flat.view(dtype).reshape(shape)
-        out[name] = t if device in (None, "cpu") else t.to(device)
+        nbytes = torch.Size(shape).numel() * torch.empty(0, dtype=dtype).element_size()
+        if not nbytes:
+            flat = torch.empty(0, dtype=torch.uint8, device=device)
+        elif device == "cpu":
+            flat = torch.frombuffer(span, dtype=torch.uint8)
+        else:  # device memory the library loaded, handed over through DLPack
+            flat = torch.from_dlpack(span)
+        out[name] = flat.view(dtype).reshape(shape)
     return out
 
 

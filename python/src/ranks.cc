@@ -46,22 +46,27 @@ RankPlan plan_of(const std::vector<PyRule>& rules, const std::optional<PyPlaceme
   return plan;
 }
 
-// The group's all-gather: fn(mine, all) with two memoryviews, called with the GIL held. A
-// Python exception becomes a C++ one carrying its text (load_group names the tensors).
+// One round of the group's exchange, in place: fn(round, cuts, ptr) called with the GIL held,
+// `round` a memoryview of host memory (ptr None), or None and `ptr` the device address of a
+// device load's round. A Python exception becomes a C++ one carrying its text (load_group names
+// the tensors).
 class PyExchange final : public RankExchange {
  public:
   PyExchange(int rank, int world, pyb::function fn)
       : rank_(rank), world_(world), fn_(std::move(fn)) {}
   int rank() const override { return rank_; }
   int world() const override { return world_; }
-  void all_gather(std::span<const std::byte> mine, std::span<std::byte> all) override {
+  void gather_parts(std::span<std::byte> round, std::span<const uint64_t> cuts,
+                    const Device& device) override {
     pyb::gil_scoped_acquire gil;
     try {
-      // Writable only so that torch.frombuffer does not warn: the callable only reads it.
-      auto in = pyb::memoryview::from_memory(const_cast<std::byte*>(mine.data()),
-                                             static_cast<ssize_t>(mine.size()), false);
-      auto out = pyb::memoryview::from_memory(all.data(), static_cast<ssize_t>(all.size()), false);
-      fn_(in, out);
+      pyb::list at;
+      for (uint64_t c : cuts) at.append(c);
+      if (device.is_cpu())
+        fn_(pyb::memoryview::from_memory(round.data(), static_cast<ssize_t>(round.size()), false),
+            at, pyb::none());
+      else
+        fn_(pyb::none(), at, reinterpret_cast<uintptr_t>(round.data()));
     } catch (pyb::error_already_set& e) {
       // The exception's type and text, not its traceback.
       throw std::runtime_error(std::string(pyb::str(e.type().attr("__name__"))) + ": " +
@@ -78,8 +83,7 @@ pyb::list tensors_out(const Checkpoint& c, const std::vector<Tensor>& loaded) {
   pyb::list out;
   SpanMaker spans;
   for (const Tensor& t : loaded) {
-    HandOff h{t.storage()->data, static_cast<size_t>(t.storage()->info.nbytes), t.storage()->owner};
-    if (!h.owner) h.owner = t.storage();
+    const HandOff h = hand_off(t.storage());  // host or device memory
     auto span = pyb::reinterpret_steal<pyb::object>(spans.make(h, true));
     out.append(pyb::make_tuple(t.name(), dtype_str(t.dtype()), int_tuple(t.shape()), span));
   }
@@ -98,13 +102,15 @@ void bind_ranks(pyb::module_& m) {
                                  t.nbytes, t.exact));
     return pyb::make_tuple(out, plan.read_bytes());
   });
-  // Every tensor's box for this rank: a list of (name, dtype, shape, Span). With `gather`
-  // (a callable fn(mine, all)), Replicate tensors are read once across the group (load_group).
+  // Every tensor's box for this rank on `device` ("cpu", "cuda[:N]"): a list of (name, dtype,
+  // shape, Span). With `gather` (a callable fn(round, cuts, ptr): PyExchange), Replicate tensors
+  // are read once across the group (load_group).
   m.def("load_ranks", [](const PyCheckpoint& p, const std::vector<PyRule>& rules,
                          const std::optional<PyPlacement>& dflt, int rank, int world,
-                         const std::optional<pyb::function>& gather, uint64_t budget, bool verify) {
+                         const std::optional<pyb::function>& gather, uint64_t budget, bool verify,
+                         const std::string& device) {
     RankLoadPlan plan = resolve(p.c, plan_of(rules, dflt), rank, world);
-    LoadOptions lo = load_options(verify, 0);
+    LoadOptions lo = load_options(verify, 0, device);
     std::vector<Tensor> loaded;
     if (gather) {
       PyExchange ex(rank, world, *gather);

@@ -17,6 +17,7 @@
 // A failure (read, CRC, copy) stops every reader at its next chunk; the copies already queued are
 // waited for before the staging and device memory are freed, and the first error is thrown.
 
+#include <span>
 #include <string>
 #include <vector>
 
@@ -97,5 +98,24 @@ std::vector<StoragePtr> execute_device(const LoadPlan& plan, CopyEngine& engine,
 std::vector<StoragePtr> execute_device(const LoadPlan& plan, const Device& device,
                                        const LoadOptions& options,
                                        DeviceLoadStats* stats = nullptr);
+
+// One run of a device load of byte ranges: `len` bytes to device address `dst`, read from
+// `source` at `offset`, or copied from host memory `host` (source null).
+struct DeviceRun {
+  const ByteSource* source = nullptr;
+  uint64_t offset = 0;
+  const std::byte* host = nullptr;
+  uint64_t len = 0;
+  std::byte* dst = nullptr;
+};
+
+// Fills every run through a ring of pinned staging slots, as fill_device does for storages (two
+// slots per reader, options.staging_bytes within host_staging_budget(), at most options.threads
+// readers): runs whose destinations follow one another (the row runs of a box) are packed into
+// one slot, read with one read_batch per source and copied on with one copy; a run longer than
+// a slot is cut, so that no run is ever whole in host memory unless it fits a slot. Throws the
+// first failure once every queued copy is done. (The device path of a rank load: src/ranks.)
+void fill_device_runs(CopyEngine& engine, std::span<const DeviceRun> runs,
+                      const LoadOptions& options, DeviceLoadStats* stats = nullptr);
 
 }  // namespace ckpt::internal

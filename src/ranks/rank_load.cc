@@ -1,204 +1,215 @@
-// load_rank and load_group: a resolved rank plan's tensors read into owned memory; for
-// load_group, the Replicate tensors' bytes read once across the group and assembled through the
-// caller's RankExchange, round by round.
+// load_rank and load_group: a resolved rank plan's tensors read into memory of their own, host
+// or device (LoadOptions::device, through the device's copy engine); for load_group, the
+// Replicate tensors' bytes read once across the group and assembled in place (rank_exchange.cc).
 
-#include <algorithm>
 #include <cstring>
 #include <memory>
 
 #include "ckpt/error.h"
-#include "ckpt/rank_plan.h"
+#include "load/device_load.h"
+#include "ranks/rank_stream.h"
+#include "util/bytes.h"
 
 namespace ckpt {
-namespace {
+namespace internal {
 
-using Buffer = std::shared_ptr<std::vector<std::byte>>;
-
-Tensor make_tensor(const Checkpoint& c, const RankTensor& rt, Buffer& buf) {
-  const TensorInfo& t = c.tensors()[rt.tensor];
-  buf = std::make_shared<std::vector<std::byte>>(rt.nbytes);
-  return Tensor::from_bytes(t.name, t.dtype, rt.shape(), *buf, buf);
+const ByteSource& source_of(const Checkpoint& c, uint32_t file) {
+  return c.shards().empty() ? c.source() : c.shards()[file].source();
 }
 
-// Reads of raw bytes gathered per file and made together (one read_batch per file: a remote
-// source runs them in parallel, as one window of ranged requests).
-class Batches {
- public:
-  explicit Batches(const Checkpoint& c) : c_(c) {}
-  // Bytes [a, b) of rt's box into dst, where they lie raw in one range of a file.
-  void add(const RankTensor& rt, uint64_t a, uint64_t b, std::byte* dst) {
-    const FileRange& r = rt.ranges[0];
-    of(r.file).push_back({r.offset + a, std::span<std::byte>(dst, b - a)});
+RankTarget RankTarget::of(const LoadOptions& options) {
+  RankTarget t;
+  t.host = options;
+  t.host.device = Device{};
+  t.host.allocator = nullptr;
+  if (options.device.is_cpu()) return t;
+  t.device = resolve_device(options.device);
+  t.engine = &engine_for(t.device);
+  return t;
+}
+
+void Batches::add(const RankTensor& rt, uint64_t a, uint64_t b, std::byte* dst) {
+  const FileRange& r = rt.ranges[0];
+  of(r.file).push_back({r.offset + a, std::span<std::byte>(dst, b - a)});
+}
+
+void Batches::add_box(const RankTensor& rt, std::byte* dst) {
+  for (const FileRange& r : rt.ranges) {
+    of(r.file).push_back({r.offset, std::span<std::byte>(dst, r.length)});
+    dst += r.length;
   }
-  // rt's whole box into dst: its ranges one after another.
-  void add_box(const RankTensor& rt, std::byte* dst) {
-    for (const FileRange& r : rt.ranges) {
-      of(r.file).push_back({r.offset, std::span<std::byte>(dst, r.length)});
-      dst += r.length;
+}
+
+void Batches::read() {
+  for (auto& [file, reqs] : files_) source_of(c_, file).read_batch(reqs);
+  files_.clear();
+}
+
+std::vector<ReadRequest>& Batches::of(uint32_t file) {
+  for (auto& [f, reqs] : files_)
+    if (f == file) return reqs;
+  return files_.emplace_back(file, std::vector<ReadRequest>{}).second;
+}
+
+}  // namespace internal
+
+namespace {
+
+using internal::RankTarget;
+
+// Memory of sizes[i] bytes for each i, with the owner that keeps it alive: host memory, or the
+// device's (after the budget check, so that a load that cannot fit allocates nothing): one
+// allocation of its engine, or one per size from options.allocator.
+std::vector<std::byte*> memory(const RankTarget& t, const std::vector<uint64_t>& sizes,
+                               const LoadOptions& o, const std::string& file,
+                               std::vector<std::shared_ptr<const void>>& owners) {
+  std::vector<std::byte*> at(sizes.size(), nullptr);
+  owners.assign(sizes.size(), nullptr);
+  if (!t.engine) {
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      std::shared_ptr<std::byte[]> b(new std::byte[std::max<uint64_t>(sizes[i], 1)]);
+      at[i] = b.get();
+      owners[i] = std::move(b);
     }
+    return at;
   }
-  void read() {
-    for (auto& [file, reqs] : files_) source(file).read_batch(reqs);
-    files_.clear();
+  uint64_t total = 0;
+  std::vector<uint64_t> off(sizes.size());
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    off[i] = total;
+    total = internal::align_up(total + sizes[i], 256);
   }
+  internal::check_device_budget(*t.engine, total, o, file);
+  if (!o.allocator) {
+    std::shared_ptr<std::byte> arena = t.engine->allocate(std::max<uint64_t>(total, 1));
+    for (size_t i = 0; i < sizes.size(); ++i) at[i] = arena.get() + off[i], owners[i] = arena;
+    return at;
+  }
+  std::shared_ptr<DeviceAllocator> a = o.allocator;
+  const Device device = t.device;
+  std::vector<size_t> which;
+  std::vector<uint64_t> asked;
+  for (size_t i = 0; i < sizes.size(); ++i)
+    if (sizes[i]) which.push_back(i), asked.push_back(sizes[i]);
+  std::vector<void*> got(which.size(), nullptr);
+  auto take = [&] {  // ownership of whatever was given, so that a failure frees it
+    for (size_t j = 0; j < which.size(); ++j) {
+      if (!got[j] || owners[which[j]]) continue;
+      const uint64_t bytes = asked[j];
+      owners[which[j]] = std::shared_ptr<std::byte>(
+          static_cast<std::byte*>(got[j]),
+          [a, bytes, device](std::byte* q) noexcept { a->free(q, bytes, device); });
+      at[which[j]] = static_cast<std::byte*>(got[j]);
+    }
+  };
+  try {
+    a->allocate_all(asked, device, got);
+  } catch (...) {
+    take();
+    throw;
+  }
+  take();
+  for (size_t j = 0; j < which.size(); ++j)
+    if (!got[j])
+      throw Error(ErrorCode::kLimitExceeded,
+                  "the allocator gave no memory for " + std::to_string(asked[j]) + " bytes on " +
+                      device.str(),
+                  file);
+  return at;
+}
 
- private:
-  const ByteSource& source(uint32_t file) const {
-    return c_.shards().empty() ? c_.source() : c_.shards()[file].source();
-  }
-  std::vector<ReadRequest>& of(uint32_t file) {
-    for (auto& [f, reqs] : files_)
-      if (f == file) return reqs;
-    return files_.emplace_back(file, std::vector<ReadRequest>{}).second;
-  }
-  const Checkpoint& c_;
-  std::vector<std::pair<uint32_t, std::vector<ReadRequest>>> files_;
-};
-
-// rt's box into dst: batched where its bytes lie raw (and no CRC is to be checked, which covers
-// whole storages), else through Checkpoint::read_slice.
+// rt's box into host memory dst: batched where its bytes lie raw (and no CRC is to be checked,
+// which covers whole storages), else through Checkpoint::read_slice.
 void read_box(const Checkpoint& c, const RankTensor& rt, std::span<std::byte> dst,
-              const LoadOptions& o, Batches& batches) {
+              const LoadOptions& o, internal::Batches& batches) {
   if (rt.exact && !o.verify) return batches.add_box(rt, dst.data());
   c.read_slice(rt.tensor, rt.begin, rt.end, dst, o);
 }
 
-// True where read_part reads bytes [a, b) of rt exactly (raw in one range of a file); else it
-// reads whole rows along dim 0.
-bool by_ranges(const RankTensor& rt, const LoadOptions& o) {
-  return rt.exact && rt.ranges.size() == 1 && !o.verify;
-}
+using Box = std::pair<const RankTensor*, std::byte*>;  // a tensor's box and its memory
 
-// Bytes [a, b) of a whole tensor's contiguous bytes into dst: one positional read where they lie
-// raw in a file (batched), else the rows along dim 0 that hold them (a DCP folder reads only the
-// chunks that meet those rows), then the bytes copied out.
-void read_part(const Checkpoint& c, const RankTensor& rt, uint64_t a, uint64_t b, std::byte* dst,
-               const LoadOptions& o, Batches& batches) {
-  if (a >= b) return;
-  const TensorInfo& t = c.tensors()[rt.tensor];
-  if (by_ranges(rt, o)) return batches.add(rt, a, b, dst);
-  std::vector<int64_t> begin(t.shape.size(), 0), end = t.shape;
-  uint64_t first = 0;
-  if (!t.shape.empty() && t.shape[0] > 0) {
-    const uint64_t row = rt.nbytes / static_cast<uint64_t>(t.shape[0]);
-    begin[0] = static_cast<int64_t>(a / row);
-    end[0] = static_cast<int64_t>((b + row - 1) / row);
-    first = static_cast<uint64_t>(begin[0]) * row;
+// The boxes read into their memory. Host: raw ranges batched per file, the rest by read_slice.
+// Device: the raw ranges of every box through the staging ring of the device's copy engine (the
+// runs of a box packed into slots: no box is ever whole in host memory); other layouts through
+// read_slice into host memory, one box at a time, then through the ring.
+void read_boxes(const Checkpoint& c, const std::vector<Box>& boxes, const RankTarget& t,
+                const LoadOptions& o) {
+  if (!t.engine) {
+    internal::Batches batches(c);
+    for (const Box& b : boxes)
+      read_box(c, *b.first, std::span<std::byte>(b.second, b.first->nbytes), t.host, batches);
+    batches.read();
+    return;
   }
-  uint64_t n = rt.nbytes;
-  if (!t.shape.empty()) n = n / static_cast<uint64_t>(t.shape[0]) * (end[0] - begin[0]);
-  std::vector<std::byte> rows(n);
-  c.read_slice(rt.tensor, begin, end, rows, o);
-  std::memcpy(dst, rows.data() + (a - first), b - a);
-}
-
-// The Replicate tensors of a group, their bytes one after another (the "stream").
-struct Replicated {
-  std::vector<const RankTensor*> tensors;
-  std::vector<std::byte*> dst;
-  std::vector<uint64_t> start;  // stream offset of each; start.back() is the total
-};
-
-// Stream bytes [from, to) into out.
-void read_stream(const Checkpoint& c, const Replicated& r, uint64_t from, uint64_t to,
-                 std::byte* out, const LoadOptions& o) {
-  Batches batches(c);
-  auto it = std::upper_bound(r.start.begin(), r.start.end(), from);
-  for (size_t k = static_cast<size_t>(it - r.start.begin()) - 1;
-       k < r.tensors.size() && r.start[k] < to; ++k) {
-    const uint64_t a = std::max(from, r.start[k]), b = std::min(to, r.start[k + 1]);
-    read_part(c, *r.tensors[k], a - r.start[k], b - r.start[k], out + (a - from), o, batches);
-  }
-  batches.read();
-}
-
-// Stream bytes [from, to) of `all` copied to the tensors' memory.
-void scatter(const Replicated& r, uint64_t from, uint64_t to, const std::byte* all) {
-  auto it = std::upper_bound(r.start.begin(), r.start.end(), from);
-  for (size_t k = static_cast<size_t>(it - r.start.begin()) - 1;
-       k < r.tensors.size() && r.start[k] < to; ++k) {
-    const uint64_t a = std::max(from, r.start[k]), b = std::min(to, r.start[k + 1]);
-    std::memcpy(r.dst[k] + (a - r.start[k]), all + (a - from), b - a);
-  }
-}
-
-// The names of the tensors that stream bytes [from, to) belong to, for errors.
-std::string names_in(const Checkpoint& c, const Replicated& r, uint64_t from, uint64_t to) {
-  auto it = std::upper_bound(r.start.begin(), r.start.end(), from);
-  size_t k0 = static_cast<size_t>(it - r.start.begin()) - 1, k1 = k0;
-  while (k1 + 1 < r.tensors.size() && r.start[k1 + 1] < to) ++k1;
-  const std::string& first = c.tensors()[r.tensors[k0]->tensor].name;
-  if (k1 == k0) return "'" + first + "'";
-  return "'" + first + "' to '" + c.tensors()[r.tensors[k1]->tensor].name + "' (" +
-         std::to_string(k1 - k0 + 1) + " tensors)";
-}
-
-// Stream offset `at` moved to where a part may end: anywhere in a tensor read by byte ranges, at
-// a row boundary (down, or `up`) in one read by rows, so that no row is read by two ranks.
-uint64_t snap(const Checkpoint& c, const Replicated& r, uint64_t at, bool up,
-              const LoadOptions& o) {
-  auto it = std::upper_bound(r.start.begin(), r.start.end(), at);
-  if (it == r.start.end()) return at;
-  const size_t k = static_cast<size_t>(it - r.start.begin()) - 1;
-  const RankTensor& rt = *r.tensors[k];
-  if (at == r.start[k] || by_ranges(rt, o)) return at;
-  const TensorInfo& t = c.tensors()[rt.tensor];
-  uint64_t row = rt.nbytes;
-  if (!t.shape.empty() && t.shape[0] > 0) row = std::max<uint64_t>(1, row / t.shape[0]);
-  uint64_t off = (at - r.start[k]) / row * row;
-  if (up && off < at - r.start[k]) off += row;
-  return r.start[k] + off;
-}
-
-void exchange_replicated(const Checkpoint& c, const Replicated& r, RankExchange& ex,
-                         uint64_t budget, const LoadOptions& o) {
-  const uint64_t total = r.start.back();
-  const uint64_t world = static_cast<uint64_t>(ex.world()), rank = static_cast<uint64_t>(ex.rank());
-  const uint64_t per_rank = std::max<uint64_t>(1, budget / world);
-  std::vector<std::byte> mine, all;
-  std::vector<uint64_t> cut(world + 1);  // rank k's part of a round: [cut[k], cut[k + 1])
-  for (uint64_t at = 0; at < total;) {
-    const uint64_t want = std::min(total, at + per_rank * world);
-    uint64_t end = snap(c, r, want, false, o);
-    if (end <= at) end = snap(c, r, want, true, o);
-    cut[0] = at;
-    cut[world] = end;
-    uint64_t q = 1;  // the largest part: every rank's is padded to it
-    for (uint64_t k = 1; k <= world; ++k) {
-      if (k < world)
-        cut[k] = std::max(cut[k - 1], snap(c, r, at + (end - at) * k / world, false, o));
-      q = std::max(q, cut[k] - cut[k - 1]);
+  auto raw = [&](const RankTensor& rt) { return rt.exact && !o.verify; };
+  std::vector<internal::DeviceRun> runs;
+  for (const Box& b : boxes) {
+    if (!raw(*b.first)) continue;
+    std::byte* dst = b.second;
+    for (const FileRange& r : b.first->ranges) {
+      runs.push_back({&internal::source_of(c, r.file), r.offset, nullptr, r.length, dst});
+      dst += r.length;
     }
-    mine.assign(q, std::byte{0});
-    read_stream(c, r, cut[rank], cut[rank + 1], mine.data(), o);
-    all.resize(q * world);
-    try {
-      ex.all_gather(mine, all);
-    } catch (const std::exception& e) {
-      throw Error(ErrorCode::kIo,
-                  "rank " + std::to_string(rank) + " of " + std::to_string(world) +
-                      ": the exchange of " + names_in(c, r, at, end) + " failed: " + e.what(),
-                  c.source().name(), c.tensors()[r.tensors[0]->tensor].name);
-    }
-    for (uint64_t k = 0; k < world; ++k) scatter(r, cut[k], cut[k + 1], all.data() + k * q);
-    at = end;
   }
+  internal::fill_device_runs(*t.engine, runs, o);
+  for (const Box& b : boxes) {
+    const RankTensor& rt = *b.first;
+    if (raw(rt) || rt.nbytes == 0) continue;
+    std::vector<std::byte> host(rt.nbytes);
+    c.read_slice(rt.tensor, rt.begin, rt.end, host, t.host);
+    const internal::DeviceRun run{nullptr, 0, host.data(), host.size(), b.second};
+    internal::fill_device_runs(*t.engine, std::span(&run, 1), o);
+  }
+}
+
+// The plan's tensors, each in memory of its own (the Replicate ones of a group, with `ex`, in
+// one stream assembled across the group), on o.device.
+std::vector<Tensor> load_tensors(const Checkpoint& c, const RankLoadPlan& plan, RankExchange* ex,
+                                 uint64_t budget, const LoadOptions& o) {
+  const RankTarget t = RankTarget::of(o);
+  internal::Replicated rep;
+  std::vector<uint64_t> sizes;
+  std::vector<size_t> block(plan.tensors.size());  // its memory, or its place in rep
+  std::vector<uint8_t> streamed(plan.tensors.size(), 0);
+  for (size_t i = 0; i < plan.tensors.size(); ++i) {
+    const RankTensor& rt = plan.tensors[i];
+    if (ex && plan.world > 1 && rt.placement.kind == Placement::Kind::kReplicate) {
+      streamed[i] = 1;
+      block[i] = rep.tensors.size();
+      rep.add(rt);
+      continue;
+    }
+    block[i] = sizes.size();
+    sizes.push_back(rt.nbytes);
+  }
+  const size_t stream = sizes.size();
+  if (!rep.tensors.empty()) sizes.push_back(rep.total);
+  std::vector<std::shared_ptr<const void>> owners;
+  const std::vector<std::byte*> at = memory(t, sizes, o, c.source().name(), owners);
+
+  std::vector<Tensor> out;
+  out.reserve(plan.tensors.size());
+  std::vector<Box> boxes;
+  for (size_t i = 0; i < plan.tensors.size(); ++i) {
+    const RankTensor& rt = plan.tensors[i];
+    const size_t m = streamed[i] ? stream : block[i];
+    std::byte* p = streamed[i] ? at[m] + rep.start[block[i]] : at[m];
+    const TensorInfo& info = c.tensors()[rt.tensor];
+    out.push_back(Tensor::from_bytes(info.name, info.dtype, rt.shape(),
+                                     std::span<const std::byte>(p, rt.nbytes), owners[m]));
+    out.back().storage()->device = t.device;
+    if (!streamed[i]) boxes.emplace_back(&rt, p);
+  }
+  read_boxes(c, boxes, t, o);
+  if (rep.total) internal::exchange_replicated(c, rep, *ex, budget, o, at[stream], t);
+  return out;
 }
 
 }  // namespace
 
 std::vector<Tensor> load_rank(const Checkpoint& c, const RankLoadPlan& plan,
                               const LoadOptions& options) {
-  std::vector<Tensor> out;
-  out.reserve(plan.tensors.size());
-  Batches batches(c);
-  for (const RankTensor& rt : plan.tensors) {
-    Buffer buf;
-    out.push_back(make_tensor(c, rt, buf));
-    read_box(c, rt, *buf, options, batches);
-  }
-  batches.read();
-  return out;
+  return load_tensors(c, plan, nullptr, 0, options);
 }
 
 std::vector<Tensor> load_group(const Checkpoint& c, const RankLoadPlan& plan, RankExchange& ex,
@@ -209,25 +220,7 @@ std::vector<Tensor> load_group(const Checkpoint& c, const RankLoadPlan& plan, Ra
                     std::to_string(plan.world) + "; the exchange is rank " +
                     std::to_string(ex.rank()) + " of " + std::to_string(ex.world()),
                 c.source().name());
-  std::vector<Tensor> out;
-  out.reserve(plan.tensors.size());
-  Replicated rep;
-  rep.start.push_back(0);
-  Batches batches(c);
-  for (const RankTensor& rt : plan.tensors) {
-    Buffer buf;
-    out.push_back(make_tensor(c, rt, buf));
-    if (rt.placement.kind == Placement::Kind::kReplicate && plan.world > 1) {
-      rep.tensors.push_back(&rt);
-      rep.dst.push_back(buf->data());
-      rep.start.push_back(rep.start.back() + rt.nbytes);
-    } else {
-      read_box(c, rt, *buf, options, batches);
-    }
-  }
-  batches.read();
-  if (rep.start.back() > 0) exchange_replicated(c, rep, ex, budget, options);
-  return out;
+  return load_tensors(c, plan, &ex, budget, options);
 }
 
 }  // namespace ckpt

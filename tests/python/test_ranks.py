@@ -116,3 +116,16 @@ def test_single_process_plan_reads_only_its_part(files):
     assert torch.equal(sd["layers.0.weight"], ref["layers.0.weight"])
     with pytest.raises(ckpt.InvalidArgumentError, match="step"):
         ckpt.load(str(files / "m.pt"), plan={"*": ckpt.Shard(0)})
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is usable here")
+def test_a_device_load_without_a_gpu_is_unsupported(files):
+    # The rank load goes to the device itself (no host load moved afterwards): without one it
+    # raises UnsupportedError naming the device, before any tensor byte is read.
+    path = str(files / "m.safetensors")
+    b0 = ckpt._ranks.bytes_read()
+    ckpt.open(path, mmap=False)
+    b1 = ckpt._ranks.bytes_read()
+    with pytest.raises(ckpt.UnsupportedError, match="cuda"):
+        ckpt.load(path, map_location="cuda", plan={"*.weight": ckpt.Shard(0)})
+    assert ckpt._ranks.bytes_read() - b1 == b1 - b0  # what opening reads, no tensor byte

@@ -242,6 +242,75 @@ TEST(RankLoad, GroupReadsEveryByteOfADcpFolderOnce) {
   }
 }
 
+// An exchange that only fills parts in place (as the Python module's broadcasts do): every rank
+// gets the same cuts, and rank k's part is copied from rank k's round; no all_gather.
+class InPlaceGroup {
+ public:
+  explicit InPlaceGroup(int n) : n_(n), rounds_(n), cuts_(n), sync_(n) {}
+  class Member final : public RankExchange {
+   public:
+    Member(InPlaceGroup& g, int rank) : g_(g), rank_(rank) {}
+    int rank() const override { return rank_; }
+    int world() const override { return g_.n_; }
+    void gather_parts(std::span<std::byte> round, std::span<const uint64_t> cuts,
+                      const Device& device) override {
+      EXPECT_TRUE(device.is_cpu());
+      g_.rounds_[rank_] = round.data();
+      g_.cuts_[rank_].assign(cuts.begin(), cuts.end());
+      g_.sync_.arrive_and_wait();
+      for (int k = 0; k < g_.n_; ++k) {
+        EXPECT_EQ(g_.cuts_[k], g_.cuts_[rank_]) << k;
+        const uint64_t at = cuts[k] - cuts[0], len = cuts[k + 1] - cuts[k];
+        if (k != rank_ && len) std::memcpy(round.data() + at, g_.rounds_[k] + at, len);
+      }
+      ++rounds;
+      g_.sync_.arrive_and_wait();
+    }
+    int rounds = 0;
+
+   private:
+    InPlaceGroup& g_;
+    int rank_;
+  };
+
+ private:
+  int n_;
+  std::vector<std::byte*> rounds_;
+  std::vector<std::vector<uint64_t>> cuts_;
+  std::barrier<> sync_;
+};
+
+TEST(RankLoad, AnExchangeInPlaceFillsEachPartFromItsRank) {
+  Model m;
+  const std::string dcp = m.dir.file("dcp");
+  save_dcp(dcp, nullptr, m.tensors, {.files = 2, .fsync = false});
+  for (const std::string& path : {m.path, dcp}) {
+    for (int world : {2, 3}) {
+      InPlaceGroup g(world);
+      std::vector<std::vector<Tensor>> got(world);
+      std::vector<RankLoadPlan> plans(world);
+      std::vector<int> rounds(world);
+      Checkpoint c = Checkpoint::open(path);
+      const uint64_t before = process_bytes_read();
+      std::vector<std::thread> threads;
+      for (int r = 0; r < world; ++r)
+        threads.emplace_back([&, r] {
+          InPlaceGroup::Member ex(g, r);
+          plans[r] = resolve(c, RankPlan::from_json(R"({"a.weight": "shard:0"})"), r, world);
+          got[r] = load_group(c, plans[r], ex, 100);  // rounds that end inside rows
+          rounds[r] = ex.rounds;
+        });
+      for (auto& t : threads) t.join();
+      EXPECT_EQ(process_bytes_read() - before, m.bytes) << path << " " << world;
+      EXPECT_GT(rounds[0], 1);
+      for (int r = 0; r < world; ++r)
+        for (size_t i = 0; i < m.tensors.size(); ++i)
+          EXPECT_EQ(got[r][i].contiguous_bytes(), box_of(m[got[r][i].name()], plans[r].tensors[i]))
+              << path << " " << r << "/" << world << " " << got[r][i].name();
+    }
+  }
+}
+
 TEST(RankLoad, AFailedExchangeNamesTheRankAndTheTensor) {
   Model m;
   ThreadGroup g(1);

@@ -1,0 +1,196 @@
+// load_group's exchange: the Replicate tensors' bytes lie one after another in one allocation
+// (the stream), cut into rounds; each rank reads its part of a round into place (into device
+// memory through the copy engine) and the caller's RankExchange::gather_parts fills in the other
+// ranks' parts, in place.
+
+#include <algorithm>
+#include <cstring>
+#include <deque>
+
+#include "ckpt/error.h"
+#include "load/device_load.h"
+#include "ranks/rank_stream.h"
+#include "util/bytes.h"
+
+namespace ckpt {
+namespace internal {
+namespace {
+
+constexpr uint64_t kStreamAlign = 256;  // a device allocation's: every tensor starts aligned
+
+// True where read_part reads bytes [a, b) of rt exactly (raw in one range of a file); else it
+// reads whole rows along dim 0.
+bool by_ranges(const RankTensor& rt, const LoadOptions& o) {
+  return rt.exact && rt.ranges.size() == 1 && !o.verify;
+}
+
+// Bytes [a, b) of a whole tensor's contiguous bytes into dst: one positional read where they lie
+// raw in a file (batched), else the rows along dim 0 that hold them (a DCP folder reads only the
+// chunks that meet those rows), then the bytes copied out.
+void read_part(const Checkpoint& c, const RankTensor& rt, uint64_t a, uint64_t b, std::byte* dst,
+               const LoadOptions& o, Batches& batches) {
+  if (a >= b) return;
+  const TensorInfo& t = c.tensors()[rt.tensor];
+  if (by_ranges(rt, o)) return batches.add(rt, a, b, dst);
+  std::vector<int64_t> begin(t.shape.size(), 0), end = t.shape;
+  uint64_t first = 0;
+  if (!t.shape.empty() && t.shape[0] > 0) {
+    const uint64_t row = rt.nbytes / static_cast<uint64_t>(t.shape[0]);
+    begin[0] = static_cast<int64_t>(a / row);
+    end[0] = static_cast<int64_t>((b + row - 1) / row);
+    first = static_cast<uint64_t>(begin[0]) * row;
+  }
+  uint64_t n = rt.nbytes;
+  if (!t.shape.empty()) n = n / static_cast<uint64_t>(t.shape[0]) * (end[0] - begin[0]);
+  std::vector<std::byte> rows(n);
+  c.read_slice(rt.tensor, begin, end, rows, o);
+  std::memcpy(dst, rows.data() + (a - first), b - a);
+}
+
+// The tensor whose place in the stream starts at or before `at`.
+size_t tensor_at(const Replicated& r, uint64_t at) {
+  return static_cast<size_t>(std::upper_bound(r.start.begin(), r.start.end(), at) -
+                             r.start.begin()) -
+         1;
+}
+
+// fn(k, a, b) for the bytes [a, b) of each tensor k (offsets in the tensor) in stream [from, to).
+template <typename Fn>
+void each_in(const Replicated& r, uint64_t from, uint64_t to, Fn fn) {
+  for (size_t k = tensor_at(r, from); k < r.tensors.size() && r.start[k] < to; ++k) {
+    const uint64_t a = std::max(from, r.start[k]);
+    const uint64_t b = std::min(to, r.start[k] + r.tensors[k]->nbytes);
+    if (a < b) fn(k, a - r.start[k], b - r.start[k]);
+  }
+}
+
+// Stream bytes [from, to) into host memory `out`.
+void read_stream(const Checkpoint& c, const Replicated& r, uint64_t from, uint64_t to,
+                 std::byte* out, const LoadOptions& o) {
+  Batches batches(c);
+  each_in(r, from, to, [&](size_t k, uint64_t a, uint64_t b) {
+    read_part(c, *r.tensors[k], a, b, out + (r.start[k] + a - from), o, batches);
+  });
+  batches.read();
+}
+
+// Stream bytes [from, to) into device memory `out` through the staging ring: raw bytes from
+// their file, others read by rows into host memory of the part's size first.
+void stream_to_device(const Checkpoint& c, const Replicated& r, uint64_t from, uint64_t to,
+                      std::byte* out, const LoadOptions& o, const RankTarget& t) {
+  std::vector<DeviceRun> runs;
+  std::deque<std::vector<std::byte>> host;
+  Batches none(c);
+  each_in(r, from, to, [&](size_t k, uint64_t a, uint64_t b) {
+    const RankTensor& rt = *r.tensors[k];
+    std::byte* dst = out + (r.start[k] + a - from);
+    if (by_ranges(rt, t.host)) {
+      const FileRange& fr = rt.ranges[0];
+      runs.push_back({&source_of(c, fr.file), fr.offset + a, nullptr, b - a, dst});
+      return;
+    }
+    std::vector<std::byte>& bytes = host.emplace_back(b - a);
+    read_part(c, rt, a, b, bytes.data(), t.host, none);
+    runs.push_back({nullptr, 0, bytes.data(), b - a, dst});
+  });
+  fill_device_runs(*t.engine, runs, o);
+}
+
+// The names of the tensors that stream bytes [from, to) belong to, for errors.
+std::string names_in(const Checkpoint& c, const Replicated& r, uint64_t from, uint64_t to) {
+  size_t k0 = tensor_at(r, from);
+  if (from >= r.start[k0] + r.tensors[k0]->nbytes && k0 + 1 < r.tensors.size()) ++k0;
+  size_t k1 = k0;
+  while (k1 + 1 < r.tensors.size() && r.start[k1 + 1] < to) ++k1;
+  const std::string& first = c.tensors()[r.tensors[k0]->tensor].name;
+  if (k1 == k0) return "'" + first + "'";
+  return "'" + first + "' to '" + c.tensors()[r.tensors[k1]->tensor].name + "' (" +
+         std::to_string(k1 - k0 + 1) + " tensors)";
+}
+
+// Stream offset `at` moved to where a part may end: anywhere in a tensor read by byte ranges or
+// between tensors, at a row boundary (down, or `up`) in one read by rows, so that no row is read
+// by two ranks.
+uint64_t snap(const Checkpoint& c, const Replicated& r, uint64_t at, bool up,
+              const LoadOptions& o) {
+  if (at >= r.total) return at;
+  const size_t k = tensor_at(r, at);
+  const RankTensor& rt = *r.tensors[k];
+  const uint64_t in = at - r.start[k];
+  if (in == 0 || in >= rt.nbytes || by_ranges(rt, o)) return at;
+  const TensorInfo& t = c.tensors()[rt.tensor];
+  uint64_t row = rt.nbytes;
+  if (!t.shape.empty() && t.shape[0] > 0) row = std::max<uint64_t>(1, row / t.shape[0]);
+  uint64_t off = in / row * row;
+  if (up && off < in) off += row;
+  return r.start[k] + off;
+}
+
+}  // namespace
+
+void Replicated::add(const RankTensor& rt) {
+  start.push_back(align_up(total, kStreamAlign));
+  tensors.push_back(&rt);
+  total = start.back() + rt.nbytes;
+}
+
+void exchange_replicated(const Checkpoint& c, const Replicated& r, RankExchange& ex,
+                         uint64_t budget, const LoadOptions& o, std::byte* stream,
+                         const RankTarget& t) {
+  const uint64_t world = static_cast<uint64_t>(ex.world()), rank = static_cast<uint64_t>(ex.rank());
+  const uint64_t per_rank = std::max<uint64_t>(1, budget / world);
+  std::vector<uint64_t> cut(world + 1);  // rank k's part of a round: [cut[k], cut[k + 1])
+  for (uint64_t at = 0; at < r.total;) {
+    const uint64_t want = std::min(r.total, at + per_rank * world);
+    uint64_t end = snap(c, r, want, false, t.host);
+    if (end <= at) end = snap(c, r, want, true, t.host);
+    cut[0] = at;
+    cut[world] = end;
+    for (uint64_t k = 1; k < world; ++k)
+      cut[k] = std::max(cut[k - 1], snap(c, r, at + (end - at) * k / world, false, t.host));
+    if (t.engine)
+      stream_to_device(c, r, cut[rank], cut[rank + 1], stream + cut[rank], o, t);
+    else
+      read_stream(c, r, cut[rank], cut[rank + 1], stream + cut[rank], t.host);
+    try {
+      ex.gather_parts(std::span<std::byte>(stream + at, end - at), cut, t.device);
+    } catch (const std::exception& e) {
+      throw Error(ErrorCode::kIo,
+                  "rank " + std::to_string(rank) + " of " + std::to_string(world) +
+                      ": the exchange of " + names_in(c, r, at, end) + " failed: " + e.what(),
+                  c.source().name(), c.tensors()[r.tensors[0]->tensor].name);
+    }
+    at = end;
+  }
+}
+
+}  // namespace internal
+
+void RankExchange::all_gather(std::span<const std::byte>, std::span<std::byte>) {
+  throw Error(ErrorCode::kUnsupported, "this exchange implements gather_parts only");
+}
+
+void RankExchange::gather_parts(std::span<std::byte> round, std::span<const uint64_t> cuts,
+                                const Device& device) {
+  const size_t n = cuts.size() - 1, me = static_cast<size_t>(rank());
+  uint64_t q = 1;  // the largest part: every rank's is padded to it
+  for (size_t k = 0; k < n; ++k) q = std::max(q, cuts[k + 1] - cuts[k]);
+  internal::CopyEngine* engine = device.is_cpu() ? nullptr : &internal::engine_for(device);
+  auto part = [&](size_t k) { return round.data() + (cuts[k] - cuts[0]); };
+  std::vector<std::byte> mine(q), all(q * n);
+  if (const uint64_t len = cuts[me + 1] - cuts[me]; len && engine)
+    engine->to_host(mine.data(), part(me), len);
+  else if (len)
+    std::memcpy(mine.data(), part(me), len);
+  all_gather(mine, all);
+  for (size_t k = 0; k < n; ++k) {
+    const uint64_t len = cuts[k + 1] - cuts[k];
+    if (k == me || !len) continue;
+    if (engine)
+      engine->to_device(part(k), all.data() + k * q, len);
+    else
+      std::memcpy(part(k), all.data() + k * q, len);
+  }
+}
+
+}  // namespace ckpt
