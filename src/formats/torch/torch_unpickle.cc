@@ -19,6 +19,7 @@
 #include <utility>
 
 #include "ckpt/error.h"
+#include "formats/torch/torch_dtensor.h"
 #include "formats/torch/weights_only.h"
 #include "pickle/builtin_calls.h"
 #include "pickle/unpickler.h"
@@ -368,31 +369,6 @@ class Builder {
 
   // A fresh node for tensor `i` whose origin records the Python wrapper torch pickled around it:
   // the call `fn` with arguments (type, state) — the class (None for a Parameter) and its state.
-  // The shard of a DTensor's _rebuild_from_type_v2(_rebuild_wrapper_subclass, DTensor, args,
-  // state): the tensor under state["_local_tensor"] (the state is copyreg's (dict, slots) pair
-  // for DTensor's __slots__, or a dict), or kNoRef for any other call.
-  static Ref dtensor_local(const PickleHeap& h, Ref fn, Ref type, Ref state) {
-    if (h.kind(fn) != Kind::kGlobal || h.module(fn) != "torch._utils" ||
-        h.name(fn) != "_rebuild_wrapper_subclass" || h.kind(type) != Kind::kGlobal ||
-        h.name(type) != "DTensor" || !h.module(type).starts_with("torch.distributed."))
-      return kNoRef;
-    if (h.kind(state) == Kind::kTuple && h.items(state).size() == 2) {
-      const Ref slots = h.items(state)[1];
-      if (h.kind(slots) == Kind::kDict)
-        if (Ref r = dtensor_local(h, fn, type, slots); r != kNoRef) return r;
-      return h.kind(h.items(state)[0]) == Kind::kDict
-                 ? dtensor_local(h, fn, type, h.items(state)[0])
-                 : kNoRef;
-    }
-    if (h.kind(state) != Kind::kDict) return kNoRef;
-    std::span<const Ref> kv = h.items(state);
-    for (size_t k = 0; k + 1 < kv.size(); k += 2)
-      if (h.kind(kv[k]) == Kind::kString && h.text(kv[k]) == "_local_tensor" &&
-          h.kind(kv[k + 1]) == Kind::kTensor)
-        return kv[k + 1];
-    return kNoRef;
-  }
-
   Ref wrapped_tensor(PickleHeap& h, Ref fn, size_t i, Ref type, Ref state) {
     const Ref args[2] = {type, state};
     Ref call = h.object(fn, h.tuple(std::span<const Ref>(args, 2)));
@@ -546,10 +522,8 @@ class Builder {
           h.kind(a[1]) == Kind::kGlobal && h.module(a[1]) == "torch" && h.name(a[1]) == "Tensor";
       const Ref type = a[1];
       const Ref state = a.size() > 3 ? a[3] : h.none();
-      // A DTensor (torch.distributed.tensor) is pickled as a wrapper subclass, its rank's shard
-      // in the state's `_local_tensor` and its placement in `_spec`: the shard is the tensor,
-      // the class and the state go with it as for any subclass (formats/dcp/dtensor_files.cc
-      // assembles a folder of them).
+      // A DTensor: its rank's shard is the tensor, the class and the state go with it as for
+      // any subclass (torch_dtensor.h).
       if (Ref local = dtensor_local(h, a[0], type, state); local != kNoRef)
         return wrapped_tensor(h, h.global("torch._tensor", "_rebuild_from_type_v2"),
                               static_cast<size_t>(h.int_value(local)), type, state);
