@@ -50,7 +50,7 @@ DEMO_DIR ?= demo-out
 
 DEB_PACKAGES := cmake ninja-build g++ pkg-config libgtest-dev libgmock-dev libbenchmark-dev \
   libdeflate-dev libisal-dev zlib1g-dev libsodium-dev libssl-dev libcurl4-openssl-dev curl nginx \
-  radosgw ceph-mon ceph-osd nlohmann-json3-dev libcli11-dev clang-format \
+  radosgw ceph-mon ceph-osd nlohmann-json3-dev libyaml-cpp-dev libcli11-dev clang-format \
   python3 python3-torch python3-numpy python3-pytest python3-onnx \
   python3-dev python3-venv pybind11-dev libdlpack-dev python3-pip python3-setuptools python3-wheel
 # What a tensorizer checkout imports under /usr/bin/python3 (bench/python.py --tensorizer DIR); by

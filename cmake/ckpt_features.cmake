@@ -7,6 +7,7 @@
 #   openssl     SHA-256 (and SHA-1) through libcrypto (src/util/sha256_openssl.cc)
 #   libisal     fast inflate and CRC32 (zlib's inflate, libdeflate's or zlib's CRC32 without it)
 #   libdeflate  the zip writer's deflate and CRC32 (zlib without it)
+#   yaml-cpp    YAML transform recipes (src/convert/recipe_yaml.cc; JSON recipes need nothing)
 # A feature that is off throws Error{kUnsupported} naming the library and its packages.
 #
 # Sets CKPT_LINK_DEPS (the private link dependencies: also named by ckptConfig.cmake.in and
@@ -15,11 +16,12 @@
 # which only the files that choose a code path include: no global -D flag, so an object that
 # does not include it compiles the same in every configuration (and ccache shares it).
 #
-# -DCKPT_PRETEND_MISSING="libcurl;libsodium;libisal;libdeflate;openssl" treats those libraries as
-# not installed (scripts/check-degraded.sh builds each way).
+# -DCKPT_PRETEND_MISSING="libcurl;libsodium;libisal;libdeflate;openssl;yaml-cpp" treats those
+# libraries as not installed (scripts/check-degraded.sh builds each way).
 
 set(CKPT_PRETEND_MISSING "" CACHE STRING
-    "Optional libraries to treat as not installed (libcurl;libsodium;libisal;libdeflate;openssl)")
+    "Optional libraries to treat as not installed (libcurl;libsodium;libisal;libdeflate;openssl;\
+yaml-cpp)")
 
 find_package(PkgConfig REQUIRED)
 find_package(Threads REQUIRED)
@@ -142,6 +144,20 @@ else()
                  "deflates; install libdeflate-dev / libdeflate-devel / libdeflate)")
 endif()
 
+# yaml-cpp: YAML transform recipes.
+ckpt_optional_pkg(CKPT_YAML yaml-cpp)
+set(CKPT_HAVE_YAML ${CKPT_YAML_FOUND})
+if(CKPT_HAVE_YAML)
+  list(APPEND CKPT_LINK_DEPS PkgConfig::CKPT_YAML)
+  list(APPEND CKPT_PKG_MODULES CKPT_YAML:yaml-cpp)
+  list(APPEND CKPT_PC_REQUIRES yaml-cpp)
+  list(APPEND CKPT_SOURCES_OFF ${_src}/convert/recipe_yaml_missing.cc)
+else()
+  list(APPEND CKPT_SOURCES_OFF ${_src}/convert/recipe_yaml.cc)
+endif()
+ckpt_feature("YAML recipes" yaml-cpp "${CKPT_HAVE_YAML}"
+             "libyaml-cpp-dev / yaml-cpp-devel / yaml-cpp")
+
 list(APPEND CKPT_LINK_DEPS ZLIB::ZLIB Threads::Threads ${CMAKE_DL_LIBS})
 list(APPEND CKPT_PC_REQUIRES zlib)
 list(APPEND CKPT_PC_LIBS -pthread -ldl)
@@ -175,7 +191,12 @@ if(CKPT_HAVE_LIBDEFLATE)
 else()
   set(CKPT_DEFLATE_PROVIDER zlib)
 endif()
-foreach(v CURL SODIUM OPENSSL ISAL LIBDEFLATE)
+if(CKPT_HAVE_YAML)
+  set(CKPT_FEATURE_YAML yaml)
+else()
+  set(CKPT_FEATURE_YAML -yaml)
+endif()
+foreach(v CURL SODIUM OPENSSL ISAL LIBDEFLATE YAML)
   if(CKPT_HAVE_${v})
     set(CKPT_HAVE_${v} 1)
   else()

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Checks that ckpt builds and works with each optional library missing (docs/library.md
-# "Dependencies"): for each of libcurl, libsodium, libisal, libdeflate, openssl, and for all of
-# them at once, configures build-degraded-<name>/ with -DCKPT_PRETEND_MISSING, builds the CLI
+# "Dependencies"): for each of libcurl, libsodium, libisal, libdeflate, openssl, yaml-cpp, and for
+# all of them at once, configures build-degraded-<name>/ with -DCKPT_PRETEND_MISSING, builds the CLI
 # (ckpt_cli only), then:
 #   - `ckpt --version` lists the features, with the missing one off;
 #   - ls, load and convert of a torch.save file and a safetensors file (made by the peer venv's
@@ -10,7 +10,9 @@
 #     those of the full build, and the written .pt loads in torch (when the venv exists);
 #   - the missing feature is refused with exit status 6 and a message naming its package:
 #     a URL without libcurl, an encrypted tensorizer file (read and write) without libsodium,
-#     `ckpt digest` without any SHA-256 provider (with libsodium alone, digests match OpenSSL's).
+#     `ckpt digest` without any SHA-256 provider (with libsodium alone, digests match OpenSSL's),
+#     a YAML transform recipe without yaml-cpp (a JSON one works; with yaml-cpp both give the
+#     full build's file).
 # Usage: scripts/check-degraded.sh [FULL_BUILD_DIR] (default build/: an all-features build whose
 # ckpt makes the reference outputs; it is brought up to date first). CKPT_DEGRADED="libcurl all"
 # picks the variants; CKPT_DEGRADED_CMAKE_FLAGS adds configure flags.
@@ -19,8 +21,8 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 full=$(cd "${1:-$root/build}" && pwd)
 jobs=$(nproc 2>/dev/null || echo 2)
-variants=${CKPT_DEGRADED:-libcurl libsodium libisal libdeflate openssl all}
-all="libcurl;libsodium;libisal;libdeflate;openssl"
+variants=${CKPT_DEGRADED:-libcurl libsodium libisal libdeflate openssl yaml-cpp all}
+all="libcurl;libsodium;libisal;libdeflate;openssl;yaml-cpp"
 gen=()
 command -v ninja >/dev/null && gen=(-G Ninja)
 launcher=()
@@ -84,6 +86,10 @@ for f in model.pt deflated.pt model.safetensors model.tensors; do
 done
 "$ref" convert "$in/model.safetensors" "$tmp/ref/back.pt" >/dev/null
 "$ref" digest "$in/model.safetensors" >"$tmp/ref/digest.txt"
+printf '{"strip_prefix": "fc.", "drop": ["scale"], "cast": "fp16"}\n' >"$in/recipe.json"
+printf '# the same rules\nstrip_prefix: fc.\ndrop: [scale]\ncast: fp16\n' >"$in/recipe.yaml"
+"$ref" convert "$in/model.safetensors" "$tmp/ref/recipe.safetensors" --recipe "$in/recipe.json" \
+  >/dev/null 2>&1
 
 # --- one degraded build ------------------------------------------------------------------------
 check_variant() {
@@ -150,6 +156,22 @@ check_variant() {
   *)
     "$ck" digest "$in/model.safetensors" >"$out/digest.txt" || fail "$name: digest"
     cmp -s "$out/digest.txt" "$tmp/ref/digest.txt" || fail "$name: digest differs from OpenSSL's"
+    ;;
+  esac
+  "$ck" convert "$in/model.safetensors" "$out/recipe.safetensors" --recipe "$in/recipe.json" \
+    >/dev/null 2>&1 || fail "$name: convert --recipe recipe.json"
+  cmp -s "$out/recipe.safetensors" "$tmp/ref/recipe.safetensors" ||
+    fail "$name: the JSON recipe's conversion differs from the full build's"
+  case ";$missing;" in *";yaml-cpp;"*)
+    expect_refusal "$name" libyaml-cpp-dev "$ck" convert "$in/model.safetensors" \
+      "$out/yaml.safetensors" --recipe "$in/recipe.yaml"
+    [ ! -e "$out/yaml.safetensors" ] || fail "$name: a refused YAML recipe left an output"
+    ;;
+  *)
+    "$ck" convert "$in/model.safetensors" "$out/yaml.safetensors" --recipe "$in/recipe.yaml" \
+      >/dev/null 2>&1 || fail "$name: convert --recipe recipe.yaml"
+    cmp -s "$out/yaml.safetensors" "$tmp/ref/recipe.safetensors" ||
+      fail "$name: the YAML recipe's conversion differs from the JSON one's"
     ;;
   esac
   step "$name: OK"

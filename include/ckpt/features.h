@@ -6,7 +6,7 @@
 namespace ckpt {
 
 // The features built in, space-separated, e.g. "http s3 tensorizer-encryption sha256=openssl
-// inflate=isa-l crc32=isa-l deflate=libdeflate". A feature that is off is listed as "-http".
+// inflate=isa-l crc32=isa-l deflate=libdeflate yaml". A feature that is off is listed as "-http".
 const char* build_features();
 
 }  // namespace ckpt

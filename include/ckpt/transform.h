@@ -83,7 +83,7 @@ struct TransformRecipe {
   }
 };
 
-// A recipe from JSON (the fields of --recipe, docs/cli.md "Converting for serving"):
+// A recipe from JSON (the fields of --recipe, docs/cli.md "Converting for serving"; YAML below):
 //   {"rename": [{"regex": "^h\\.(\\d+)\\.", "replacement": "layers.$1."},
 //               {"strip_prefix": "module."}, {"add_prefix": "model."}],
 //    "strip_prefix": ["_orig_mod."], "add_prefix": "model.",
@@ -95,8 +95,27 @@ struct TransformRecipe {
 //    "transpose": ["*.c_attn.weight"]}
 // String forms of the CLI flags are accepted too: "split": ["NAME:DIM:P1,P2[:S1,S2]"],
 // "fuse": ["P1,P2:DIM:NAME"]. Rename rules keep their order ("strip_prefix" and "add_prefix"
-// at the top level come after the "rename" list). Throws Error{kInvalidArgument} naming the field.
+// at the top level come after the "rename" list). Integers are numbers (a dim or size given as
+// the string "0" is refused), `dequantize: true` a boolean. An unknown field, in the recipe or in
+// a rule's mapping, is refused. Throws Error{kInvalidArgument} naming the field.
 TransformRecipe parse_transform_recipe(std::string_view json);
+
+// A recipe file's text, JSON or YAML, `name` being the file's name: YAML when it ends in .yaml
+// or .yml, JSON when it ends in .json, otherwise JSON when the first character that is not white
+// space is '{' and YAML when not. A YAML recipe has the JSON one's structure (the same tree is
+// read): block or flow style, comments, anchors; plain scalars typed as YAML 1.2's core schema
+// types them (true/false booleans, 12 an integer, 1.5 a float, null/~ null, the rest strings;
+// yes/no/on/off refused as ambiguous), quoted ones strings. Errors are Error{kInvalidArgument}
+// "transform recipe (YAML): line L, column C: ..." (or "(JSON)") with `name` as the source; a
+// YAML recipe in a build without yaml-cpp is Error{kUnsupported} naming its packages
+// (build_features() lists "-yaml").
+TransformRecipe parse_transform_recipe(std::string_view text, const std::string& name);
+// The recipe in the file at `path` (16 MiB at most), as parse_transform_recipe(text, path).
+TransformRecipe read_transform_recipe(const std::string& path);
+// The file's recipe as JSON text after it was read and checked as read_transform_recipe does (a
+// YAML one turned into the JSON it stands for): what Checkpoint.convert(recipe=PATH) adds its
+// keywords to.
+std::string transform_recipe_json(const std::string& path);
 
 // "bf16"/"bfloat16", "fp16"/"float16"/"half", "fp32"/"float32"/"float": Error{kInvalidArgument}
 // for another name.

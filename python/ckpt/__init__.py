@@ -561,7 +561,6 @@ open_builtin = open
 def _recipe(recipe, strip_prefix, rename, add_prefix, keep, drop, cast, dequantize, split,
             fuse, transpose):
     """Checkpoint.convert's transform keywords as the JSON recipe the native layer parses."""
-    import builtins
     import json as _json
 
     def many(x):
@@ -569,9 +568,8 @@ def _recipe(recipe, strip_prefix, rename, add_prefix, keep, drop, cast, dequanti
             return []
         return [x] if isinstance(x, (str, bytes, os.PathLike, dict)) else list(x)
 
-    if isinstance(recipe, (str, bytes, os.PathLike)):
-        with builtins.open(recipe, "rb") as f:
-            recipe = _json.load(f)
+    if isinstance(recipe, (str, bytes, os.PathLike)):  # a JSON or YAML file, read natively
+        recipe = _json.loads(_ckpt.transform_recipe_json(os.fsdecode(recipe)))
     r = dict(recipe or {})
     names = [{"strip_prefix": p} for p in many(strip_prefix)]
     for x in many(rename):
@@ -656,7 +654,7 @@ class Checkpoint:
         its weights, as `ckpt convert` copies them (the report's "model_files_copied").
 
         Transforms for serving (`ckpt convert --rename ...`, docs/python.md): recipe= a dict (or
-        a JSON file's path) of rules as `--recipe` takes them, and keywords that add to it:
+        a JSON or YAML file's path) of rules as `--recipe` takes them, and keywords that add to it:
         strip_prefix= / add_prefix= a prefix or a list, rename= [(REGEX, REPLACEMENT), ...]
         (rename rules in the order strip_prefix, rename, add_prefix), keep= / drop= /
         transpose= globs, cast="bf16"|"fp16"|"fp32", dequantize=True (every scheme) or

@@ -265,7 +265,7 @@ void bind_checks(PyClass& c) {
              uint32_t dcp_files, uint64_t memory_budget, const std::string& recipe) {
             ConvertOptions o;
             if (!recipe.empty())
-              o.transforms = parse_transform_recipe(recipe);  // JSON, transform.h
+              o.transforms = parse_transform_recipe(recipe);  // JSON text, transform.h
             o.fsync = fsync;
             if (memory_budget) o.memory_budget = memory_budget;
             PyProgress progress(progress_fn);
@@ -364,6 +364,12 @@ void bind_checkpoint(pyb::module_& m) {
   bind_tables(c);
   bind_checks(c);
   bind_bytes(c);
+  // A recipe file (JSON or YAML, transform.h) as the JSON text convert(recipe=) takes, read and
+  // checked by the library: Checkpoint.convert adds its keywords to it.
+  m.def("transform_recipe_json", [](const std::string& path) {
+    pyb::gil_scoped_release nogil;
+    return transform_recipe_json(path);
+  });
 }
 
 }  // namespace ckpt::py

@@ -10,7 +10,7 @@ namespace ckpt {
 const char* build_features() {
   return "" CKPT_FEATURE_HTTP " " CKPT_FEATURE_S3 " " CKPT_FEATURE_ENCRYPTION
          " sha256=" CKPT_SHA256_PROVIDER " inflate=" CKPT_INFLATE_PROVIDER
-         " crc32=" CKPT_CRC32_PROVIDER " deflate=" CKPT_DEFLATE_PROVIDER;
+         " crc32=" CKPT_CRC32_PROVIDER " deflate=" CKPT_DEFLATE_PROVIDER " " CKPT_FEATURE_YAML;
 }
 
 }  // namespace ckpt
@@ -29,6 +29,7 @@ constexpr Packages kPackages[] = {
     {"libcurl", "libcurl4-openssl-dev", "libcurl-devel", "libcurl"},
     {"libsodium", "libsodium-dev", "libsodium-devel", "libsodium"},
     {"OpenSSL", "libssl-dev", "openssl-devel", "openssl"},
+    {"yaml-cpp", "libyaml-cpp-dev", "yaml-cpp-devel", "yaml-cpp"},
 };
 
 }  // namespace

@@ -40,9 +40,11 @@ def test_a_missing_dependency_stops_configure_with_its_packages(dep, tmp_path):
 def test_a_missing_optional_library_is_a_feature_turned_off(tmp_path):
     r = subprocess.run(["cmake", "-S", REPO, "-B", str(tmp_path / "b"), "-G", "Ninja",
                         "-DCKPT_BUILD_PYTHON=OFF", "-DCKPT_BUILD_TESTS=OFF",
-                        "-DCKPT_PRETEND_MISSING=libcurl;libsodium"],
+                        "-DCKPT_PRETEND_MISSING=libcurl;libsodium;yaml-cpp"],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     text = r.stdout + r.stderr
     assert "HTTP/S3 (libcurl): OFF" in text and "libcurl4-openssl-dev" in text
     assert "libsodium): OFF" in text and "libsodium-dev" in text
+    assert "YAML recipes (yaml-cpp): OFF" in text
+    assert "libyaml-cpp-dev / yaml-cpp-devel / yaml-cpp" in text

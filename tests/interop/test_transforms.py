@@ -126,6 +126,77 @@ def test_rename_keep_drop_split_fuse_transpose_equal_torch(ckpt, tmp_path):
         assert same_bits(got2[n], t), n
 
 
+YAML_RECIPE = r"""# the rules of the JSON recipe, in YAML
+rename:
+  - strip_prefix: module.
+  - {strip_prefix: _orig_mod.}
+  - regex: '^h\.(\d+)\.'
+    replacement: model.layers.$1.
+drop: ['*.inv_freq']
+split:
+  - name: model.layers.0.attn.qkv.weight
+    dim: 0
+    parts: [q.weight, k.weight, v.weight]
+    sizes: [32, 48, 16]
+fuse:
+  - parts: [model.layers.0.mlp.gate.weight, model.layers.0.mlp.up.weight]
+    dim: 1
+    name: gate_up
+transpose: ["*.c_proj.weight"]
+cast: bf16
+"""
+
+
+def test_yaml_recipe_equals_json_recipe_and_torch(ckpt, tmp_path):
+    g = torch.Generator().manual_seed(2)
+    p = "module._orig_mod.h.0."
+    sd = {p + "attn.qkv.weight": torch.randn(96, 16, generator=g),
+          p + "mlp.gate.weight": torch.randn(24, 16, generator=g),
+          p + "mlp.up.weight": torch.randn(24, 8, generator=g),
+          p + "c_proj.weight": torch.randn(16, 40, generator=g),
+          p + "rotary.inv_freq": torch.randn(8, generator=g),
+          "module._orig_mod.wte.weight": torch.randn(50, 16, generator=g).half()}
+    path = tmp_path / "in.pt"
+    torch.save(sd, path)
+    (tmp_path / "r.yaml").write_text(YAML_RECIPE)
+    (tmp_path / "r.json").write_text(json.dumps({
+        "rename": [{"strip_prefix": "module."}, {"strip_prefix": "_orig_mod."},
+                   {"regex": r"^h\.(\d+)\.", "replacement": "model.layers.$1."}],
+        "drop": ["*.inv_freq"],
+        "split": [{"name": "model.layers.0.attn.qkv.weight", "dim": 0,
+                   "parts": ["q.weight", "k.weight", "v.weight"], "sizes": [32, 48, 16]}],
+        "fuse": [{"parts": ["model.layers.0.mlp.gate.weight", "model.layers.0.mlp.up.weight"],
+                  "dim": 1, "name": "gate_up"}],
+        "transpose": ["*.c_proj.weight"], "cast": "bf16"}))
+    ckpt.ok("convert", path, tmp_path / "json.safetensors", "--recipe", tmp_path / "r.json")
+    out = tmp_path / "yaml.safetensors"
+    if "-yaml" in ckpt.ok("--version").stdout:  # a build without yaml-cpp refuses it, exit 6
+        r = ckpt.run("convert", path, out, "--recipe", tmp_path / "r.yaml")
+        line = one_error_line(r)
+        assert r.returncode == 6 and "libyaml-cpp-dev" in line and "yaml-cpp-devel" in line, line
+        assert not out.exists()
+        pytest.skip("built without yaml-cpp (the refusal checked)")
+    ckpt.ok("convert", path, out, "--recipe", tmp_path / "r.yaml")
+    assert out.read_bytes() == (tmp_path / "json.safetensors").read_bytes()
+    q, k, v = sd[p + "attn.qkv.weight"].split([32, 48, 16], 0)
+    want = {"q.weight": q, "k.weight": k, "v.weight": v,
+            "gate_up": torch.cat([sd[p + "mlp.gate.weight"], sd[p + "mlp.up.weight"]], 1),
+            "model.layers.0.c_proj.weight": sd[p + "c_proj.weight"].t().contiguous(),
+            "wte.weight": sd["module._orig_mod.wte.weight"]}
+    got = load_file(str(out))
+    assert sorted(got) == sorted(want)
+    for n, t in want.items():
+        assert same_bits(got[n], t.to(torch.bfloat16)), n
+    # YAML's typing: a quoted dim is a string, refused (exit 8) naming the file, line and column.
+    bad = tmp_path / "bad.yml"
+    bad.write_text(YAML_RECIPE.replace("dim: 0", 'dim: "0"'))
+    r = ckpt.run("convert", path, tmp_path / "bad.safetensors", "--recipe", bad)
+    line = one_error_line(r)
+    assert r.returncode == 8 and str(bad) in line and "line 10, column 10" in line, line
+    assert "must be an integer, not the string" in line
+    assert not (tmp_path / "bad.safetensors").exists()
+
+
 def fp8_block_reference(w, s):
     """DeepSeek-V3's dequantization: each 128x128 block times its scale, to bfloat16."""
     rows, cols = w.shape

@@ -50,6 +50,23 @@ def test_convert_keywords_equal_torch(tmp_path):
     assert torch.equal(got["qkv.weight"], sd["module.qkv.weight"].bfloat16())
     assert r["unmatched_rules"] == ["drop nothing"]
 
+    # The same recipe in YAML gives the same file; the keywords add to it as to the JSON one.
+    yaml = tmp_path / "r.yaml"
+    yaml.write_text("strip_prefix: module.  # a comment\nkeep:\n  - qkv.*\ncast: bf16\n")
+    try:
+        r = ckpt.open(src).convert(tmp_path / "y.pt", recipe=yaml, drop="nothing")
+    except ckpt.UnsupportedError as e:  # a build without yaml-cpp names its packages
+        assert "libyaml-cpp-dev" in str(e) and not (tmp_path / "y.pt").exists()
+        return
+    got_yaml = torch.load(tmp_path / "y.pt", weights_only=True)
+    assert list(got_yaml) == ["qkv.weight"]
+    assert torch.equal(got_yaml["qkv.weight"].view(torch.int16), got["qkv.weight"].view(torch.int16))
+    assert r["unmatched_rules"] == ["drop nothing"]
+    yaml.write_text("keep:\n  - qkv.*\ncast: [bf16]\n")
+    with pytest.raises(ckpt.InvalidArgumentError, match="line 3, column 7: cast must be a string"):
+        ckpt.open(src).convert(tmp_path / "z.pt", recipe=str(yaml))
+    assert not (tmp_path / "z.pt").exists()
+
 
 def test_convert_refusal_leaves_nothing(tmp_path):
     src = tmp_path / "in.safetensors"

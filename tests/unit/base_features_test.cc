@@ -46,6 +46,11 @@ TEST(Features, MissingNamesLibraryAndPackages) {
   const std::string t = missing_feature("libsodium", "tensorizer encryption needs").what();
   EXPECT_NE(t.find("libsodium-dev (Debian/Ubuntu), libsodium-devel (Fedora)"), std::string::npos)
       << t;
+  const std::string y = missing_feature("yaml-cpp", "YAML transform recipes need").what();
+  EXPECT_NE(y.find("libyaml-cpp-dev (Debian/Ubuntu), yaml-cpp-devel (Fedora) or yaml-cpp "
+                   "(conda-forge)"),
+            std::string::npos)
+      << y;
 }
 
 TEST(Features, BuildFeaturesListsTheProviders) {
@@ -53,6 +58,7 @@ TEST(Features, BuildFeaturesListsTheProviders) {
   EXPECT_NE(f.find("sha256="), std::string::npos) << f;
   EXPECT_NE(f.find("inflate="), std::string::npos) << f;
   EXPECT_NE(f.find("crc32="), std::string::npos) << f;
+  EXPECT_NE(f.find("yaml"), std::string::npos) << f;  // "yaml", or "-yaml" without yaml-cpp
 }
 
 }  // namespace

@@ -3,8 +3,6 @@
 #include "transform_flags.h"
 
 #include <cstdio>
-#include <fstream>
-#include <sstream>
 
 #include "ckpt/error.h"
 
@@ -62,7 +60,8 @@ std::shared_ptr<TransformFlags> add_transform_flags(CLI::App& cmd) {
   cmd.add_option("--transpose", f->transpose, "transpose 2-D tensors whose name matches GLOB")
       ->group(group)
       ->allow_extra_args(false);
-  cmd.add_option("--recipe", f->recipe, "the rules from a JSON file (docs/cli.md)")
+  cmd.add_option("--recipe", f->recipe,
+                 "the rules from a JSON or YAML file (.yaml/.yml; docs/cli.md)")
       ->group(group)
       ->check(CLI::ExistingFile);
   return f;
@@ -70,17 +69,7 @@ std::shared_ptr<TransformFlags> add_transform_flags(CLI::App& cmd) {
 
 TransformRecipe transform_recipe(const TransformFlags& f) {
   TransformRecipe r;
-  if (!f.recipe.empty()) {
-    std::ifstream in(f.recipe, std::ios::binary);
-    std::stringstream text;
-    text << in.rdbuf();
-    if (!in) throw Error(ErrorCode::kIo, "cannot read the recipe", f.recipe);
-    try {
-      r = parse_transform_recipe(text.str());
-    } catch (const Error& e) {
-      throw Error(e.code(), e.message(), f.recipe);
-    }
-  }
+  if (!f.recipe.empty()) r = read_transform_recipe(f.recipe);  // JSON or YAML
   // Rename rules in the order given on the command line.
   size_t ri = 0, si = 0, ai = 0;
   for (const CLI::Option* o : f.cmd->parse_order()) {

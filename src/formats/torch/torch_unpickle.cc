@@ -19,6 +19,8 @@
 #include <utility>
 
 #include "ckpt/error.h"
+#include "formats/torch/torch_dtensor.h"
+#include "formats/torch/torch_numpy.h"
 #include "formats/torch/weights_only.h"
 #include "pickle/builtin_calls.h"
 #include "pickle/unpickler.h"
@@ -368,31 +370,6 @@ class Builder {
 
   // A fresh node for tensor `i` whose origin records the Python wrapper torch pickled around it:
   // the call `fn` with arguments (type, state) — the class (None for a Parameter) and its state.
-  // The shard of a DTensor's _rebuild_from_type_v2(_rebuild_wrapper_subclass, DTensor, args,
-  // state): the tensor under state["_local_tensor"] (the state is copyreg's (dict, slots) pair
-  // for DTensor's __slots__, or a dict), or kNoRef for any other call.
-  static Ref dtensor_local(const PickleHeap& h, Ref fn, Ref type, Ref state) {
-    if (h.kind(fn) != Kind::kGlobal || h.module(fn) != "torch._utils" ||
-        h.name(fn) != "_rebuild_wrapper_subclass" || h.kind(type) != Kind::kGlobal ||
-        h.name(type) != "DTensor" || !h.module(type).starts_with("torch.distributed."))
-      return kNoRef;
-    if (h.kind(state) == Kind::kTuple && h.items(state).size() == 2) {
-      const Ref slots = h.items(state)[1];
-      if (h.kind(slots) == Kind::kDict)
-        if (Ref r = dtensor_local(h, fn, type, slots); r != kNoRef) return r;
-      return h.kind(h.items(state)[0]) == Kind::kDict
-                 ? dtensor_local(h, fn, type, h.items(state)[0])
-                 : kNoRef;
-    }
-    if (h.kind(state) != Kind::kDict) return kNoRef;
-    std::span<const Ref> kv = h.items(state);
-    for (size_t k = 0; k + 1 < kv.size(); k += 2)
-      if (h.kind(kv[k]) == Kind::kString && h.text(kv[k]) == "_local_tensor" &&
-          h.kind(kv[k + 1]) == Kind::kTensor)
-        return kv[k + 1];
-    return kNoRef;
-  }
-
   Ref wrapped_tensor(PickleHeap& h, Ref fn, size_t i, Ref type, Ref state) {
     const Ref args[2] = {type, state};
     Ref call = h.object(fn, h.tuple(std::span<const Ref>(args, 2)));
@@ -546,10 +523,8 @@ class Builder {
           h.kind(a[1]) == Kind::kGlobal && h.module(a[1]) == "torch" && h.name(a[1]) == "Tensor";
       const Ref type = a[1];
       const Ref state = a.size() > 3 ? a[3] : h.none();
-      // A DTensor (torch.distributed.tensor) is pickled as a wrapper subclass, its rank's shard
-      // in the state's `_local_tensor` and its placement in `_spec`: the shard is the tensor,
-      // the class and the state go with it as for any subclass (formats/dcp/dtensor_files.cc
-      // assembles a folder of them).
+      // A DTensor: its rank's shard is the tensor, the class and the state go with it as for
+      // any subclass (torch_dtensor.h).
       if (Ref local = dtensor_local(h, a[0], type, state); local != kNoRef)
         return wrapped_tensor(h, h.global("torch._tensor", "_rebuild_from_type_v2"),
                               static_cast<size_t>(h.int_value(local)), type, state);
@@ -592,130 +567,7 @@ class Builder {
     return kNoRef;  // VM built-ins (OrderedDict, set, bytes...) or a recorded object
   }
 
-  // --- numpy ---------------------------------------------------------------------------------
-
-  struct NpType {
-    DType dtype;
-    bool swap = false;
-  };
-  // A numpy.dtype object: numpy.dtype('f8', False, True) with BUILD state (3, '<', ...). Only
-  // plain numeric types ('b1', 'i1'..'i8', 'u1'..'u8', 'f2', 'f4', 'f8', 'c8', 'c16').
-  std::optional<NpType> np_type(const PickleHeap& h, Ref d) const {
-    if (h.kind(d) != Kind::kObject || h.name(d) != "dtype" || h.module(d) != "numpy")
-      return std::nullopt;
-    auto args = h.items(d);
-    if (args.empty() || h.kind(args[0]) != Kind::kString) return std::nullopt;
-    static const std::pair<std::string_view, DType> kTypes[] = {
-        {"b1", DType::kBool},      {"i1", DType::kInt8},       {"i2", DType::kInt16},
-        {"i4", DType::kInt32},     {"i8", DType::kInt64},      {"u1", DType::kUInt8},
-        {"u2", DType::kUInt16},    {"u4", DType::kUInt32},     {"u8", DType::kUInt64},
-        {"f2", DType::kFloat16},   {"f4", DType::kFloat32},    {"f8", DType::kFloat64},
-        {"c8", DType::kComplex64}, {"c16", DType::kComplex128}};
-    std::optional<NpType> t;
-    for (auto& [code, dt] : kTypes)
-      if (h.text(args[0]) == code) t = NpType{dt};
-    if (!t) return std::nullopt;
-    Ref st = h.state(d);
-    if (st == kNoRef) return t;
-    auto si = h.items(st);
-    if (h.kind(st) != Kind::kTuple || si.size() < 2 || h.kind(si[1]) != Kind::kString)
-      return std::nullopt;
-    // Fields beyond the byte order (names, fields, a subarray) mean a structured type.
-    for (size_t i = 2; i < si.size() && i < 5; ++i)
-      if (h.kind(si[i]) != Kind::kNone) return std::nullopt;
-    std::string_view order = h.text(si[1]);
-    if (order == ">") {
-      t->swap = dtype_info(t->dtype).bits > 8;
-    } else if (order != "<" && order != "|" && order != "=") {
-      return std::nullopt;
-    }
-    return t;
-  }
-
-  // numpy.core.multiarray.scalar(dtype, bytes): the number, remembering the call.
-  Ref numpy_scalar(PickleHeap& h, Ref fn, std::span<const Ref> a) {
-    if (a.size() != 2 || h.kind(a[1]) != Kind::kBytes) return kNoRef;
-    auto t = np_type(h, a[0]);
-    if (!t) return kNoRef;
-    std::string raw(h.text(a[1]));
-    const size_t size = dtype_info(t->dtype).bits / 8;
-    if (raw.size() != size) return kNoRef;
-    if (t->swap) {
-      const size_t half = (t->dtype == DType::kComplex64 || t->dtype == DType::kComplex128) ? 2 : 1;
-      for (size_t p = 0; p < half; ++p)
-        std::reverse(raw.begin() + p * size / half, raw.begin() + (p + 1) * size / half);
-    }
-    auto rd = [&](auto x, size_t off = 0) {
-      std::memcpy(&x, raw.data() + off, sizeof x);
-      return x;
-    };
-    Ref v;
-    switch (t->dtype) {
-      case DType::kBool:
-        v = h.own_boolean(raw[0] != 0);
-        break;  // not the shared one
-      case DType::kInt8:
-        v = h.integer(rd(int8_t{}));
-        break;
-      case DType::kInt16:
-        v = h.integer(rd(int16_t{}));
-        break;
-      case DType::kInt32:
-        v = h.integer(rd(int32_t{}));
-        break;
-      case DType::kInt64:
-        v = h.integer(rd(int64_t{}));
-        break;
-      case DType::kUInt8:
-        v = h.integer(rd(uint8_t{}));
-        break;
-      case DType::kUInt16:
-        v = h.integer(rd(uint16_t{}));
-        break;
-      case DType::kUInt32:
-        v = h.integer(rd(uint32_t{}));
-        break;
-      case DType::kUInt64: {
-        uint64_t x = rd(uint64_t{});
-        v = x <= INT64_MAX ? h.integer(static_cast<int64_t>(x)) : h.big_integer(std::to_string(x));
-        break;
-      }
-      case DType::kFloat16:
-        v = h.real(half_to_double(rd(uint16_t{})));
-        break;
-      case DType::kFloat32:
-        v = h.real(rd(float{}));
-        break;
-      case DType::kFloat64:
-        v = h.real(rd(double{}));
-        break;
-      case DType::kComplex64:
-        v = h.complex({rd(float{}), rd(float{}, 4)});
-        break;
-      case DType::kComplex128:
-        v = h.complex({rd(double{}), rd(double{}, 8)});
-        break;
-      default:
-        return kNoRef;
-    }
-    const Ref args[2] = {a[0], a[1]};
-    Ref call = h.object(fn, h.tuple(args));
-    h.set_origin(v, call);
-    return v;
-  }
-
-  static double half_to_double(uint16_t x) {
-    const int sign = x >> 15, exp = (x >> 10) & 0x1f, frac = x & 0x3ff;
-    double v;
-    if (exp == 0) {
-      v = std::ldexp(frac, -24);
-    } else if (exp == 31) {
-      v = frac ? std::nan("") : INFINITY;
-    } else {
-      v = std::ldexp(frac + 1024, exp - 25);
-    }
-    return sign ? -v : v;
-  }
+  // --- numpy (scalars and dtypes: torch_numpy.h) ---------------------------------------------
 
   // BUILD of numpy.core.multiarray._reconstruct(ndarray, (0,), b'b') with the state (version,
   // shape, dtype, is_fortran, raw bytes): a numeric array becomes a tensor whose bytes the
@@ -729,7 +581,7 @@ class Builder {
       return false;
     const Ref shape_ref = si[1], dtype_ref = si[2], fortran_ref = si[3], data_ref = si[4];
     if (h.kind(shape_ref) != Kind::kTuple || h.kind(fortran_ref) != Kind::kBool) return false;
-    auto t = np_type(h, dtype_ref);
+    auto t = numpy_type(h, dtype_ref);
     if (!t) return false;
     std::vector<int64_t> shape = int_tuple(h, shape_ref, "numpy array shape");
     const uint64_t item = dtype_info(t->dtype).bits / 8;
