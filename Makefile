@@ -28,7 +28,7 @@ FUZZ_SMOKE_SECONDS ?= 10
 FUZZ_TARGETS ?=
 # The unit tests that run threads (eager loader, parallel decryption, zip offset cache, the
 # concurrency tests): run under ThreadSanitizer by `make tsan`.
-TSAN_FILTER ?= *Concurrent*:*Thread*:*Parallel*:*Encrypted*:Concurrency.*:Load.*:FileSink*:*Sliced*:*Save*:Device.*:DeviceMemory.*:DeviceUnified.*:DeviceStaging.*:DropCache.*:Rank*:ProgressThrottle.*
+TSAN_FILTER ?= *Concurrent*:*Thread*:*Parallel*:*Encrypted*:Concurrency.*:Load.*:FileSink*:*Sliced*:*Save*:Device.*:DeviceMemory.*:DeviceUnified.*:DeviceStaging.*:DeviceOverlap.*:DropCache.*:Rank*:ProgressThrottle.*
 # The unit-test binaries (one per layer, tests/README.md; ckpt: the catch-all) that run threads.
 TSAN_TESTS ?= base zip fmt load device api convert ranks ckpt
 JOBS ?= $(shell nproc)

@@ -58,14 +58,18 @@ class DeviceAllocator {
   // none. The load then frees what it took and throws Error{kLimitExceeded}.
   virtual void* allocate(uint64_t bytes, const Device& device) = 0;
   virtual void free(void* p, uint64_t bytes, const Device& device) noexcept = 0;
-  // Every storage of a load at once, before any byte is read: out[i] gets sizes[i] bytes (null
-  // or a throw where there are none; the load then frees every non-null out[i] and throws
-  // Error{kLimitExceeded}). One call lets an allocator that must take a lock or an
-  // interpreter's lock (the Python module's, over torch's caching allocator) take it once per
-  // load instead of once per storage. The default calls allocate() for each in turn.
+  // Several storages of a load at once: out[i] gets sizes[i] bytes (null or a throw where there
+  // are none; the load then allocates nothing more, frees every non-null out[i] and every
+  // earlier allocation, and throws: Error{kLimitExceeded} naming the bytes needed and free for a
+  // null, the allocator's own exception for a throw). A load asks for its storages in plan order
+  // in a few such calls (1, 2, 4, ... storages each) on the loading thread, reading the first
+  // storages while it makes the rest: an allocator behind a lock or an interpreter's lock (the
+  // Python module's, over torch's caching allocator) takes it a few times per load instead of
+  // once per storage. The default calls allocate() for each in turn, up to the first null.
   virtual void allocate_all(std::span<const uint64_t> sizes, const Device& device,
                             std::span<void*> out) {
-    for (size_t i = 0; i < sizes.size(); ++i) out[i] = allocate(sizes[i], device);
+    for (size_t i = 0; i < sizes.size(); ++i)
+      if (!(out[i] = allocate(sizes[i], device))) return;
   }
 };
 

@@ -2,9 +2,10 @@
 // and _delete): one allocation per storage (LoadOptions::allocator), so the tensors of a device
 // load free one by one as torch's own do, and torch.cuda.memory_allocated() counts them.
 //
-// A load asks for all its storages at once (allocate_all): the GIL is taken once, torch's
-// functions and the device's current stream are looked up once, and the allocations are made
-// one after another before the first byte is read. Frees come one by one, each with the GIL.
+// A load asks for its storages in plan order in a few batches (allocate_all, on the loading
+// thread, while its readers read the first storages): the GIL is taken and the device's current
+// stream looked up once per batch, torch's functions once per process. Frees come one by one,
+// each with the GIL.
 // CKPT_DEVICE_ARENA=1 in the environment makes Python device loads use the library's one
 // allocation per load instead (the tensors then free together; for benchmarks: bench/device.py).
 

@@ -126,6 +126,9 @@ struct HostEngineOptions {
   // Pose as a device sharing the host's memory (CopyEngine::unified): allocate() returns plain
   // host memory the host may touch.
   bool unified = false;
+  // Called by staging() first, with its number (counted from 1 over the engine's life), on the
+  // calling thread: a test's hook to make staging slow or to watch its order.
+  std::function<void(uint64_t)> on_staging = {};
 };
 class HostCopyEngine : public CopyEngine {
  public:

@@ -344,16 +344,29 @@ class CudaEngine : public CopyEngine {
     });
   }
 
+  // A cached buffer that holds `bytes` (the smallest), else a new one; on a miss the cached ones
+  // too small for it are freed (a load's readers ask for buffers of one size).
   std::shared_ptr<std::byte> staging(uint64_t bytes) override {
     void* p = nullptr;
     uint64_t size = 0;
+    std::vector<void*> drop;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (cached_ && cached_size_ >= bytes) {
-        p = std::exchange(cached_, nullptr);
-        size = std::exchange(cached_size_, 0);
+      auto best = cached_.end();
+      for (auto it = cached_.begin(); it != cached_.end(); ++it)
+        if (it->second >= bytes && (best == cached_.end() || it->second < best->second)) best = it;
+      if (best != cached_.end()) {
+        p = best->first;
+        size = best->second;
+        cached_.erase(best);
+      } else {
+        std::erase_if(cached_, [&](const std::pair<void*, uint64_t>& c) {
+          if (c.second < bytes) drop.push_back(c.first);
+          return c.second < bytes;
+        });
       }
     }
+    for (void* q : drop) quiet(rt_, rt_.FreeHost(q));
     if (!p) {
       DeviceGuard on(rt_, index_);
       if (cudaError e = rt_.HostAlloc(&p, std::max<uint64_t>(bytes, 1), kHostAllocPortable);
@@ -366,15 +379,8 @@ class CudaEngine : public CopyEngine {
       size = bytes;
     }
     return std::shared_ptr<std::byte>(static_cast<std::byte*>(p), [this, size](std::byte* q) {
-      void* drop = q;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        if (!cached_ || cached_size_ < size) {
-          drop = std::exchange(cached_, q);
-          cached_size_ = size;
-        }
-      }
-      if (drop) quiet(rt_, rt_.FreeHost(drop));
+      std::lock_guard<std::mutex> lock(mu_);
+      cached_.emplace_back(q, size);
     });
   }
 
@@ -393,18 +399,22 @@ class CudaEngine : public CopyEngine {
 
   uint64_t cached_staging() const override {
     std::lock_guard<std::mutex> lock(mu_);
-    return cached_ ? cached_size_ : 0;
+    uint64_t n = 0;
+    for (const auto& c : cached_) n += c.second;
+    return n;
   }
   uint64_t release_staging() override {
-    void* p;
-    uint64_t n;
+    std::vector<std::pair<void*, uint64_t>> all;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      p = std::exchange(cached_, nullptr);
-      n = std::exchange(cached_size_, 0);
+      all.swap(cached_);
     }
-    if (p) quiet(rt_, rt_.FreeHost(p));
-    return p ? n : 0;
+    uint64_t n = 0;
+    for (const auto& [p, size] : all) {
+      quiet(rt_, rt_.FreeHost(p));
+      n += size;
+    }
+    return n;
   }
 
   std::unique_ptr<DirectFile> open_direct(int fd, std::string& why) override {
@@ -427,8 +437,9 @@ class CudaEngine : public CopyEngine {
   const Runtime& rt_;
   int index_;
   mutable std::mutex mu_;
-  void* cached_ = nullptr;  // one pinned staging buffer kept for the next load
-  uint64_t cached_size_ = 0;
+  // Pinned staging buffers kept for the next load (a load's readers take one each): (address,
+  // size), under mu_.
+  std::vector<std::pair<void*, uint64_t>> cached_;
   bool integrated_ = false, ats_ = false;
   std::map<uintptr_t, uint64_t> shared_;  // unified allocations -> size (under mu_)
 };

@@ -204,7 +204,8 @@ std::shared_ptr<std::byte> HostCopyEngine::allocate(uint64_t bytes) {
 
 std::shared_ptr<std::byte> HostCopyEngine::staging(uint64_t bytes) {
   std::shared_ptr<State> st = state_;
-  ++st->staging_calls;
+  const uint64_t call = ++st->staging_calls;
+  if (st->options.on_staging) st->options.on_staging(call);
   {
     std::lock_guard<std::mutex> lock(st->mu);
     st->staging_now += bytes;

@@ -59,11 +59,16 @@ struct DirectFd {
 
 void fill_device(const LoadPlan& plan, CopyEngine& engine, const std::vector<DeviceTarget>& targets,
                  const LoadOptions& options, DeviceLoadStats* stats,
-                 const PageCacheDropper* dropper) {
+                 const PageCacheDropper* dropper, const TargetMaker& make) {
   const CheckpointModel& m = *plan.model;
   const size_t n = targets.size();
+  // The targets' addresses: made up front, or while the readers read (`gate`).
+  const bool overlap = device_overlap();
+  TargetFeed feed;
+  if (make && (!overlap || engine.unified())) make(feed);
+  TargetFeed* gate = make && overlap && !engine.unified() ? &feed : nullptr;
   // Device memory the host writes directly (CopyEngine::unified): read into place, no ring.
-  bool unified = engine.unified();
+  bool unified = engine.unified() && !gate;
   for (const DeviceTarget& t : targets)
     if (unified && t.len && !engine.host_accessible(t.dst)) unified = false;
   std::unique_ptr<PageCacheDropper> own_dropper;
@@ -93,8 +98,11 @@ void fill_device(const LoadPlan& plan, CopyEngine& engine, const std::vector<Dev
   readers = static_cast<int>(
       std::min<size_t>(static_cast<size_t>(readers), std::max<size_t>(items.size(), 1)));
   const uint64_t ring_bytes = unified ? 0 : slot * 2 * static_cast<uint64_t>(readers);
-  std::shared_ptr<std::byte> ring;
-  if (!unified) ring = engine.staging(ring_bytes);
+  // Two slots per reader, each reader's buffer its own: made by the reader as it starts, or all
+  // here first without overlap.
+  std::vector<std::shared_ptr<std::byte>> rings(static_cast<size_t>(readers));
+  if (!unified && !overlap)
+    for (auto& r : rings) r = engine.staging(2 * slot);
 
   // Direct reads (GPUDirect Storage) of the file, where the engine has them; a failed one falls
   // back to the ring for the rest of the load.
@@ -140,9 +148,13 @@ void fill_device(const LoadPlan& plan, CopyEngine& engine, const std::vector<Dev
         session->wait(s);  // its last copy is done: the bytes may be overwritten
         return s;
       };
-      auto buf = [&](int s) { return ring.get() + static_cast<uint64_t>(s) * slot; };
+      auto buf = [&](int s) { return rings[static_cast<size_t>(s / 2)].get() + (s & 1) * slot; };
+      // Whether target j has its address (waiting for it); false: the load is stopping.
+      auto ready = [&](size_t j) { return !gate || gate->wait(j); };
       auto* progress = meter.active() ? &meter : nullptr;
       try {
+        if (!unified && !rings[static_cast<size_t>(r)])
+          rings[static_cast<size_t>(r)] = engine.staging(2 * slot);
         for (size_t i;
              !stop.load(std::memory_order_relaxed) && (i = next.fetch_add(1)) < items.size();) {
           const Item& it = items[i];
@@ -164,6 +176,7 @@ void fill_device(const LoadPlan& plan, CopyEngine& engine, const std::vector<Dev
               continue;
             }
             load_into(plan, p, host.get());
+            if (!ready(it.j)) break;
             for (uint64_t off = 0; off < t.len && !stop.load(std::memory_order_relaxed);
                  off += slot) {
               uint64_t len = std::min(slot, t.len - off);
@@ -179,6 +192,7 @@ void fill_device(const LoadPlan& plan, CopyEngine& engine, const std::vector<Dev
           const bool crc = !crcs[it.j].empty();
           const uint64_t at = si.offset + t.from + it.off;
           if (direct_ok.load(std::memory_order_relaxed) && !crc && !p.byteswap) {
+            if (!ready(it.j)) break;
             try {
               file->read(at, t.dst + it.off, it.len);
               direct_bytes += it.len;
@@ -205,24 +219,41 @@ void fill_device(const LoadPlan& plan, CopyEngine& engine, const std::vector<Dev
           if (dropper) dropper->consumed(at, it.len);
           if (p.byteswap)
             byteswap_elements(b, it.len, dtype_size(si.dtype), dtype_info(si.dtype).is_complex);
-          if (!unified) session->copy(s, t.dst + it.off, b, it.len);
+          if (!unified) {
+            if (!ready(it.j)) break;
+            session->copy(s, t.dst + it.off, b, it.len);
+          }
           progress_add(progress, it.len);
         }
       } catch (...) {
         std::lock_guard<std::mutex> lock(failure_mu);
         if (!failure) failure = std::current_exception();
         stop = true;
+        if (gate) gate->close();  // the maker stops too
       }
     };
+    // With a maker, every reader on a thread of its own: this thread makes the targets.
     std::vector<std::thread> pool;
     try {
-      for (int r = 1; r < readers; ++r) pool.emplace_back(worker, r);
+      for (int r = gate ? 0 : 1; r < readers; ++r) pool.emplace_back(worker, r);
     } catch (...) {
       stop = true;
+      feed.close();
       for (auto& t : pool) t.join();
       throw;
     }
-    worker(0);
+    if (gate) {
+      try {
+        make(feed);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(failure_mu);
+        if (!failure) failure = std::current_exception();
+        stop = true;
+      }
+      feed.close();
+    } else {
+      worker(0);
+    }
     for (auto& t : pool) t.join();
     // Every queued copy completes before the ring or the destinations can be freed.
     try {

@@ -14,11 +14,6 @@
 #include "util/bytes.h"
 
 namespace ckpt::internal {
-namespace {
-
-constexpr uint64_t kDeviceAlign = 256;
-
-}  // namespace
 
 std::vector<StoragePtr> execute_device(const LoadPlan& plan, const Device& device,
                                        const LoadOptions& options, DeviceLoadStats* stats) {
@@ -132,74 +127,23 @@ std::vector<StoragePtr> execute_device(const LoadPlan& plan, CopyEngine& engine,
                                        const LoadOptions& options, DeviceLoadStats* stats,
                                        const PageCacheDropper* dropper) {
   const CheckpointModel& m = *plan.model;
-  const size_t n = plan.storages.size();
   // Every storage's place and size, then the budget, before any byte moves. Meta storages get
   // no bytes (a null address).
-  std::vector<uint64_t> dev_off(n, 0);
-  std::vector<DeviceTarget> targets(n);
-  uint64_t total = 0, need = 0;
-  for (size_t k = 0; k < n; ++k) {
-    const PlannedStorage& p = plan.storages[k];
-    const uint64_t bytes = p.route == Route::kZeros ? 0 : m.storages[p.storage].nbytes;
-    targets[k] = {k, 0, bytes, nullptr};
-    dev_off[k] = total;
-    total = align_up(total + bytes, kDeviceAlign);
-    need += align_up(bytes, kDeviceAlign);
-  }
-  check_device_budget(engine, options.allocator ? need : total, options, m.source->name());
-
-  std::vector<std::shared_ptr<std::byte>> owners(n);
-  std::shared_ptr<std::byte> arena;
-  if (options.allocator) {
-    // Every storage's memory in one call (before the first read), each freed on its own.
-    const Device device = engine.device();
-    std::shared_ptr<DeviceAllocator> a = options.allocator;
-    std::vector<size_t> which;
-    std::vector<uint64_t> sizes;
-    for (size_t k = 0; k < n; ++k)
-      if (targets[k].len) which.push_back(k), sizes.push_back(targets[k].len);
-    std::vector<void*> got(which.size(), nullptr);
-    auto take = [&] {  // ownership of whatever was given, so that a failure frees it
-      for (size_t i = 0; i < which.size(); ++i) {
-        if (!got[i] || owners[which[i]]) continue;
-        const uint64_t bytes = sizes[i];
-        owners[which[i]] = std::shared_ptr<std::byte>(
-            static_cast<std::byte*>(got[i]),
-            [a, bytes, device](std::byte* q) noexcept { a->free(q, bytes, device); });
-      }
-    };
-    try {
-      a->allocate_all(sizes, device, got);
-    } catch (...) {
-      take();
-      throw;
-    }
-    take();
-    for (size_t i = 0; i < which.size(); ++i) {
-      if (!got[i])
-        throw Error(ErrorCode::kLimitExceeded,
-                    "the allocator gave no memory for " + std::to_string(sizes[i]) + " bytes on " +
-                        device.str(),
-                    m.source->name(), m.storages[plan.storages[which[i]].storage].key);
-      targets[which[i]].dst = static_cast<std::byte*>(got[i]);
-    }
-  } else {
-    arena = engine.allocate(std::max<uint64_t>(total, 1));
-    for (size_t k = 0; k < n; ++k)
-      if (targets[k].len) targets[k].dst = arena.get() + dev_off[k];
-  }
+  DeviceMemory memory(plan, options);
+  check_device_budget(engine, memory.bytes(), options, m.source->name());
   if (stats) {
     *stats = {};
-    stats->device_bytes = options.allocator ? need : total;
+    stats->device_bytes = memory.bytes();
   }
-  fill_device(plan, engine, targets, options, stats, dropper);
+  // The memory is made on this thread while the readers start (fill_device's `make`).
+  fill_device(plan, engine, memory.targets(), options, stats, dropper,
+              [&](TargetFeed& feed) { memory.allocate(engine, feed); });
 
   std::vector<StoragePtr> storages(m.storages.size());
-  for (size_t k = 0; k < n; ++k) {
+  for (size_t k = 0; k < plan.storages.size(); ++k) {
     const PlannedStorage& p = plan.storages[k];
-    std::shared_ptr<const void> owner = options.allocator ? std::shared_ptr<const void>(owners[k])
-                                                          : std::shared_ptr<const void>(arena);
-    StoragePtr st = make_storage(m.storages[p.storage], targets[k].dst, std::move(owner), false);
+    StoragePtr st =
+        make_storage(m.storages[p.storage], memory.targets()[k].dst, memory.owner(k), false);
     st->device = engine.device();
     storages[p.storage] = std::move(st);
   }

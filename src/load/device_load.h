@@ -17,6 +17,10 @@
 // A failure (read, CRC, copy) stops every reader at its next chunk; the copies already queued are
 // waited for before the staging and device memory are freed, and the first error is thrown.
 
+#include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
@@ -48,6 +52,34 @@ struct DeviceTarget {
   std::byte* dst = nullptr;
 };
 
+// The addresses of fill_device's targets, made while it reads: the maker sets targets[j].dst in
+// target order and publishes how many are set; a reader reads its chunk into staging first and
+// waits only for its own target's address before it queues the copy.
+class TargetFeed {
+ public:
+  // Targets [0, count) have their addresses (count only grows).
+  void publish(size_t count);
+  // No more will be published: the maker is done or failed, or a reader failed.
+  void close();
+  bool closed() const { return closed_.load(std::memory_order_acquire); }
+  // Blocks until target `j` has its address (true) or the feed is closed without it (false).
+  bool wait(size_t j);
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::atomic<size_t> ready_{0};
+  std::atomic<bool> closed_{false};
+};
+// Makes the targets' addresses, publishing them to the feed; stops early once it is closed.
+using TargetMaker = std::function<void(TargetFeed&)>;
+
+// Whether a device load overlaps its set-up with its first reads (the default): its device
+// memory is made while the first storages are read, and each reader makes its own staging
+// buffers. CKPT_DEVICE_OVERLAP=0 in the environment makes everything before the first read (for
+// comparison: bench/device.py).
+bool device_overlap();
+
 // Fills every target through the staging ring (above), with options.threads readers (as
 // planned), options.staging_bytes of staging (within host_staging_budget()) and, with
 // options.gds, direct reads (below). A raw storage's CRC is checked where a target covers all of
@@ -57,9 +89,46 @@ struct DeviceTarget {
 // reader reads its chunks straight into the targets (CRC and byte swap in place), decoded storages
 // are decoded in place. With plan.drop_cache, each chunk's pages that were not cached when the load
 // began (`dropper`'s record, made here when null) leave the page cache once read.
+// Each reader takes its two staging slots from the engine when it starts (engine.staging), so the
+// first read waits for one reader's buffer, not the whole ring's.
+// With `make`, the targets have no addresses yet: `make` runs on the calling thread while every
+// reader runs on a thread of its own (reading into staging, each copy waiting for its target's
+// address); a throw from it stops the load like a failed read, and a failed read closes the feed
+// so that it stops making. Without device_overlap(), or on a unified engine (whose reads go into
+// place), `make` runs before the first read.
 void fill_device(const LoadPlan& plan, CopyEngine& engine, const std::vector<DeviceTarget>& targets,
                  const LoadOptions& options, DeviceLoadStats* stats = nullptr,
-                 const PageCacheDropper* dropper = nullptr);
+                 const PageCacheDropper* dropper = nullptr, const TargetMaker& make = {});
+
+// The device memory of a load's planned storages (device_targets.cc): one target per planned
+// storage (all of it; none of a meta storage's bytes), in one arena for the load, or with
+// options.allocator one allocation per storage from it, each freed when its last owner dies.
+class DeviceMemory {
+ public:
+  DeviceMemory(const LoadPlan& plan, const LoadOptions& options);
+  // The bytes it takes on the device (for check_device_budget).
+  uint64_t bytes() const { return allocator_ ? need_ : total_; }
+  std::vector<DeviceTarget>& targets() { return targets_; }
+  // Allocates in plan order, publishing the targets to `feed` as their memory exists: the arena
+  // in one call; the allocator's in batches of 1, 2, 4, ... storages (one allocate_all call
+  // each; one call without device_overlap()), until all are made or the feed is closed. Throws what
+  // the allocator throws, or Error{kLimitExceeded} naming the storage and the bytes needed and free
+  // where it gives none; what was allocated is freed with this object.
+  void allocate(CopyEngine& engine, TargetFeed& feed);
+  // What keeps target k's memory alive (the arena, or its own allocation).
+  std::shared_ptr<const void> owner(size_t k) const;
+
+ private:
+  void allocate_batch(const Device& device, std::span<const size_t> which, CopyEngine& engine);
+
+  const LoadPlan& plan_;
+  std::shared_ptr<DeviceAllocator> allocator_;
+  std::vector<DeviceTarget> targets_;
+  std::vector<uint64_t> offsets_;  // in the arena
+  uint64_t total_ = 0, need_ = 0;
+  std::shared_ptr<std::byte> arena_;
+  std::vector<std::shared_ptr<std::byte>> owners_;  // per target, with an allocator
+};
 
 // Pinned staging within the host's budget: `asked`, at most half of what the cgroup memory
 // limit (/sys/fs/cgroup/memory.max, less memory.current) leaves, at least 2 MiB.
@@ -74,9 +143,12 @@ void check_device_budget(CopyEngine& engine, uint64_t need, const LoadOptions& o
 // engine.device() (Storage::device; data is a device address, null for a meta storage, which
 // gets no bytes): plan_tensors() makes the tensors. Where the bytes go: one allocation of the
 // engine for the whole load (the tensors are views of it), or with options.allocator one
-// allocation per storage from it, each freed when its last tensor dies. The bytes needed are
-// checked against options.max_device_bytes and the device's free memory first: a load that
-// cannot fit allocates nothing and reads nothing (Error{kLimitExceeded}).
+// allocation per storage from it, each freed when its last tensor dies (DeviceMemory, made on
+// the calling thread while the first storages are read: fill_device's `make`). The bytes needed
+// are checked against options.max_device_bytes and the device's free memory first: a load that
+// cannot fit allocates nothing and reads nothing (Error{kLimitExceeded}). An allocation that
+// fails midway stops the load: nothing more is allocated, no copy is queued to a storage without
+// memory, the queued ones complete, and everything allocated is freed before the error is thrown.
 // Throws Error like the other executors, kLimitExceeded when the device lacks the memory, kIo
 // naming the device when a copy fails.
 //

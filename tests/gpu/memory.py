@@ -6,8 +6,15 @@ prints one line per check, "ok" or "FAIL", and exits 1 if any failed.
   - a refused load (absent device) leaves no CUDA error behind: torch's next calls work
   - ckpt.load_into into CUDA tensors: in place (same data_ptr), tied weights kept, equal to
     load_state_dict(torch.load(...)), and no device memory of its own (free memory unchanged)
+  - a load whose allocations overlap its reads equals one that makes them first
+    (CKPT_DEVICE_OVERLAP=0, in a child process) and the host load
+  - torch's allocator failing midway through a load (a per-process memory fraction smaller than
+    the file, in a child process): an error, nothing of the load left allocated, and the next
+    load works
 """
 
+import os
+import subprocess
 import sys
 
 import torch
@@ -90,8 +97,53 @@ def main(path):
           all(torch.equal(v, m.state_dict()[k]) for k, v in ref.state_dict().items()))
     check("load_into allocates no device memory", free0 - free1 < (32 << 20),
           f"{(free0 - free1) / 2**20:.0f} MiB")
+    overlap_and_failure(path)
     print("FAILED: " + ", ".join(failed) if failed else "all device-memory checks passed")
     return 1 if failed else 0
+
+
+CHILD = r"""
+import os, sys, torch, ckpt
+path, mode = sys.argv[1], sys.argv[2]
+torch.empty(1, device="cuda")
+if mode == "digest":
+    sd = ckpt.load(path, map_location="cuda")
+    print(sum(int(v.view(torch.int32).sum(dtype=torch.int64)) for v in sd.values()
+              if torch.is_tensor(v) and v.element_size() == 4))
+    sys.exit(0)
+size = os.path.getsize(path)
+free, total = torch.cuda.mem_get_info()
+torch.cuda.set_per_process_memory_fraction(size / 3 / total)
+a0 = torch.cuda.memory_allocated()
+try:
+    ckpt.load(path, map_location="cuda")
+    print("no error")
+except Exception as e:
+    print(type(e).__name__, str(e).splitlines()[0][:100])
+print("left", torch.cuda.memory_allocated() - a0)
+torch.cuda.set_per_process_memory_fraction(1.0)
+sd = ckpt.load(path, map_location="cuda")
+print("after", len(sd))
+"""
+
+
+def overlap_and_failure(path):
+    def child(mode, **env):
+        r = subprocess.run([sys.executable, "-c", CHILD, path, mode], capture_output=True,
+                           text=True, env=dict(os.environ, **env), timeout=120)
+        return r.stdout.split("\n"), r.stderr[-300:]
+    host = ckpt.load(path)
+    want = sum(int(v.view(torch.int32).sum(dtype=torch.int64)) for v in host.values()
+               if torch.is_tensor(v) and v.element_size() == 4)
+    on, err = child("digest")
+    off, err2 = child("digest", CKPT_DEVICE_OVERLAP="0")
+    check("an overlapped load equals a serial one and the host's", on[0] == off[0] == str(want),
+          f"{on[0]} / {off[0]} / {want} {err or err2}")
+    out, err = child("fail")
+    check("an allocation failing midway raises", len(out) > 1 and out[0] != "no error",
+          out[0] if out else err)
+    check("... leaves nothing of the load allocated", "left 0" in out, " ".join(out) or err)
+    check("... and the next load works", any(x.startswith("after ") for x in out), err)
 
 
 if __name__ == "__main__":

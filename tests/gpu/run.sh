@@ -1,7 +1,13 @@
 #!/bin/bash
 # The GPU table (docs/benchmarks.md, "Loading into GPU memory"), on a CUDA machine with torch and
 # safetensors, from what tests/gpu/pack.sh carried in build-gpu/: nothing of ckpt is built here
-# except the Python module (its Python is this machine's). Usage: tests/gpu/run.sh [--quick]
+# except the Python module (its Python is this machine's).
+# Usage: tests/gpu/run.sh [--pending | --quick | --python | --gds | --memory]
+#   --pending what docs/benchmarks.md still needs from a device, in one call of about 5 minutes
+#             (under 8): the device-path correctness tests, a rank's Shard(0) load into cuda,
+#             `ckpt bench --device` and bench/device.py (first load against warm, the CLI's arena
+#             and torch's per-storage allocator, each with its set-up overlapping the first reads
+#             and serial: CKPT_DEVICE_OVERLAP=0), and a 60 GB shard set against the link
 #   --quick   exactness and `ckpt bench --device` only (no peers, no cold cache, no module)
 #   --python  the module, its tests and the peers' rows only
 #   --gds     GPUDirect Storage and the cold-cache rows only
@@ -17,8 +23,57 @@ QUICK=0; [ "${1:-}" = "--quick" ] && QUICK=1
 PYONLY=0; [ "${1:-}" = "--python" ] && PYONLY=1
 GDS=0; [ "${1:-}" = "--gds" ] && GDS=1
 MEMORY=0; [ "${1:-}" = "--memory" ] && MEMORY=1 && PYONLY=1
+PENDING=0; [ "${1:-}" = "--pending" ] && PENDING=1
 PY=python3
-step() { echo; echo "== $* ($(date +%T))"; }
+export PYTHONUNBUFFERED=1
+step() { echo; echo "== $* ($(date +%T), ${SECONDS} s)"; }
+
+# The Python module, built here against this machine's Python (PYTHONPATH set on success).
+build_module() {
+  [ -f "$G/libckpt.a" ] || { echo "no $G/libckpt.a: no module"; return 1; }
+  mkdir -p /tmp/ckptpy/ckpt && cp python/ckpt/*.py /tmp/ckptpy/ckpt/
+  EXT=$($PY -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
+  for f in python/src/*.cc; do  # one compiler per file, in parallel
+    c++ -O2 -fPIC -std=c++20 -fvisibility=hidden -c "$f" -Iinclude -I"$G/include" \
+      $($PY -m pybind11 --includes) -o "/tmp/ckptpy/$(basename "$f" .cc).o" &
+  done; wait
+  c++ -shared /tmp/ckptpy/*.o "$G/libckpt.a" "$G"/lib/*.so* -lpthread -ldl \
+    -o /tmp/ckptpy/ckpt/_ckpt$EXT && export PYTHONPATH=/tmp/ckptpy && echo "module: $EXT"
+}
+
+# ckpt load --device's CRC32 of every tensor against the host load's, for `$DATA/$1`.
+exactness() {
+  $CKPT load "$DATA/$1" --json --digest > /tmp/host.json
+  $CKPT load "$DATA/$1" --json --digest --device cuda:0 > /tmp/dev.json
+  $CKPT load "$DATA/$1" --json --digest --device cuda:0 --verify --staging-mb 8 --threads 3 > /tmp/dev2.json
+  CKPT_DEVICE_OVERLAP=0 $CKPT load "$DATA/$1" --json --digest --device cuda:0 > /tmp/dev3.json
+  $PY - "$1" <<'PY'
+import json, sys
+h, d, d2, d3 = (json.load(open(p)) for p in ("/tmp/host.json", "/tmp/dev.json", "/tmp/dev2.json", "/tmp/dev3.json"))
+print(sys.argv[1], d["device"], d["tensors"], "tensors; digests equal (overlap, verify, serial):",
+      h["digests"] == d["digests"] == d2["digests"] == d3["digests"], "; %.2f GB/s" % (d["bytes"] / d["seconds"] / 1e9))
+PY
+}
+
+# One rank's Shard(0) rows of `$1` read into cuda (a single rank), three times, against safetensors.
+rank_slice() {
+  $PY - "$1" <<'PY'
+import sys, time, torch, ckpt
+from safetensors.torch import load_file
+p = sys.argv[1]
+torch.empty(1, device="cuda")
+for i in range(3):
+    t = time.perf_counter()
+    sd = ckpt.load(p, map_location="cuda", plan={"*": ckpt.Shard(0)})
+    torch.cuda.synchronize()
+    dt = time.perf_counter() - t
+    n = sum(v.numel() * v.element_size() for v in sd.values())
+    print("slice load: %d tensors on %s, %.2f GB in %.3f s: %.1f GB/s"
+          % (len(sd), next(iter(sd.values())).device, n / 1e9, dt, n / dt / 1e9))
+ref = load_file(p)
+print("equal to safetensors:", all(torch.equal(sd[k].cpu(), ref[k]) for k in ref))
+PY
+}
 
 step machine
 nvidia-smi -L; nproc; free -g | head -2; $PY -c 'import torch, safetensors, sys; print(sys.version.split()[0], torch.__version__, safetensors.__version__)'
@@ -33,6 +88,32 @@ if [ -z "${CKPT_CUFILE:-}" ]; then
 fi
 echo "CKPT_CUFILE=${CKPT_CUFILE:-}"
 
+if [ $PENDING = 1 ]; then
+step "files: 1 GiB (.pt and .safetensors) and 8 GiB (.safetensors), beside the module's build"
+df -h /tmp /dev/shm 2>/dev/null | sed 1d
+( [ -f "$DATA/m1.safetensors" ] || $PY tests/gpu/make_files.py "$DATA" 1
+  [ -f "$DATA/m8.safetensors" ] || $PY tests/gpu/make_files.py "$DATA" 8 --safetensors-only ) &
+FILES=$!
+build_module
+wait $FILES
+step "device-path correctness: the CLI's digests, the Python device tests, tests/gpu/memory.py"
+for f in m1.safetensors m1.pt; do exactness $f; done
+CKPT_PYTHONPATH=/tmp/ckptpy CKPT_BIN=$CKPT $PY -m pytest -q -p no:cacheprovider \
+  tests/python/test_device.py tests/python/test_load_into.py tests/interop/test_cli_device.py 2>&1 | tail -15
+$PY tests/gpu/memory.py "$DATA/m1.pt"
+step "rank plan: one rank's Shard(0) rows of 1 GiB into cuda"
+rank_slice "$DATA/m1.safetensors"
+step "ckpt bench m8.safetensors --device cuda:0 (the CLI's arena; first load and warm): overlap, then serial"
+$CKPT bench "$DATA/m8.safetensors" --device cuda:0 --repeat 3
+CKPT_DEVICE_OVERLAP=0 $CKPT bench "$DATA/m8.safetensors" --device cuda:0 --repeat 3
+step "bench/device.py: ckpt.load_file into cuda, m8.safetensors (2048 storages) and a 60 GB set"
+LEFT=$((460 - SECONDS)); [ $LEFT -lt 60 ] && LEFT=60
+timeout $LEFT $PY bench/device.py --pythonpath /tmp/ckptpy --size-gb 0 \
+  --also "$DATA/m8.safetensors" --set-gb 60 --repeat 3 || echo "bench/device.py: exit $? (124: out of time)"
+step "done"
+exit 0
+fi
+
 step files
 if [ $MEMORY = 1 ]; then [ -f "$DATA/m1.safetensors" ] || $PY tests/gpu/make_files.py "$DATA" 1
 else [ -f "$DATA/m8.safetensors" ] || $PY tests/gpu/make_files.py "$DATA" 1 8; fi
@@ -40,16 +121,7 @@ else [ -f "$DATA/m8.safetensors" ] || $PY tests/gpu/make_files.py "$DATA" 1 8; f
 if [ $GDS = 1 ]; then PYONLY=2; fi
 if [ $PYONLY = 0 ]; then
 step "exactness: ckpt load --device cuda:0 --digest equals the host load's"
-for f in m1.safetensors m1.pt; do
-  $CKPT load "$DATA/$f" --json --digest > /tmp/host.json
-  $CKPT load "$DATA/$f" --json --digest --device cuda:0 > /tmp/dev.json
-  $CKPT load "$DATA/$f" --json --digest --device cuda:0 --verify --staging-mb 8 --threads 3 > /tmp/dev2.json
-  $PY - "$f" <<'PY'
-import json, sys
-h, d, d2 = (json.load(open(p)) for p in ("/tmp/host.json", "/tmp/dev.json", "/tmp/dev2.json"))
-print(sys.argv[1], d["device"], d["tensors"], "tensors; digests equal:", h["digests"] == d["digests"] == d2["digests"], "; %.2f GB/s" % (d["bytes"] / d["seconds"] / 1e9))
-PY
-done
+for f in m1.safetensors m1.pt; do exactness $f; done
 $CKPT load "$DATA/m1.safetensors" --device cuda:7; echo "cuda:7 (absent): exit $?"
 
 
@@ -66,16 +138,7 @@ fi
 
 if [ $PYONLY != 2 ]; then
 step "Python module (built here against this Python)"
-if [ -f "$G/libckpt.a" ]; then
-  mkdir -p /tmp/ckptpy/ckpt && cp python/ckpt/*.py /tmp/ckptpy/ckpt/
-  EXT=$($PY -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
-  for f in python/src/*.cc; do  # one compiler per file, in parallel
-    c++ -O2 -fPIC -std=c++20 -fvisibility=hidden -c "$f" -Iinclude -I"$G/include" \
-      $($PY -m pybind11 --includes) -o "/tmp/ckptpy/$(basename "$f" .cc).o" &
-  done; wait
-  c++ -shared /tmp/ckptpy/*.o "$G/libckpt.a" "$G"/lib/*.so* -lpthread -ldl \
-    -o /tmp/ckptpy/ckpt/_ckpt$EXT && export PYTHONPATH=/tmp/ckptpy && echo "module: $EXT"
-fi
+build_module
 
 step "Python tests of device loads (module built here), and the CLI's"
 CKPT_PYTHONPATH=/tmp/ckptpy CKPT_BIN=$CKPT $PY -m pytest -q -p no:cacheprovider \
@@ -92,22 +155,7 @@ $CKPT load "$DATA/m1.safetensors" --json --device cuda:0 --gds | $PY -c 'import 
 step "bench/load_into.py on cuda (1 GiB, in place)"
 $PY bench/load_into.py --device cuda --size-mb 1024 --repeat 3 --out /tmp/ckpt-gpu-bench
 step "rank plan: one rank's Shard(0) rows of 1 GiB read straight into cuda"
-$PY - "$DATA/m1.safetensors" <<'PY'
-import sys, time, torch, ckpt
-from safetensors.torch import load_file
-p = sys.argv[1]
-torch.empty(1, device="cuda")
-for i in range(3):
-    t = time.perf_counter()
-    sd = ckpt.load(p, map_location="cuda", plan={"*": ckpt.Shard(0)})
-    torch.cuda.synchronize()
-    dt = time.perf_counter() - t
-    n = sum(v.numel() * v.element_size() for v in sd.values())
-    print("slice load: %d tensors on %s, %.2f GB in %.3f s: %.1f GB/s"
-          % (len(sd), next(iter(sd.values())).device, n / 1e9, dt, n / dt / 1e9))
-ref = load_file(p)
-print("equal to safetensors:", all(torch.equal(sd[k].cpu(), ref[k]) for k in ref))
-PY
+rank_slice "$DATA/m1.safetensors"
 exit 0
 fi
 

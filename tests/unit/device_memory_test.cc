@@ -68,7 +68,8 @@ void expect_same(internal::CopyEngine& e, const std::vector<Tensor>& dev,
 namespace fake {
 thread_local int current = 0;
 thread_local int pending = 0;  // the runtime's sticky-until-read last error
-std::atomic<int> fail_malloc{0}, fail_event_record{0}, stream_syncs{0}, set_calls{0};
+std::atomic<int> fail_malloc{0}, fail_event_record{0}, stream_syncs{0}, set_calls{0},
+    host_allocs{0};
 constexpr int kErr = 2;  // cudaErrorMemoryAllocation
 int fail(int e) { return pending = e; }
 int GetDeviceCount(int* n) {
@@ -96,6 +97,7 @@ int Free(void* p) {
   return 0;
 }
 int HostAlloc(void** p, size_t n, unsigned) {
+  ++host_allocs;
   *p = std::aligned_alloc(4096, (n + 4095) / 4096 * 4096);
   return 0;
 }
@@ -193,6 +195,32 @@ TEST(DeviceMemory, TheCudaEngineRestoresTheCallersDeviceOnEveryThread) {
     EXPECT_EQ(fake::current, 3);
   }).join();
   EXPECT_EQ(engine->free_bytes(), 3u << 30);
+}
+
+// Each reader takes its own pinned buffer; the engine keeps them all for the next load.
+TEST(DeviceMemory, TheCudaEngineKeepsEveryReadersStagingForTheNextLoad) {
+  Model f(6, 200000);
+  const internal::cuda::Runtime rt = fake::runtime();
+  auto engine = internal::cuda::make_engine(rt, 0);
+  UseEngine use(*engine);
+  LoadOptions lo;
+  lo.device = Device::cuda(0);
+  lo.threads = 3;
+  lo.staging_bytes = 6 << 20;  // 3 readers x 2 slots of 1 MiB
+  Checkpoint c = Checkpoint::open(f.path);
+  const int before = fake::host_allocs;
+  c.load_all(lo);
+  EXPECT_EQ(fake::host_allocs - before, 3);
+  EXPECT_EQ(engine->cached_staging(), uint64_t{6} << 20);
+  auto dev = c.load_all(lo);
+  expect_same(*engine, dev, c.load_all());
+  EXPECT_EQ(fake::host_allocs - before, 3);  // all three reused
+  lo.staging_bytes = 12 << 20;               // larger slots: the small buffers go
+  c.load_all(lo);
+  EXPECT_EQ(fake::host_allocs - before, 6);
+  EXPECT_EQ(engine->cached_staging(), uint64_t{12} << 20);
+  EXPECT_EQ(engine->release_staging(), uint64_t{12} << 20);
+  EXPECT_EQ(engine->cached_staging(), 0u);
 }
 
 TEST(DeviceMemory, AFailedCudaCallLeavesNoPendingError) {
