@@ -117,13 +117,13 @@ chroot "$droot" /usr/bin/env -i PATH=/usr/bin:/bin HOME=/tmp LANG=C.UTF-8 /bin/b
   python3 -m venv --system-site-packages /tmp/venv
   /tmp/venv/bin/python -m pip install -q --no-index "/tmp/wheels/$1"
   mkdir /tmp/out && cd /tmp/out
-  /tmp/venv/bin/python /tmp/work/wheel_smoke.py /tmp/work "$2" /tmp/out' - "$whl" "$url"
+  /tmp/venv/bin/python /tmp/work/wheel_smoke.py /tmp/work "$2" /tmp/out numpy' - "$whl" "$url"
 EOF
 }
 
 # --- on the host: a fresh venv of the wheel's interpreter that sees one extra site folder ------
-host_check() {  # $1: the wheel, $2: the interpreter, $3: a site-packages folder to see, $4: what
-  local whl=$1 py=$2 extra=$3 venv=$tmp/venv site
+host_check() {  # $1: the wheel, $2: the interpreter, $3: a site-packages folder to see, $4: what,
+  local whl=$1 py=$2 extra=$3 venv=$tmp/venv site start=$SECONDS  # $5: torch or numpy tensors
   rm -rf "$venv" "$tmp/out"
   step "$(basename "$whl"): on the host, $py with $4"
   "$py" -m venv "$venv"
@@ -132,11 +132,63 @@ host_check() {  # $1: the wheel, $2: the interpreter, $3: a site-packages folder
   "$venv/bin/python" -m pip install -q --no-index --no-deps "$whl"
   mkdir "$tmp/out"
   (cd "$tmp/out" && env -u PYTHONPATH -u CKPT_PYTHONPATH "$venv/bin/python" \
-    "$work/wheel_smoke.py" "$work" "$url" "$tmp/out")
+    "$work/wheel_smoke.py" "$work" "$url" "$tmp/out" "$5")
+  step "$(basename "$whl"): OK in $((SECONDS - start)) s"
 }
 
 numpy_pin() {  # the newest numpy for a CPython X.Y
   case $1 in 3.9) echo 2.0.2 ;; 3.10) echo 2.2.6 ;; *) echo 2.4.6 ;; esac
+}
+torch_pin() {  # the torch 2.x from PyPI for a CPython X.Y; none for 3.9 (see the header)
+  case $1 in
+    3.9) ;;
+    3.10) echo 2.14.1 ;;  # the last torch for 3.10 (2.15 needs 3.11); CUDA 13 as 2.15
+    *) sed -n 's/^torch==//p' "$root/tests/peers/requirements.txt" ;;
+  esac
+}
+torch_only_site() {  # the site-packages of the cp311 torch-only venv (torch and numpy pinned)
+  local venv
+  grep -E '^(torch|numpy)==' "$root/tests/peers/requirements.txt" > "$tmp/torch-only.txt"
+  venv=$("$root/scripts/install-peers.sh" "$tmp/torch-only.txt" torch-only)
+  "$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))'
+}
+# $1: X.Y, $2: its interpreter; prints the site-packages of a cached venv (once per machine,
+# ~/.cache/ckpt/torch-cpXY-<hash>) holding that version's own torch wheel (--no-deps) and
+# numpy, torch's small requirements, and the NVIDIA CUDA libraries (py3-none wheels, the same
+# for every CPython) of the cp311 torch-only venv as hard links (no space), plus any of them that
+# that torch needs and the tier lacks; triton (1 GB per CPython, only for torch.compile) is left
+# out. What to install comes from pip's resolver (--dry-run --report), each then --no-deps.
+torch_venv() {
+  local pin npin ref venv site
+  pin=$(torch_pin "$1")
+  npin=$(numpy_pin "$1")
+  ref=$(torch_only_site)
+  venv=$cache/torch-cp${1/./}-$(echo "torch==$pin numpy==$npin $ref" | sha256sum | cut -c1-16)
+  if [ ! -f "$venv/.complete" ]; then
+    rm -rf "$venv" "$venv.tmp"
+    step "creating $venv: torch $pin, numpy $npin (once per machine)" >&2
+    "$2" -m venv "$venv.tmp" >&2
+    site=$("$venv.tmp/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
+    cp -al "$ref/nvidia" "$site/nvidia"  # hard links: pip unlinks before it writes a file
+    "$venv.tmp/bin/python" -m pip install -q --no-cache-dir --dry-run --ignore-installed \
+      --report "$tmp/report.json" "torch==$pin" "numpy==$npin" >&2
+    "$venv.tmp/bin/python" - "$tmp/report.json" "$ref" > "$tmp/wanted.txt" <<'PY'
+import json, os, re, sys
+report, ref = sys.argv[1:3]
+norm = lambda n: re.sub(r"[-_.]+", "-", n).lower()
+have = {norm(d.split("-")[0]) for d in os.listdir(ref) if d.endswith(".dist-info")}
+for item in json.load(open(report))["install"]:
+    name, version = item["metadata"]["name"], item["metadata"]["version"]
+    if norm(name) == "triton" or (norm(name).startswith(("nvidia-", "cuda-toolkit"))
+                                  and norm(name) in have | {"cuda-toolkit"}):
+        continue
+    print(f"{name}=={version}")
+PY
+    "$venv.tmp/bin/python" -m pip install -q --no-cache-dir --no-deps -r "$tmp/wanted.txt" >&2
+    mv "$venv.tmp" "$venv"  # only site-packages is used (by path), so the rename is harmless
+    touch "$venv/.complete"
+  fi
+  "$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))'
 }
 numpy_only() {  # $1: X.Y, $2: interpreter; prints the site-packages of a cached numpy-only venv
   local pin venv
@@ -157,15 +209,17 @@ for whl in "${wheels[@]}"; do
   v=3.${tag#cp3}
   if [ "$tag" = cp311 ]; then
     [ "${CKPT_WHEEL_CHROOT:-1}" = 0 ] || chroot_check "$whl"
-    grep -E '^(torch|numpy)==' "$root/tests/peers/requirements.txt" > "$tmp/torch-only.txt"
-    torch_only=$("$root/scripts/install-peers.sh" "$tmp/torch-only.txt" torch-only)
-    host_check "$whl" /usr/bin/python3 \
-      "$("$torch_only/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" \
-      "torch 2.x ($torch_only)"
+    site=$(torch_only_site)
+    host_check "$whl" /usr/bin/python3 "$site" "torch $(torch_pin 3.11) (${site%/lib/*})" torch
   else
     py=$(find_python "$v")
     [ -n "$py" ] || fail "no CPython $v here for $(basename "$whl")"
-    host_check "$whl" "$py" "$(numpy_only "$v" "$py")" "numpy $(numpy_pin "$v") only"
+    if [ -n "$(torch_pin "$v")" ]; then
+      site=$(torch_venv "$v" "$py")
+      host_check "$whl" "$py" "$site" "torch $(torch_pin "$v") (${site%/lib/*})" torch
+    else
+      host_check "$whl" "$py" "$(numpy_only "$v" "$py")" "numpy $(numpy_pin "$v") only" numpy
+    fi
   fi
 done
 step "OK: ${#wheels[@]} wheels"
