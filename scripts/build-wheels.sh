@@ -13,9 +13,7 @@
 #      the extension; the binaries are stripped (install.strip in pyproject.toml);
 #   3. `auditwheel repair`: the libraries are copied into ckpt_io.libs/ and both ELF files (the
 #      extension and the program ckpt/_bin/ckpt) get an RPATH $ORIGIN/... to them; checked here,
-#      with what keeps the tag at manylinux_2_34: libstdc++ linked in (CKPT_STATIC_LIBSTDCXX, so no
-#      GLIBCXX_* version), no glibc symbol newer than 2.34; and that the extension exports
-#      PyInit__ckpt alone (hidden visibility and python/module.map).
+#      and that the extension exports PyInit__ckpt alone (hidden visibility, python/module.map).
 # Usage: scripts/build-wheels.sh [VERSION...]   (default: 3.9 3.10 3.11 3.12 3.13, those found)
 # Interpreters: pyenv's (`pyenv root`/versions/X.Y.*), else pythonX.Y on PATH, else Debian's
 # /usr/bin/python3 for its own version. One cp311 wheel serves every CPython 3.11 (pyenv's and
@@ -39,8 +37,6 @@ command -v ccache >/dev/null || "$root/scripts/install-deps.sh" ccache
 export CCACHE_DIR=${CCACHE_DIR:-$cache/ccache}
 export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$root} CCACHE_NOHASHDIR=1
 export CMAKE_ARGS="${CMAKE_ARGS:-} -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache"
-# libstdc++ linked into both ELF files: no GLIBCXX_* version needed (docs/python.md, "The tag").
-CMAKE_ARGS+=" -DCKPT_STATIC_LIBSTDCXX=ON"
 # The build requirements of the isolated build environment, pinned (old pips read the first).
 export PIP_CONSTRAINT=$root/scripts/wheel-build.txt PIP_BUILD_CONSTRAINT=$root/scripts/wheel-build.txt
 export PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -77,13 +73,6 @@ for v in "${versions[@]}"; do
     readelf -d "$f" | grep -q 'R.*PATH.*\$ORIGIN/.*ckpt_io\.libs' ||
       fail "${f#"$tmp"/unpacked/} has no RPATH to ckpt_io.libs: $(readelf -d "$f" | grep PATH)"
     ! readelf -S "$f" | grep -q '\.debug_' || fail "${f#"$tmp"/unpacked/} has debug sections"
-    # glibc 2.34 at most, and nothing of the system's libstdc++ (linked in statically).
-    vers=$(objdump -T "$f" | grep -o '(GLIBC_2\.[0-9]*)\|(GLIBCXX_[0-9.]*)\|(CXXABI_[0-9.]*)' |
-      tr -d '()' | sort -uV | tr '\n' ' ')
-    glibc=$(grep -o 'GLIBC_2\.[0-9]*' <<<"$vers" | sort -V | tail -1)
-    ! grep -q 'GLIBCXX\|CXXABI' <<<"$vers" && [ "${glibc#GLIBC_2.}" -le 34 ] ||
-      fail "${f#"$tmp"/unpacked/} needs $vers (want GLIBC_2.34 at most, no GLIBCXX/CXXABI)"
-    ! readelf -d "$f" | grep -q 'NEEDED.*libstdc++' || fail "${f#"$tmp"/unpacked/} links libstdc++.so"
   done
   exports=$(nm -D --defined-only "$tmp"/unpacked/ckpt/_ckpt*.so | awk '{print $3}' | tr '\n' ' ')
   [ "$exports" = "PyInit__ckpt " ] || fail "the extension exports more than PyInit__ckpt: $exports"

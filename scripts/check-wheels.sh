@@ -9,10 +9,16 @@
 #          chrooted into inside a mount namespace of its own (the wheel folder and the work folder
 #          bound read-only, /proc, /dev, a tmpfs on /tmp: the root stays as it was), with Debian's
 #          python3 3.11 and numpy 1.24; then on the host with Debian's /usr/bin/python3 and torch
-#          2.x (the torch-only venv of scripts/check-wheel.sh, ~/.cache/ckpt/torch-only-<hash>);
-#   cp39, cp310, cp312, cp313: on the host, a venv of that interpreter (scripts/build-wheels.sh
-#          finds them) that sees numpy only (a cached numpy-only venv per version,
-#          ~/.cache/ckpt/numpy-only-cpXY-<hash>: PyPI's torch 2.x is several GB per version).
+#          2.15 (the torch-only venv of scripts/check-wheel.sh, ~/.cache/ckpt/torch-only-<hash>);
+#   cp310, cp312, cp313: on the host, a venv of that interpreter (scripts/build-wheels.sh finds
+#          them) that sees torch from PyPI: 2.15 (the peer tier's pin) for 3.12 and 3.13, 2.14.1
+#          for 3.10 (torch 2.15 needs 3.11); a cached venv per version with that torch's own wheel
+#          and its small requirements, the CUDA libraries hard-linked from the torch-only venv
+#          (~/.cache/ckpt/torch-cpXY-<hash>, see torch_venv below: ~1.3 GB each, not 5);
+#   cp39:  the same with numpy only (~/.cache/ckpt/numpy-only-cp39-<hash>): torch 2.15 has no
+#          cp39 wheel, and the last that has (2.8) is built for CUDA 12, whose libraries (~3 GB)
+#          the CUDA 13 ones of the torch-only venv cannot stand in for.
+# torch, where the venv has it, is imported before ckpt (scripts/wheel_smoke.py).
 # Usage: scripts/check-wheels.sh [WHEEL | X.Y ...]   (default: every wheelhouse/ckpt_io-*.whl)
 # Needs root (sudo) for the chroot. CKPT_WHEEL_CHROOT=0 skips the chroot.
 set -euo pipefail
@@ -185,6 +191,23 @@ for item in json.load(open(report))["install"]:
     print(f"{name}=={version}")
 PY
     "$venv.tmp/bin/python" -m pip install -q --no-cache-dir --no-deps -r "$tmp/wanted.txt" >&2
+    "$venv.tmp/bin/python" - "$site/torch" "$ref/torch" >&2 <<'PY'
+# torch's files that are the same as the torch-only venv's (libtorch_cuda.so, 0.5 GB, is for
+# one torch version): hard links to those.
+import filecmp, os, sys
+new, ref = sys.argv[1:3]
+saved = 0
+for d, _, files in os.walk(new):
+    for f in files:
+        p = os.path.join(d, f)
+        q = os.path.join(ref, os.path.relpath(p, new))
+        if (not os.path.islink(p) and os.path.isfile(q) and os.path.getsize(p) > 1 << 16
+                and os.path.getsize(p) == os.path.getsize(q) and filecmp.cmp(p, q, shallow=False)):
+            os.link(q, p + ".link")
+            os.replace(p + ".link", p)
+            saved += os.path.getsize(p)
+print(f"check-wheels: {saved / 2**20:.0f} MiB of torch/ hard-linked to the torch-only venv's")
+PY
     mv "$venv.tmp" "$venv"  # only site-packages is used (by path), so the rename is harmless
     touch "$venv/.complete"
   fi

@@ -109,7 +109,10 @@ void remove_tree(int at, const char* name, int depth) {
 
 }  // namespace
 
-uint64_t random_u64() {
+std::string random_suffix() {
+  static constexpr char kAlphabet[] =
+      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+  static std::atomic<uint64_t> counter{0};
   uint64_t x = 0;
   if (::getrandom(&x, sizeof x, GRND_NONBLOCK) != static_cast<ssize_t>(sizeof x)) {
     timespec ts;
@@ -117,14 +120,6 @@ uint64_t random_u64() {
     x = static_cast<uint64_t>(ts.tv_nsec) ^ (static_cast<uint64_t>(ts.tv_sec) << 30) ^
         (static_cast<uint64_t>(::getpid()) << 40);
   }
-  return x;
-}
-
-std::string random_suffix() {
-  static constexpr char kAlphabet[] =
-      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
-  static std::atomic<uint64_t> counter{0};
-  uint64_t x = random_u64();
   x += counter.fetch_add(0x9E3779B97F4A7C15ull, std::memory_order_relaxed);
   x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
   x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;

@@ -6,7 +6,6 @@
 
 #include <sys/types.h>
 
-#include <cstdint>
 #include <string>
 
 namespace ckpt::io {
@@ -39,9 +38,6 @@ void sweep_stale_temporaries(const std::string& dir, const std::string& base);
 
 // Six random characters of [A-Za-z0-9], for a fresh name.
 std::string random_suffix();
-// 64 random bits from getrandom(2) (the clock and the pid where it fails): a seed. Not
-// std::random_device, which would pull arc4random (glibc 2.36) into a static libstdc++.
-uint64_t random_u64();
 
 // "a/b" -> "a", "b" -> ".", "/b" -> "/"; and the last component.
 std::string dir_of(const std::string& path);

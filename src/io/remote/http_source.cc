@@ -41,7 +41,6 @@
 #include "ckpt/error.h"
 #include "ckpt/remote.h"
 #include "io/remote/target.h"
-#include "io/temporaries.h"
 
 namespace ckpt {
 namespace {
@@ -54,7 +53,7 @@ constexpr uint64_t kBlock = 1 << 20;  // a small read's block (and the most a sm
 constexpr size_t kMaxBlocks = 8;
 
 double jitter(double max_s) {
-  thread_local std::mt19937_64 rng{io::random_u64()};
+  thread_local std::mt19937_64 rng{std::random_device{}()};
   return std::uniform_real_distribution<double>(0, max_s)(rng);
 }
 

@@ -18,7 +18,6 @@
 #include "ckpt/error.h"
 #include "ckpt/remote.h"
 #include "io/remote/target.h"
-#include "io/temporaries.h"
 
 namespace ckpt {
 namespace {
@@ -195,7 +194,7 @@ class S3Sink final : public ByteSink {
                    std::span<const std::byte> body, int retries) const {
     const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                              std::chrono::duration<double>(o_.timeout_s));
-    thread_local std::mt19937_64 rng{io::random_u64()};
+    thread_local std::mt19937_64 rng{std::random_device{}()};
     Response r;
     for (int attempt = 0;; ++attempt) {
       r = Response{};
