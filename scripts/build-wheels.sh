@@ -12,7 +12,8 @@
 #      the library's objects are the same for every Python, so the 2nd..5th builds compile only
 #      the extension; the binaries are stripped (install.strip in pyproject.toml);
 #   3. `auditwheel repair`: the libraries are copied into ckpt_io.libs/ and both ELF files (the
-#      extension and the program ckpt/_bin/ckpt) get an RPATH $ORIGIN/... to them; checked here.
+#      extension and the program ckpt/_bin/ckpt) get an RPATH $ORIGIN/... to them; checked here,
+#      and that the extension exports PyInit__ckpt alone (hidden visibility, python/module.map).
 # Usage: scripts/build-wheels.sh [VERSION...]   (default: 3.9 3.10 3.11 3.12 3.13, those found)
 # Interpreters: pyenv's (`pyenv root`/versions/X.Y.*), else pythonX.Y on PATH, else Debian's
 # /usr/bin/python3 for its own version. One cp311 wheel serves every CPython 3.11 (pyenv's and
@@ -73,6 +74,8 @@ for v in "${versions[@]}"; do
       fail "${f#"$tmp"/unpacked/} has no RPATH to ckpt_io.libs: $(readelf -d "$f" | grep PATH)"
     ! readelf -S "$f" | grep -q '\.debug_' || fail "${f#"$tmp"/unpacked/} has debug sections"
   done
+  exports=$(nm -D --defined-only "$tmp"/unpacked/ckpt/_ckpt*.so | awk '{print $3}' | tr '\n' ' ')
+  [ "$exports" = "PyInit__ckpt " ] || fail "the extension exports more than PyInit__ckpt: $exports"
   step "$tag: $(basename "$whl"), $(du -k "$whl" | cut -f1) KiB; bundles: $(ls "$tmp"/unpacked/ckpt_io.libs | tr '\n' ' ')"
 done
 step "ccache, this run: $(ccache --show-log-stats -v 2>/dev/null | grep -E '^ *(Hits|Misses):' | head -2 | tr -s ' ' | tr '\n' ' ')"

@@ -9,10 +9,16 @@
 #          chrooted into inside a mount namespace of its own (the wheel folder and the work folder
 #          bound read-only, /proc, /dev, a tmpfs on /tmp: the root stays as it was), with Debian's
 #          python3 3.11 and numpy 1.24; then on the host with Debian's /usr/bin/python3 and torch
-#          2.x (the torch-only venv of scripts/check-wheel.sh, ~/.cache/ckpt/torch-only-<hash>);
-#   cp39, cp310, cp312, cp313: on the host, a venv of that interpreter (scripts/build-wheels.sh
-#          finds them) that sees numpy only (a cached numpy-only venv per version,
-#          ~/.cache/ckpt/numpy-only-cpXY-<hash>: PyPI's torch 2.x is several GB per version).
+#          2.15 (the torch-only venv of scripts/check-wheel.sh, ~/.cache/ckpt/torch-only-<hash>);
+#   cp310, cp312, cp313: on the host, a venv of that interpreter (scripts/build-wheels.sh finds
+#          them) that sees torch from PyPI: 2.15 (the peer tier's pin) for 3.12 and 3.13, 2.14.1
+#          for 3.10 (torch 2.15 needs 3.11); a cached venv per version with that torch's own wheel
+#          and its small requirements, the CUDA libraries hard-linked from the torch-only venv
+#          (~/.cache/ckpt/torch-cpXY-<hash>, see torch_venv below: ~1.3 GB each, not 5);
+#   cp39:  the same with numpy only (~/.cache/ckpt/numpy-only-cp39-<hash>): torch 2.15 has no
+#          cp39 wheel, and the last that has (2.8) is built for CUDA 12, whose libraries (~3 GB)
+#          the CUDA 13 ones of the torch-only venv cannot stand in for.
+# torch, where the venv has it, is imported before ckpt (scripts/wheel_smoke.py).
 # Usage: scripts/check-wheels.sh [WHEEL | X.Y ...]   (default: every wheelhouse/ckpt_io-*.whl)
 # Needs root (sudo) for the chroot. CKPT_WHEEL_CHROOT=0 skips the chroot.
 set -euo pipefail
@@ -117,13 +123,13 @@ chroot "$droot" /usr/bin/env -i PATH=/usr/bin:/bin HOME=/tmp LANG=C.UTF-8 /bin/b
   python3 -m venv --system-site-packages /tmp/venv
   /tmp/venv/bin/python -m pip install -q --no-index "/tmp/wheels/$1"
   mkdir /tmp/out && cd /tmp/out
-  /tmp/venv/bin/python /tmp/work/wheel_smoke.py /tmp/work "$2" /tmp/out' - "$whl" "$url"
+  /tmp/venv/bin/python /tmp/work/wheel_smoke.py /tmp/work "$2" /tmp/out numpy' - "$whl" "$url"
 EOF
 }
 
 # --- on the host: a fresh venv of the wheel's interpreter that sees one extra site folder ------
-host_check() {  # $1: the wheel, $2: the interpreter, $3: a site-packages folder to see, $4: what
-  local whl=$1 py=$2 extra=$3 venv=$tmp/venv site
+host_check() {  # $1: the wheel, $2: the interpreter, $3: a site-packages folder to see, $4: what,
+  local whl=$1 py=$2 extra=$3 venv=$tmp/venv site start=$SECONDS  # $5: torch or numpy tensors
   rm -rf "$venv" "$tmp/out"
   step "$(basename "$whl"): on the host, $py with $4"
   "$py" -m venv "$venv"
@@ -132,11 +138,80 @@ host_check() {  # $1: the wheel, $2: the interpreter, $3: a site-packages folder
   "$venv/bin/python" -m pip install -q --no-index --no-deps "$whl"
   mkdir "$tmp/out"
   (cd "$tmp/out" && env -u PYTHONPATH -u CKPT_PYTHONPATH "$venv/bin/python" \
-    "$work/wheel_smoke.py" "$work" "$url" "$tmp/out")
+    "$work/wheel_smoke.py" "$work" "$url" "$tmp/out" "$5")
+  step "$(basename "$whl"): OK in $((SECONDS - start)) s"
 }
 
 numpy_pin() {  # the newest numpy for a CPython X.Y
   case $1 in 3.9) echo 2.0.2 ;; 3.10) echo 2.2.6 ;; *) echo 2.4.6 ;; esac
+}
+torch_pin() {  # the torch 2.x from PyPI for a CPython X.Y; none for 3.9 (see the header)
+  case $1 in
+    3.9) ;;
+    3.10) echo 2.14.1 ;;  # the last torch for 3.10 (2.15 needs 3.11); CUDA 13 as 2.15
+    *) sed -n 's/^torch==//p' "$root/tests/peers/requirements.txt" ;;
+  esac
+}
+torch_only_site() {  # the site-packages of the cp311 torch-only venv (torch and numpy pinned)
+  local venv
+  grep -E '^(torch|numpy)==' "$root/tests/peers/requirements.txt" > "$tmp/torch-only.txt"
+  venv=$("$root/scripts/install-peers.sh" "$tmp/torch-only.txt" torch-only)
+  "$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))'
+}
+# $1: X.Y, $2: its interpreter; prints the site-packages of a cached venv (once per machine,
+# ~/.cache/ckpt/torch-cpXY-<hash>) holding that version's own torch wheel (--no-deps) and
+# numpy, torch's small requirements, and the NVIDIA CUDA libraries (py3-none wheels, the same
+# for every CPython) of the cp311 torch-only venv as hard links (no space), plus any of them that
+# that torch needs and the tier lacks; triton (1 GB per CPython, only for torch.compile) is left
+# out. What to install comes from pip's resolver (--dry-run --report), each then --no-deps.
+torch_venv() {
+  local pin npin ref venv site
+  pin=$(torch_pin "$1")
+  npin=$(numpy_pin "$1")
+  ref=$(torch_only_site)
+  venv=$cache/torch-cp${1/./}-$(echo "torch==$pin numpy==$npin $ref" | sha256sum | cut -c1-16)
+  if [ ! -f "$venv/.complete" ]; then
+    rm -rf "$venv" "$venv.tmp"
+    step "creating $venv: torch $pin, numpy $npin (once per machine)" >&2
+    "$2" -m venv "$venv.tmp" >&2
+    site=$("$venv.tmp/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
+    cp -al "$ref/nvidia" "$site/nvidia"  # hard links: pip unlinks before it writes a file
+    "$venv.tmp/bin/python" -m pip install -q --no-cache-dir --dry-run --ignore-installed \
+      --report "$tmp/report.json" "torch==$pin" "numpy==$npin" >&2
+    "$venv.tmp/bin/python" - "$tmp/report.json" "$ref" > "$tmp/wanted.txt" <<'PY'
+import json, os, re, sys
+report, ref = sys.argv[1:3]
+norm = lambda n: re.sub(r"[-_.]+", "-", n).lower()
+have = {norm(d.split("-")[0]) for d in os.listdir(ref) if d.endswith(".dist-info")}
+for item in json.load(open(report))["install"]:
+    name, version = item["metadata"]["name"], item["metadata"]["version"]
+    if norm(name) == "triton" or (norm(name).startswith(("nvidia-", "cuda-toolkit"))
+                                  and norm(name) in have | {"cuda-toolkit"}):
+        continue
+    print(f"{name}=={version}")
+PY
+    "$venv.tmp/bin/python" -m pip install -q --no-cache-dir --no-deps -r "$tmp/wanted.txt" >&2
+    "$venv.tmp/bin/python" - "$site/torch" "$ref/torch" >&2 <<'PY'
+# torch's files that are the same as the torch-only venv's (libtorch_cuda.so, 0.5 GB, is for
+# one torch version): hard links to those.
+import filecmp, os, sys
+new, ref = sys.argv[1:3]
+saved = 0
+for d, _, files in os.walk(new):
+    for f in files:
+        p = os.path.join(d, f)
+        q = os.path.join(ref, os.path.relpath(p, new))
+        if (not os.path.islink(p) and os.path.isfile(q) and os.path.getsize(p) > 1 << 16
+                and os.path.getsize(p) == os.path.getsize(q) and filecmp.cmp(p, q, shallow=False)):
+            os.link(q, p + ".link")
+            os.replace(p + ".link", p)
+            saved += os.path.getsize(p)
+print(f"check-wheels: {saved / 2**20:.0f} MiB of torch/ hard-linked to the torch-only venv's")
+PY
+    mv "$venv.tmp" "$venv"  # only site-packages is used (by path), so the rename is harmless
+    touch "$venv/.complete"
+  fi
+  "$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))'
 }
 numpy_only() {  # $1: X.Y, $2: interpreter; prints the site-packages of a cached numpy-only venv
   local pin venv
@@ -157,15 +232,17 @@ for whl in "${wheels[@]}"; do
   v=3.${tag#cp3}
   if [ "$tag" = cp311 ]; then
     [ "${CKPT_WHEEL_CHROOT:-1}" = 0 ] || chroot_check "$whl"
-    grep -E '^(torch|numpy)==' "$root/tests/peers/requirements.txt" > "$tmp/torch-only.txt"
-    torch_only=$("$root/scripts/install-peers.sh" "$tmp/torch-only.txt" torch-only)
-    host_check "$whl" /usr/bin/python3 \
-      "$("$torch_only/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" \
-      "torch 2.x ($torch_only)"
+    site=$(torch_only_site)
+    host_check "$whl" /usr/bin/python3 "$site" "torch $(torch_pin 3.11) (${site%/lib/*})" torch
   else
     py=$(find_python "$v")
     [ -n "$py" ] || fail "no CPython $v here for $(basename "$whl")"
-    host_check "$whl" "$py" "$(numpy_only "$v" "$py")" "numpy $(numpy_pin "$v") only"
+    if [ -n "$(torch_pin "$v")" ]; then
+      site=$(torch_venv "$v" "$py")
+      host_check "$whl" "$py" "$site" "torch $(torch_pin "$v") (${site%/lib/*})" torch
+    else
+      host_check "$whl" "$py" "$(numpy_only "$v" "$py")" "numpy $(numpy_pin "$v") only" numpy
+    fi
   fi
 done
 step "OK: ${#wheels[@]} wheels"

@@ -1,15 +1,19 @@
 """Uses an installed ckpt wheel the way a user does (scripts/check-wheels.sh runs it in a venv
 made for it, on the host or in a Debian chroot that has none of ckpt's libraries).
 
-Usage: python wheel_smoke.py WORK URL OUT
+Usage: python wheel_smoke.py WORK URL OUT [torch|numpy]
   WORK: a folder made outside (scripts/check-wheels.sh): file.pt (torch.save'd by torch 2.x),
         expected.json (its entries: tensors as dtype, shape and values), cert.pem (the CA of the
         https server); read only.
   URL:  https://... of the same file.pt, served with cert.pem.
   OUT:  a writable folder.
-Checks: the module, its extension and the libraries they load come from the venv's
-site-packages (libcurl from the wheel's ckpt_io.libs/); ckpt.load == what torch.save wrote (torch
-tensors when torch imports, else numpy arrays); ckpt.save of those tensors as safetensors (with
+  torch|numpy: what the venv must give (torch must import, or must not); unchecked without it.
+Checks: torch, when it imports, is imported first (so the extension, with its own copy of
+libstdc++, loads into a process that holds torch's libraries); the module, its extension and the
+libraries they load come from the venv's site-packages (libcurl from the wheel's ckpt_io.libs/);
+ckpt.load == what torch.save wrote (torch tensors when torch imports, else numpy arrays); a
+truncated copy raises a ckpt.Error naming it (a C++ exception thrown and translated inside
+the extension); ckpt.save of those tensors as safetensors (with
 digests), read back by ckpt.load and by parsing the file here; `ckpt verify` passes on it and
 fails on a copy with one byte changed; `ckpt ls URL` over TLS with --ca-bundle, and refused
 without it; ckpt.load(URL) with CURL_CA_BUNDLE; `ckpt --version`.
@@ -22,15 +26,17 @@ import sys
 import sysconfig
 
 work, url, out = sys.argv[1:4]
+expect = sys.argv[4] if len(sys.argv) > 4 and sys.argv[4] else None
 site = os.path.realpath(sysconfig.get_path("platlib"))
-import ckpt  # noqa: E402
-
-for mod in (ckpt, ckpt._ckpt):
-    assert os.path.realpath(mod.__file__).startswith(site), (mod.__file__, site)
 try:
     import torch
 except ImportError:
     torch = None
+assert expect is None or expect == ("torch" if torch else "numpy"), (expect, torch)
+import ckpt  # noqa: E402
+
+for mod in (ckpt, ckpt._ckpt):
+    assert os.path.realpath(mod.__file__).startswith(site), (mod.__file__, site)
 import numpy as np  # noqa: E402
 
 exe = os.path.join(os.path.dirname(sys.executable), "ckpt")
@@ -60,6 +66,18 @@ assert kind == ("torch" if torch is not None else "numpy"), kind
 print(f"  ckpt {ckpt.__version__}, Python {sys.version.split()[0]}, "
       f"{'torch ' + torch.__version__ if torch else 'numpy ' + np.__version__}: "
       f"ckpt.load == torch.save's {len(expected)} entries ({kind} tensors)")
+
+# --- a C++ exception (ckpt::Error) thrown and translated inside the extension --------------
+data = open(os.path.join(work, "file.pt"), "rb").read()
+cut = os.path.join(out, "cut.pt")
+with open(cut, "wb") as f:
+    f.write(data[:len(data) // 2])
+try:
+    ckpt.load(cut)
+    raise AssertionError("ckpt.load of a truncated file returned")
+except ckpt.Error as e:
+    assert "cut.pt" in str(e), str(e)
+    print(f"  a truncated copy: {type(e).__name__}: {str(e).splitlines()[0][:90]}")
 
 # --- safetensors: saved by ckpt.save, read back two ways, verified by the CLI --------------
 tensors = {k: v for k, v in sd.items() if isinstance(expected[k], dict)}

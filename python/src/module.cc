@@ -79,7 +79,9 @@ void bind_process(pyb::module_& m) {
 PYBIND11_MODULE(_ckpt, m) {
   using namespace ckpt::py;
   m.doc() = "C++ core of the ckpt module (use the `ckpt` package, not this).";
-  pyb::register_exception_translator([](std::exception_ptr p) {
+  // Local: called for exceptions of this module's functions only, never for another pybind11
+  // module's (torch's, say: the library's classes are hidden, their typeinfo is this module's).
+  pyb::register_local_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const ckpt::Error& e) {
