@@ -11,6 +11,7 @@
 
 #include "ckpt/ckpt.h"
 #include "device_test_util.h"
+#include "rank_exchange_util.h"
 #include "test_util.h"
 #include "util/box.h"
 
@@ -99,32 +100,7 @@ TEST(RankDevice, ABoxGoesThroughStagingInPieces) {
 }
 
 // An all-gather over threads of one process (gather_parts: its default, through all_gather).
-class ThreadGroup {
- public:
-  explicit ThreadGroup(int n) : n_(n), slots_(n), sync_(n) {}
-  class Member final : public RankExchange {
-   public:
-    Member(ThreadGroup& g, int rank) : g_(g), rank_(rank) {}
-    int rank() const override { return rank_; }
-    int world() const override { return g_.n_; }
-    void all_gather(std::span<const std::byte> mine, std::span<std::byte> all) override {
-      g_.slots_[rank_].assign(mine.begin(), mine.end());
-      g_.sync_.arrive_and_wait();
-      for (int k = 0; k < g_.n_; ++k)
-        std::memcpy(all.data() + k * mine.size(), g_.slots_[k].data(), mine.size());
-      g_.sync_.arrive_and_wait();
-    }
-
-   private:
-    ThreadGroup& g_;
-    int rank_;
-  };
-
- private:
-  int n_;
-  std::vector<std::vector<std::byte>> slots_;
-  std::barrier<> sync_;
-};
+using test::ThreadGroup;
 
 TEST(RankDevice, AGroupAssemblesReplicatedTensorsInDeviceMemory) {
   Model m;
