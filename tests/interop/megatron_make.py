@@ -31,6 +31,18 @@ FOLDERS = ("hand", "gpt")
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+def same(a, b):
+    """a and b equal, tensors bit for bit and of one dtype, through dicts, lists and tuples (the
+    tests' comparison of ckpt's values with megatron's)."""
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and sorted(a) == sorted(b) and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(map(same, a, b))
+    return a == b
+
+
 def venv_python():
     """(python, "") of the megatron venv, made when missing (scripts/install-peers.sh --on the
     peers venv, tests/peers/megatron.txt; `make peers` makes it too), or (None, why) when it

@@ -20,6 +20,8 @@ import shutil
 import pytest
 import torch
 
+import megatron_make  # tests/interop: the folders and the comparison
+
 pytestmark = pytest.mark.skipif(int(torch.__version__.split(".")[0]) < 2,
                                 reason="megatron-core runs on torch 2.x")
 
@@ -28,8 +30,6 @@ NOT_FOUND = 2
 
 @pytest.fixture(scope="session")
 def megatron(tmp_path_factory):
-    import megatron_make
-
     python, why = megatron_make.venv_python()
     if not python:
         pytest.skip(f"megatron-core cannot be installed here: {why}")
@@ -61,16 +61,6 @@ def tensors_in(value, prefix):
     for k, v in items:
         out.update(tensors_in(v, f"{prefix}.{k}"))
     return out
-
-
-def same(a, b):
-    if isinstance(a, torch.Tensor):
-        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
-    if isinstance(a, dict):
-        return isinstance(b, dict) and sorted(a) == sorted(b) and all(same(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)):
-        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(map(same, a, b))
-    return a == b
 
 
 def expected_tensors(ref):
@@ -133,7 +123,7 @@ def test_convert_to_pt_keeps_tensors_objects_and_common(ckpt, megatron, name, we
             **{k: [v] for k, v in ref["objects"].items()}}
     assert sorted(got) == sorted(want)
     for k, v in want.items():
-        assert same(v, got[k]), k
+        assert megatron_make.same(v, got[k]), k
 
 
 def test_info_names_the_backends(ckpt, megatron):

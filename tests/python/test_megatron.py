@@ -7,6 +7,8 @@ import os
 import pytest
 import torch
 
+import megatron_make  # tests/interop: the folders and the comparison
+
 import ckpt
 
 pytestmark = pytest.mark.skipif(int(torch.__version__.split(".")[0]) < 2,
@@ -15,22 +17,10 @@ pytestmark = pytest.mark.skipif(int(torch.__version__.split(".")[0]) < 2,
 
 @pytest.fixture(scope="session")
 def megatron(tmp_path_factory):
-    import megatron_make
-
     python, why = megatron_make.venv_python()
     if not python:
         pytest.skip(f"megatron-core cannot be installed here: {why}")
     return megatron_make.make(str(tmp_path_factory.mktemp("megatron")), python)
-
-
-def same(a, b):
-    if isinstance(a, torch.Tensor):
-        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
-    if isinstance(a, dict):
-        return isinstance(b, dict) and sorted(a) == sorted(b) and all(same(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)):
-        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(map(same, a, b))
-    return a == b
 
 
 @pytest.mark.parametrize("name", ["hand", "gpt"])
@@ -46,5 +36,5 @@ def test_load_of_the_folder_equals_megatrons_load(megatron, name):
             **{k: [v] for k, v in ref["objects"].items()}}
     assert sorted(got) == sorted(want)
     for k, v in want.items():
-        assert same(v, got[k]), k
+        assert megatron_make.same(v, got[k]), k
     assert os.path.isfile(os.path.join(folders[name], "common.pt"))
