@@ -4,6 +4,7 @@
 
 #include "ckpt/convert.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <memory>
 #include <new>
@@ -123,6 +124,8 @@ ConvertReport write(const Checkpoint& c, const ConvertOptions& o, const Destinat
   // The one point where the content (and its feed) goes to the writer.
   internal::WriteResult written = writer->write(*out, content);
   r.key = std::move(written.key);
+  r.tensors -= std::min(r.tensors, written.tensors_left_out);
+  r.tensor_bytes -= std::min(r.tensor_bytes, written.bytes_left_out);
   if (!target.new_key_file.empty()) {
     // The key is committed before the output: an output whose key was lost is unreadable.
     internal::write_key_file(target.new_key_file, r.key, o.atomic, o.fsync);

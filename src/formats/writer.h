@@ -120,6 +120,11 @@ class FolderOutput final : public WriteOutput {
 // What writing produced besides bytes.
 struct WriteResult {
   std::string key;  // the raw 32-byte key when encrypting (a random key must be kept)
+  // Writing an object tree (WriteContent::root): the tensors of WriteContent::tensors that the
+  // tree does not reach, so were not written (a device mesh's tensor inside a DTensor written as
+  // its local shard), and the bytes of their storages that no written tensor holds.
+  size_t tensors_left_out = 0;
+  uint64_t bytes_left_out = 0;
 };
 
 class Writer {

@@ -181,9 +181,13 @@ def test_verl_rank_file_alone_converts_to_a_pt_of_its_shards(ckpt, layouts, tmp_
     path = os.path.join(folder(layouts, "verl"), "model_world_size_2_rank_1.pt")
     want = {k: v.to_local() for k, v in torch.load(path, weights_only=False).items()}
     out = tmp_path / "rank1.pt"
-    ckpt.ok("convert", path, out)
+    r = ckpt.ok("convert", path, out)
     got = torch.load(str(out), weights_only=weights_only)
     assert sorted(got) == sorted(want)
+    # The report counts what was written: the mesh's tensor inside each DTensor's spec is not.
+    nbytes = sum(v.numel() * v.element_size() for v in want.values())
+    assert f"{len(want)} tensors (" in r.stdout and f"{nbytes / 1024:.1f} KiB of data" in r.stdout, \
+        r.stdout
     for k, v in want.items():
         assert type(got[k]) is torch.Tensor, (k, type(got[k]))
         assert got[k].dtype == v.dtype and torch.equal(got[k], v), k

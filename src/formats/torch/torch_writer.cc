@@ -19,6 +19,7 @@
 #include <system_error>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 
 #include "ckpt/error.h"
@@ -59,6 +60,7 @@ class TorchPickleBuilder {
     ValuePtr out;
     switch (v->kind()) {
       case Value::Kind::kTensor:
+        reached_.insert(static_cast<size_t>(v->as_int()));
         // A DTensor read from one rank's file is that rank's shard: written as the plain tensor
         // it is (rebuilt as a DTensor, its size would be the shard's under a global spec).
         if (v->origin() && is_dtensor(*v->origin())) {
@@ -119,6 +121,9 @@ class TorchPickleBuilder {
     return Value::tuple(
         {storage_str_, cls, s.key, cpu_str_, Value::integer(static_cast<int64_t>(numel))});
   }
+
+  // Whether convert() met the tensor of this index.
+  bool reached(size_t index) const { return reached_.count(index) != 0; }
 
   // Storages in key order.
   std::vector<const Storage*> ordered_storages() const {
@@ -298,6 +303,7 @@ class TorchPickleBuilder {
   const std::vector<Tensor>& tensors_;
   const bool fed_;
   std::unordered_map<const Value*, ValuePtr> copied_;
+  std::unordered_set<size_t> reached_;
   std::unordered_map<size_t, ValuePtr> reduced_;
   std::unordered_map<std::string, ValuePtr> globals_;
   std::unordered_map<const Storage*, size_t> slot_of_;
@@ -369,8 +375,26 @@ class CrcAhead {
 };
 
 // The torch zip of `root` into `sink`, not committed; the tensors' bytes from `feed` when set.
-void write_torch_zip(ByteSink& sink, const ConstValuePtr& root, const std::vector<Tensor>& tensors,
-                     const SaveOptions& options, const internal::TensorFeed* feed = nullptr) {
+// The tensors the tree does not reach (per-channel parameters aside: they are part of their
+// tensor), and their storages' bytes that no written storage holds.
+internal::WriteResult left_out(const TorchPickleBuilder& builder,
+                               const std::vector<Tensor>& tensors,
+                               const std::vector<const Storage*>& written) {
+  internal::WriteResult r;
+  std::unordered_set<const Storage*> counted(written.begin(), written.end());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (builder.reached(i) || tensors[i].info().type == "qparams") continue;
+    ++r.tensors_left_out;
+    const Storage* st = tensors[i].storage().get();
+    if (st && counted.insert(st).second) r.bytes_left_out += st->info.nbytes;
+  }
+  return r;
+}
+
+internal::WriteResult write_torch_zip(ByteSink& sink, const ConstValuePtr& root,
+                                      const std::vector<Tensor>& tensors,
+                                      const SaveOptions& options,
+                                      const internal::TensorFeed* feed = nullptr) {
   TorchPickleBuilder builder(tensors, feed != nullptr);
   ValuePtr tree = builder.convert(root);
   std::string pkl;
@@ -443,6 +467,7 @@ void write_torch_zip(ByteSink& sink, const ConstValuePtr& root, const std::vecto
   std::snprintf(sid, sizeof sid, "%020" PRIu64 "%020" PRIu64, names, crcs);
   zip.add(".data/serialization_id", std::string_view(sid, 40));
   zip.finish();
+  return left_out(builder, tensors, storages);
 }
 
 class TorchWriter final : public internal::Writer {
@@ -467,9 +492,8 @@ class TorchWriter final : public internal::Writer {
     ByteSink& sink = out.file();
     SaveOptions o = o_;
     if (o.archive_name.empty()) o.archive_name = archive_name_for(sink.name());
-    write_torch_zip(sink, content.root ? content.root : state_dict_value(content.tensors),
-                    content.tensors, o, content.feed.get());
-    return {};
+    return write_torch_zip(sink, content.root ? content.root : state_dict_value(content.tensors),
+                           content.tensors, o, content.feed.get());
   }
 
  private:
