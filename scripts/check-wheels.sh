@@ -22,6 +22,7 @@
 # Usage: scripts/check-wheels.sh [WHEEL | X.Y ...]   (default: every wheelhouse/ckpt_io-*.whl)
 # Needs root (sudo) for the chroot. CKPT_WHEEL_CHROOT=0 skips the chroot.
 set -euo pipefail
+shopt -s inherit_errexit  # a failure inside $(torch_venv ...) stops it: no venv marked complete
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 step() { echo "check-wheels: $*"; }
