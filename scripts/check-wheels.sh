@@ -10,18 +10,19 @@
 #          bound read-only, /proc, /dev, a tmpfs on /tmp: the root stays as it was), with Debian's
 #          python3 3.11 and numpy 1.24; then on the host with Debian's /usr/bin/python3 and torch
 #          2.15 (the torch-only venv of scripts/check-wheel.sh, ~/.cache/ckpt/torch-only-<hash>);
-#   cp310, cp312, cp313: on the host, a venv of that interpreter (scripts/build-wheels.sh finds
-#          them) that sees torch from PyPI: 2.15 (the peer tier's pin) for 3.12 and 3.13, 2.14.1
-#          for 3.10 (torch 2.15 needs 3.11); a cached venv per version with that torch's own wheel
-#          and its small requirements, the CUDA libraries hard-linked from the torch-only venv
-#          (~/.cache/ckpt/torch-cpXY-<hash>, see torch_venv below: ~1.3 GB each, not 5);
-#   cp39:  the same with numpy only (~/.cache/ckpt/numpy-only-cp39-<hash>): torch 2.15 has no
-#          cp39 wheel, and the last that has (2.8) is built for CUDA 12, whose libraries (~3 GB)
-#          the CUDA 13 ones of the torch-only venv cannot stand in for.
+#   cp39, cp310, cp312, cp313: on the host, a venv of that interpreter (scripts/build-wheels.sh
+#          finds them) that sees torch from PyPI: 2.15 (the peer tier's pin) for 3.12 and 3.13,
+#          2.14.1 for 3.10 (torch 2.15 needs 3.11), 2.8.0 for 3.9 (the last with a cp39 wheel);
+#          a cached venv per version with that torch's own wheel and its small requirements
+#          (~/.cache/ckpt/torch-cpXY-<hash>, see torch_venv below): for 3.10, 3.12 and 3.13 the
+#          CUDA 13 libraries hard-linked from the torch-only venv (~1.3 GB each, not 5); torch
+#          2.8.0 is built for CUDA 12, which those cannot stand in for: its venv has its own
+#          nvidia-*-cu12 wheels, less what only a GPU kernel loads (4.5 GiB; 5.9 with it).
 # torch, where the venv has it, is imported before ckpt (scripts/wheel_smoke.py).
 # Usage: scripts/check-wheels.sh [WHEEL | X.Y ...]   (default: every wheelhouse/ckpt_io-*.whl)
 # Needs root (sudo) for the chroot. CKPT_WHEEL_CHROOT=0 skips the chroot.
 set -euo pipefail
+shopt -s inherit_errexit  # a failure inside $(torch_venv ...) stops it: no venv marked complete
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 step() { echo "check-wheels: $*"; }
@@ -145,9 +146,9 @@ host_check() {  # $1: the wheel, $2: the interpreter, $3: a site-packages folder
 numpy_pin() {  # the newest numpy for a CPython X.Y
   case $1 in 3.9) echo 2.0.2 ;; 3.10) echo 2.2.6 ;; *) echo 2.4.6 ;; esac
 }
-torch_pin() {  # the torch 2.x from PyPI for a CPython X.Y; none for 3.9 (see the header)
+torch_pin() {  # the torch 2.x from PyPI for a CPython X.Y
   case $1 in
-    3.9) ;;
+    3.9) echo 2.8.0 ;;    # the last torch for 3.9; built for CUDA 12 (its own CUDA libraries)
     3.10) echo 2.14.1 ;;  # the last torch for 3.10 (2.15 needs 3.11); CUDA 13 as 2.15
     *) sed -n 's/^torch==//p' "$root/tests/peers/requirements.txt" ;;
   esac
@@ -162,8 +163,13 @@ torch_only_site() {  # the site-packages of the cp311 torch-only venv (torch and
 # ~/.cache/ckpt/torch-cpXY-<hash>) holding that version's own torch wheel (--no-deps) and
 # numpy, torch's small requirements, and the NVIDIA CUDA libraries (py3-none wheels, the same
 # for every CPython) of the cp311 torch-only venv as hard links (no space), plus any of them that
-# that torch needs and the tier lacks; triton (1 GB per CPython, only for torch.compile) is left
-# out. What to install comes from pip's resolver (--dry-run --report), each then --no-deps.
+# that torch needs and the tier lacks. triton (1 GB per CPython, only for torch.compile) is left
+# out. What to install comes from pip's resolver (--dry-run --report), then each wheel alone with
+# --no-deps (never more than one downloaded wheel on the disk).
+# A torch built for another CUDA (2.8.0: CUDA 12) gets its own nvidia-*-cu12 wheels, less what
+# only a GPU kernel would load (the checks run none): every library that `import torch` maps is
+# there (libtorch_cuda.so's NEEDED), but not cuSOLVER and NVTX (dlopened by CUDA linear algebra
+# and the profiler) nor cuDNN's engines (libcudnn_*.so.9, 1 GB, dlopened by libcudnn.so.9).
 torch_venv() {
   local pin npin ref venv site
   pin=$(torch_pin "$1")
@@ -175,22 +181,37 @@ torch_venv() {
     step "creating $venv: torch $pin, numpy $npin (once per machine)" >&2
     "$2" -m venv "$venv.tmp" >&2
     site=$("$venv.tmp/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
-    cp -al "$ref/nvidia" "$site/nvidia"  # hard links: pip unlinks before it writes a file
     "$venv.tmp/bin/python" -m pip install -q --no-cache-dir --dry-run --ignore-installed \
       --report "$tmp/report.json" "torch==$pin" "numpy==$npin" >&2
     "$venv.tmp/bin/python" - "$tmp/report.json" "$ref" > "$tmp/wanted.txt" <<'PY'
+# "# link" first when the tier's CUDA libraries serve this torch (it wants some of the same
+# nvidia-* distributions), then what to install.
 import json, os, re, sys
 report, ref = sys.argv[1:3]
 norm = lambda n: re.sub(r"[-_.]+", "-", n).lower()
 have = {norm(d.split("-")[0]) for d in os.listdir(ref) if d.endswith(".dist-info")}
-for item in json.load(open(report))["install"]:
-    name, version = item["metadata"]["name"], item["metadata"]["version"]
-    if norm(name) == "triton" or (norm(name).startswith(("nvidia-", "cuda-toolkit"))
-                                  and norm(name) in have | {"cuda-toolkit"}):
+want = [(item["metadata"]["name"], item["metadata"]["version"])
+        for item in json.load(open(report))["install"]]
+cuda = {norm(n) for n, _ in want if norm(n).startswith(("nvidia-", "cuda-toolkit"))}
+link = bool(cuda & have)
+if link:
+    print("# link")
+gpu_only = ("nvidia-cusolver", "nvidia-nvtx")
+for name, version in want:
+    if norm(name) == "triton" or (link and norm(name) in cuda & (have | {"cuda-toolkit"})):
+        continue
+    if not link and norm(name).startswith(gpu_only):
         continue
     print(f"{name}=={version}")
 PY
-    "$venv.tmp/bin/python" -m pip install -q --no-cache-dir --no-deps -r "$tmp/wanted.txt" >&2
+    link=0
+    grep -qx '# link' "$tmp/wanted.txt" && link=1
+    # hard links: pip unlinks before it writes a file
+    [ $link = 0 ] || cp -al "$ref/nvidia" "$site/nvidia"
+    grep -v '^#' "$tmp/wanted.txt" | while read -r req; do
+      "$venv.tmp/bin/python" -m pip install -q --no-cache-dir --no-deps "$req" >&2 </dev/null
+    done
+    [ $link = 1 ] || rm -f "$site"/nvidia/cudnn/lib/libcudnn_*.so.*  # cuDNN's engines
     "$venv.tmp/bin/python" - "$site/torch" "$ref/torch" >&2 <<'PY'
 # torch's files that are the same as the torch-only venv's (libtorch_cuda.so, 0.5 GB, is for
 # one torch version): hard links to those.
@@ -213,20 +234,6 @@ PY
   fi
   "$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))'
 }
-numpy_only() {  # $1: X.Y, $2: interpreter; prints the site-packages of a cached numpy-only venv
-  local pin venv
-  pin=$(numpy_pin "$1")
-  venv=$cache/numpy-only-cp${1/./}-$(echo "numpy==$pin" | sha256sum | cut -c1-16)
-  if [ ! -f "$venv/.complete" ]; then
-    rm -rf "$venv.tmp"
-    "$2" -m venv "$venv.tmp" >&2
-    "$venv.tmp/bin/python" -m pip install -q "numpy==$pin" >&2
-    mv "$venv.tmp" "$venv"  # only site-packages is used (by path), so the rename is harmless
-    touch "$venv/.complete"
-  fi
-  "$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))'
-}
-
 for whl in "${wheels[@]}"; do
   tag=$(basename "$whl" | sed 's/.*-\(cp3[0-9]*\)-cp3.*/\1/')
   v=3.${tag#cp3}
@@ -237,12 +244,8 @@ for whl in "${wheels[@]}"; do
   else
     py=$(find_python "$v")
     [ -n "$py" ] || fail "no CPython $v here for $(basename "$whl")"
-    if [ -n "$(torch_pin "$v")" ]; then
-      site=$(torch_venv "$v" "$py")
-      host_check "$whl" "$py" "$site" "torch $(torch_pin "$v") (${site%/lib/*})" torch
-    else
-      host_check "$whl" "$py" "$(numpy_only "$v" "$py")" "numpy $(numpy_pin "$v") only" numpy
-    fi
+    site=$(torch_venv "$v" "$py")
+    host_check "$whl" "$py" "$site" "torch $(torch_pin "$v") (${site%/lib/*})" torch
   fi
 done
 step "OK: ${#wheels[@]} wheels"
