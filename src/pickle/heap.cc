@@ -294,16 +294,16 @@ bool PickleHeap::has_cycle(std::span<const Ref> roots) const {
   struct Frame {
     Ref r;
     size_t next;
+    size_t total;  // child_count(r): the heap does not change during the walk
   };
   std::vector<Frame> path;
   for (Ref root : roots) {
     if (!is_container(root) || color[root]) continue;
     color[root] = 1;
-    path.push_back({root, 0});
+    path.push_back({root, 0, child_count(root)});
     while (!path.empty()) {
       Frame& f = path.back();
-      const size_t total = child_count(f.r);
-      if (f.next == total) {
+      if (f.next == f.total) {
         color[f.r] = 2;
         path.pop_back();
         continue;
@@ -312,7 +312,7 @@ bool PickleHeap::has_cycle(std::span<const Ref> roots) const {
       if (c == kNoRef || !is_container(c)) continue;
       if (!color[c]) {
         color[c] = 1;
-        path.push_back({c, 0});
+        path.push_back({c, 0, child_count(c)});
       } else if (color[c] == 1) {
         return true;
       }
@@ -329,6 +329,7 @@ void PickleHeap::check_tree(Ref root, CopyBudget& budget, uint32_t max_depth) co
   struct Frame {
     Ref r;
     size_t next;
+    size_t total;  // child_count(r): the heap does not change during the walk
     uint32_t height;
   };
   std::vector<Frame> stack;
@@ -346,13 +347,13 @@ void PickleHeap::check_tree(Ref root, CopyBudget& budget, uint32_t max_depth) co
       if (Ref a = dict_args(r)) budget.spend(items(a).size());
     if (stack.size() > max_depth) too_deep();
     height[r] = kOpen;
-    stack.push_back({r, 0, 0});
+    stack.push_back({r, 0, child_count(r), 0});
   };
   if (!is_container(root)) return;
   enter(root);
   while (!stack.empty()) {
     Frame& f = stack.back();
-    if (f.next < child_count(f.r)) {
+    if (f.next < f.total) {
       const Ref c = child_at(f.r, f.next++);
       if (c == kNoRef) continue;
       if (height[c] == kOpen)

@@ -407,7 +407,7 @@ class Reader {
   }
 
   // A planner_data path: strings (dict keys) and non-negative ints (list positions), no longer
-  // than the tree may nest. Its steps become Values, one per distinct string object or int.
+  // than the tree may nest. Its steps become Values, one per distinct string or int.
   void path(Ref p, DcpEntry& e) {
     auto steps = h_.items(p);
     if (steps.size() > limits_.max_pickle_depth)
@@ -420,17 +420,24 @@ class Reader {
       if (!is_string(part) && !is_uint(part))
         fail(ErrorCode::kCorrupt, "planner_data path holds " + show(part, "null"), e.fqn);
     e.path.reserve(steps.size());
-    for (Ref part : steps) {
-      if (is_string(part)) {
-        ValuePtr& v = strings_[part];
-        if (!v) v = Value::string(std::string(h_.text(part)));
-        e.path.push_back(v);
-      } else {
-        ValuePtr& v = ints_[h_.int_value(part)];
-        if (!v) v = Value::integer(h_.int_value(part));
-        e.path.push_back(v);
-      }
-    }
+    for (Ref part : steps) e.path.push_back(step_value(part));
+  }
+
+  // The Value of a path step (a string or a non-negative int), made once per distinct value.
+  const ValuePtr& step_value(Ref part) {
+    const bool str = is_string(part);
+    const std::string_view s = str ? h_.text(part) : std::string_view();
+    const int64_t i = str ? 0 : h_.int_value(part);
+    const uint64_t h = str ? std::hash<std::string_view>{}(s)
+                           : static_cast<uint64_t>(i) * 0x9e3779b97f4a7c15ull + 1;
+    const size_t next = steps_.size();
+    const uint32_t at = step_index_.find_or_add(h, next, [&](uint32_t j) {
+      const Value& v = *steps_[j];
+      return str ? v.kind() == Kind::kString && v.str() == s
+                 : v.kind() == Kind::kInt && v.as_int() == i;
+    });
+    if (at == next) steps_.push_back(str ? Value::string(std::string(s)) : Value::integer(i));
+    return steps_[at];
   }
 
   static std::string offsets_text(const std::vector<int64_t>& o) {
@@ -445,9 +452,9 @@ class Reader {
   std::string source_;
   const Limits& limits_;
   uint64_t metadata_bytes_;
-  // The path steps made so far: one Value per string object, one per int.
-  std::unordered_map<Ref, ValuePtr> strings_;
-  std::unordered_map<int64_t, ValuePtr> ints_;
+  // The path steps made so far: one Value per distinct string or int.
+  std::vector<ValuePtr> steps_;
+  FlatIndex step_index_;
 };
 
 }  // namespace
