@@ -288,9 +288,11 @@ void PickleHeap::set_state(Ref obj, Ref state) {
   }
 }
 
-bool PickleHeap::has_cycle(std::span<const Ref> roots) const {
-  // Colors: 0 unseen, 1 on the current DFS path, 2 finished.
-  std::vector<uint8_t> color(nodes_.size());
+bool PickleHeap::has_cycle(std::span<const Ref> roots, std::vector<uint8_t> acyclic) const {
+  // Colors: 0 unseen, 1 on the current DFS path, 2 finished (or known to reach no cycle).
+  std::vector<uint8_t> color = std::move(acyclic);
+  color.resize(nodes_.size());
+  for (uint8_t& c : color) c = c ? 2 : 0;
   struct Frame {
     Ref r;
     size_t next;
@@ -321,7 +323,8 @@ bool PickleHeap::has_cycle(std::span<const Ref> roots) const {
   return false;
 }
 
-void PickleHeap::check_tree(Ref root, CopyBudget& budget, uint32_t max_depth) const {
+void PickleHeap::check_tree(Ref root, CopyBudget& budget, uint32_t max_depth,
+                            std::vector<uint8_t>* reached) const {
   // As to_value() walks: a node's height (the longest path below it) is found once; an
   // object's arguments (and a dict's class arguments) count against `budget` once per node.
   constexpr uint32_t kUnknown = UINT32_MAX, kOpen = UINT32_MAX - 1;
@@ -349,6 +352,7 @@ void PickleHeap::check_tree(Ref root, CopyBudget& budget, uint32_t max_depth) co
     height[r] = kOpen;
     stack.push_back({r, 0, child_count(r), 0});
   };
+  if (reached) reached->assign(nodes_.size(), 0);
   if (!is_container(root)) return;
   enter(root);
   while (!stack.empty()) {
@@ -375,6 +379,8 @@ void PickleHeap::check_tree(Ref root, CopyBudget& budget, uint32_t max_depth) co
     stack.pop_back();
     if (!stack.empty()) below(done.height);
   }
+  if (reached)
+    for (size_t i = 0; i < height.size(); ++i) (*reached)[i] = height[i] != kUnknown;
 }
 
 ValuePtr PickleHeap::to_value(Ref root, CopyBudget& budget, uint32_t max_depth) const {

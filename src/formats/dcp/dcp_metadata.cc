@@ -56,14 +56,14 @@ class PathTree {
     steps_.emplace_back();
   }
 
-  // False when the path's objects would exceed the budget. The steps' strings must outlive the
-  // tree (they are the path Values the entries keep).
+  // False when the path's objects would exceed the budget. The steps are Values made once per
+  // distinct string or int (Reader::step_value), so a step is known by its Value's address; they
+  // must outlive the tree.
   bool add(const std::vector<ValuePtr>& path) {
     uint32_t node = 0;  // the root dict
     for (const ValuePtr& step : path) {
       const bool index = step->kind() == Value::Kind::kInt;
-      const Step key{node, index, index ? step->as_int() : 0,
-                     index ? std::string_view() : std::string_view(step->str())};
+      const Step key{node, step.get()};
       const size_t next = list_len_.size();
       const uint32_t child =
           children_.find_or_add(hash(key), next, [&](uint32_t n) { return steps_[n] == key; });
@@ -84,20 +84,14 @@ class PathTree {
   }
 
  private:
-  // A step from node `parent`: a list index, or a dict key (a view of the step's string).
+  // A step from node `parent`: a list index or a dict key, as its Value.
   struct Step {
-    uint32_t parent;
-    bool index;
-    int64_t i;
-    std::string_view s;
-    bool operator==(const Step& o) const {
-      return parent == o.parent && index == o.index && i == o.i && s == o.s;
-    }
+    uint32_t parent = 0;
+    const Value* v = nullptr;
+    bool operator==(const Step& o) const { return parent == o.parent && v == o.v; }
   };
   static uint64_t hash(const Step& k) {
-    const uint64_t h = k.index ? static_cast<uint64_t>(k.i) * 0x9e3779b97f4a7c15ull
-                               : std::hash<std::string_view>{}(k.s);
-    return (h ^ (uint64_t{k.parent} << 1 | k.index)) * 0xff51afd7ed558ccdull;
+    return (reinterpret_cast<uintptr_t>(k.v) * 0x9e3779b97f4a7c15ull) ^ k.parent;
   }
   bool spend(uint64_t n) {
     if (n > budget_) return false;

@@ -486,6 +486,10 @@ void Opener::place(const ValuePtr& root, const DcpEntry& e, ValuePtr v) const {
 
 void Opener::build(CheckpointModel& m) {
   ValuePtr root = Value::dict();
+  m.tensors.reserve(md_.entries.size());  // one per tensor entry (a bytes item may add more)
+  m.storages.reserve(md_.entries.size());
+  m.tensor_files.reserve(md_.entries.size());
+  layout_->pieces.reserve(md_.entries.size());
   size_t j = 0;                      // jobs_ are in entry order, chunks in order
   for (DcpEntry& e : md_.entries) {  // the last use of md_: its chunks are moved
     if (e.is_bytes) {
@@ -579,16 +583,16 @@ void Opener::build(CheckpointModel& m) {
     if (pieces.empty()) si.meta = numel != 0;  // nothing stored (an empty tensor)
     m.storages.push_back(std::move(si));
     layout_->pieces.push_back(std::move(pieces));
+    place(root, e, Value::tensor(m.tensors.size()));
     TensorInfo t;
-    t.name = e.fqn;
+    t.name = std::move(e.fqn);  // the last use of the entry's name
     t.dtype = e.dtype;
-    t.shape = e.size;
     t.strides = contiguous_strides(e.size);
+    t.shape = std::move(e.size);
     t.storage = s;
     if (files.empty()) files.push_back(0);
     m.tensor_files.push_back(std::move(files));
     m.tensors.push_back(std::move(t));
-    place(root, e, Value::tensor(m.tensors.size() - 1));
   }
   m.root = std::move(root);
 }
