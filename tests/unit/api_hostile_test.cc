@@ -514,8 +514,9 @@ double cpu_seconds() {
 }
 
 // How many times the CPU time of opening the same state dict from a torch.save file opening a
-// DCP folder may take: measured 8.5x (docs/benchmarks.md, "Opening a DCP folder of many keys"),
-// and about 27x before its indexes were flat; the bound is between, for a loaded machine.
+// DCP folder may take: measured 8.1-8.5x (docs/benchmarks.md, "Opening a DCP folder of many
+// keys"); `ckpt ls` of such a folder took 2.7 times its CPU time now before the reader's indexes
+// were flat (about 22x by that figure), which this bound (for a loaded machine) refuses.
 constexpr double kDcpPerTorchCpu = 16;
 
 TEST(Limits, DefaultsOpenADcpFolderOf400kKeys) {
@@ -526,8 +527,8 @@ TEST(Limits, DefaultsOpenADcpFolderOf400kKeys) {
   // size per key and each chunk is a small zip of its own, so it costs a few times more
   // (docs/benchmarks.md has the figures); the bound catches a step that costs far more per key
   // than reading the torch file does (the quadratic lookups were minutes at this size; hashed
-  // lookups whose buckets rehashed every key, or a node allocated and freed per index entry,
-  // were twice the time of the rest).
+  // lookups that hashed every key along a bucket's chain again, and a node allocated and freed per
+  // index entry, were nearly half the time).
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
   size_t n = 10000;
 #else
