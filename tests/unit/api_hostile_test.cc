@@ -523,9 +523,9 @@ TEST(Limits, DefaultsOpenADcpFolderOf400kKeys) {
   // 100,000 parameters and Adam's state for each (step, exp_avg, exp_avg_sq): 400,000 keys,
   // written by save_dcp, opened with default limits. Its CPU time is bounded by that of opening
   // the same state dict written by torch.save's format (a zip of 400,000 storage records and a
-  // data.pkl of every key), in the same process: DCP's .metadata is about twice that pickle's
-  // size per key and each chunk is a small zip of its own, so it costs a few times more
-  // (docs/benchmarks.md has the figures); the bound catches a step that costs far more per key
+  // data.pkl of every key), in the same process: DCP's .metadata holds more per key (each chunk's
+  // box, each storage item) and each chunk is a small zip of its own, so it costs several times
+  // more (docs/benchmarks.md has the figures); the bound catches a step that costs far more per key
   // than reading the torch file does (the quadratic lookups were minutes at this size; hashed
   // lookups that hashed every key along a bucket's chain again, and a node allocated and freed per
   // index entry, were nearly half the time).
