@@ -328,7 +328,7 @@ class Reader {
       // Python's dict has each key once; a pickle can list one twice (SETITEMS appends).
       const std::string_view fqn = e.fqn;
       const size_t at = md.entries.size();
-      if (keys.find_or_add(std::hash<std::string_view>{}(fqn), at,
+      if (keys.find_or_add(name_hash(fqn), at,
                            [&](uint32_t j) { return md.entries[j].fqn == fqn; }) != at)
         fail(ErrorCode::kCorrupt, "state_dict_metadata lists the key twice", e.fqn);
       if (const Ref p = planner.find(e.fqn); p != kNoRef) {
@@ -377,8 +377,8 @@ class Reader {
     std::vector<std::pair<std::string_view, Ref>> paths;  // (fqn, path)
     FlatIndex index;
     Ref find(std::string_view fqn) const {
-      const uint32_t i = index.find(std::hash<std::string_view>{}(fqn),
-                                    [&](uint32_t j) { return paths[j].first == fqn; });
+      const uint32_t i =
+          index.find(name_hash(fqn), [&](uint32_t j) { return paths[j].first == fqn; });
       return i == FlatIndex::kNone ? kNoRef : paths[i].second;
     }
   };
@@ -392,7 +392,7 @@ class Reader {
       if (!is_string(k) || !is_sequence(v) || h_.items(v).empty()) continue;
       const std::string_view fqn = h_.text(k);
       const size_t at = out.paths.size();
-      if (out.index.find_or_add(std::hash<std::string_view>{}(fqn), at,
+      if (out.index.find_or_add(name_hash(fqn), at,
                                 [&](uint32_t j) { return out.paths[j].first == fqn; }) != at)
         fail(ErrorCode::kCorrupt, "planner_data lists the key twice", std::string(fqn));
       out.paths.emplace_back(fqn, v);
@@ -422,8 +422,7 @@ class Reader {
     const bool str = is_string(part);
     const std::string_view s = str ? h_.text(part) : std::string_view();
     const int64_t i = str ? 0 : h_.int_value(part);
-    const uint64_t h = str ? std::hash<std::string_view>{}(s)
-                           : static_cast<uint64_t>(i) * 0x9e3779b97f4a7c15ull + 1;
+    const uint64_t h = str ? name_hash(s) : static_cast<uint64_t>(i) * 0x9e3779b97f4a7c15ull + 1;
     const size_t next = steps_.size();
     const uint32_t at = step_index_.find_or_add(h, next, [&](uint32_t j) {
       const Value& v = *steps_[j];

@@ -419,8 +419,8 @@ class Opener {
     // The entry of key k (string or int), added as entry `next` when new: (entry, added).
     std::pair<size_t, bool> find_or_add(const Value& k, size_t next) {
       const bool str = k.kind() == Value::Kind::kString;
-      const uint64_t h = str ? std::hash<std::string_view>{}(k.str())
-                             : static_cast<uint64_t>(k.as_int()) * 0x9e3779b97f4a7c15ull + 1;
+      const uint64_t h =
+          str ? name_hash(k.str()) : static_cast<uint64_t>(k.as_int()) * 0x9e3779b97f4a7c15ull + 1;
       const uint32_t at = keys.find_or_add(h, next, [&](uint32_t j) {
         const Value& o = *dict->entries()[j].first;
         return o.kind() == k.kind() && (str ? o.str() == k.str() : o.as_int() == k.as_int());

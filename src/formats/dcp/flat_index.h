@@ -4,16 +4,22 @@
 // probing; a slot holds the item's number and 32 bits of its key's hash, so a lookup reads one
 // slot (rarely a few) and compares keys only where the hashes agree. The DCP reader indexes
 // hundreds of thousands of keys several times over: std::unordered_map's node per key, its
-// allocation, its free and the key hashed again along a bucket's chain were a fifth of opening
-// such a folder.
+// allocation, its free and the key hashed again along a bucket's chain were nearly half the CPU
+// time of opening such a folder (docs/benchmarks.md).
 //
-// Layer: formats (no dependencies). Thread-safety: find() may run concurrently on an index that
-// no longer changes; find_or_add() may not.
+// The keys come from files: callers hash strings with name_hash (util/name_index.h, seeded per
+// process), and the slot of a hash is chosen after mixing it with a per-process seed too, so a
+// file cannot be crafted offline to put its keys in one probe run.
+//
+// Layer: formats. Thread-safety: find() may run concurrently on an index that no longer
+// changes; find_or_add() may not.
 
 #include <cstddef>
 #include <cstdint>
 #include <stdexcept>
 #include <vector>
+
+#include "util/name_index.h"
 
 namespace ckpt::internal {
 
@@ -23,7 +29,7 @@ class FlatIndex {
 
   // `expected`: how many items will be added (the slots are made for them at once).
   FlatIndex() : FlatIndex(0) {}
-  explicit FlatIndex(size_t expected) {
+  explicit FlatIndex(size_t expected) : seed_(name_hash({})) {
     size_t cap = 16;
     while (cap < 2 * expected) cap *= 2;
     resize(cap);
@@ -35,7 +41,7 @@ class FlatIndex {
   // the one looked for?
   template <class Same>
   uint32_t find(uint64_t hash, Same&& same) const {
-    const uint32_t h = fold(hash);
+    const uint32_t h = fold(hash ^ seed_);
     for (size_t s = h & mask_;; s = (s + 1) & mask_) {
       const Slot& slot = slots_[s];
       if (slot.item == kNone) return kNone;
@@ -48,7 +54,7 @@ class FlatIndex {
   uint32_t find_or_add(uint64_t hash, size_t item, Same&& same) {
     if (item >= kNone) throw std::length_error("FlatIndex: more than 2^32 - 1 items");
     if (2 * (count_ + 1) > slots_.size()) resize(2 * slots_.size());
-    const uint32_t h = fold(hash);
+    const uint32_t h = fold(hash ^ seed_);
     for (size_t s = h & mask_;; s = (s + 1) & mask_) {
       Slot& slot = slots_[s];
       if (slot.item == kNone) {
@@ -84,6 +90,7 @@ class FlatIndex {
     }
   }
 
+  uint64_t seed_;
   std::vector<Slot> slots_;
   size_t mask_ = 0;
   size_t count_ = 0;
