@@ -288,22 +288,24 @@ void PickleHeap::set_state(Ref obj, Ref state) {
   }
 }
 
-bool PickleHeap::has_cycle(std::span<const Ref> roots) const {
-  // Colors: 0 unseen, 1 on the current DFS path, 2 finished.
-  std::vector<uint8_t> color(nodes_.size());
+bool PickleHeap::has_cycle(std::span<const Ref> roots, std::vector<uint8_t> acyclic) const {
+  // Colors: 0 unseen, 1 on the current DFS path, 2 finished (or known to reach no cycle).
+  std::vector<uint8_t> color = std::move(acyclic);
+  color.resize(nodes_.size());
+  for (uint8_t& c : color) c = c ? 2 : 0;
   struct Frame {
     Ref r;
     size_t next;
+    size_t total;  // child_count(r): the heap does not change during the walk
   };
   std::vector<Frame> path;
   for (Ref root : roots) {
     if (!is_container(root) || color[root]) continue;
     color[root] = 1;
-    path.push_back({root, 0});
+    path.push_back({root, 0, child_count(root)});
     while (!path.empty()) {
       Frame& f = path.back();
-      const size_t total = child_count(f.r);
-      if (f.next == total) {
+      if (f.next == f.total) {
         color[f.r] = 2;
         path.pop_back();
         continue;
@@ -312,7 +314,7 @@ bool PickleHeap::has_cycle(std::span<const Ref> roots) const {
       if (c == kNoRef || !is_container(c)) continue;
       if (!color[c]) {
         color[c] = 1;
-        path.push_back({c, 0});
+        path.push_back({c, 0, child_count(c)});
       } else if (color[c] == 1) {
         return true;
       }
@@ -321,7 +323,8 @@ bool PickleHeap::has_cycle(std::span<const Ref> roots) const {
   return false;
 }
 
-void PickleHeap::check_tree(Ref root, CopyBudget& budget, uint32_t max_depth) const {
+void PickleHeap::check_tree(Ref root, CopyBudget& budget, uint32_t max_depth,
+                            std::vector<uint8_t>* reached) const {
   // As to_value() walks: a node's height (the longest path below it) is found once; an
   // object's arguments (and a dict's class arguments) count against `budget` once per node.
   constexpr uint32_t kUnknown = UINT32_MAX, kOpen = UINT32_MAX - 1;
@@ -329,6 +332,7 @@ void PickleHeap::check_tree(Ref root, CopyBudget& budget, uint32_t max_depth) co
   struct Frame {
     Ref r;
     size_t next;
+    size_t total;  // child_count(r): the heap does not change during the walk
     uint32_t height;
   };
   std::vector<Frame> stack;
@@ -346,13 +350,14 @@ void PickleHeap::check_tree(Ref root, CopyBudget& budget, uint32_t max_depth) co
       if (Ref a = dict_args(r)) budget.spend(items(a).size());
     if (stack.size() > max_depth) too_deep();
     height[r] = kOpen;
-    stack.push_back({r, 0, 0});
+    stack.push_back({r, 0, child_count(r), 0});
   };
+  if (reached) reached->assign(nodes_.size(), 0);
   if (!is_container(root)) return;
   enter(root);
   while (!stack.empty()) {
     Frame& f = stack.back();
-    if (f.next < child_count(f.r)) {
+    if (f.next < f.total) {
       const Ref c = child_at(f.r, f.next++);
       if (c == kNoRef) continue;
       if (height[c] == kOpen)
@@ -374,6 +379,8 @@ void PickleHeap::check_tree(Ref root, CopyBudget& budget, uint32_t max_depth) co
     stack.pop_back();
     if (!stack.empty()) below(done.height);
   }
+  if (reached)
+    for (size_t i = 0; i < height.size(); ++i) (*reached)[i] = height[i] != kUnknown;
 }
 
 ValuePtr PickleHeap::to_value(Ref root, CopyBudget& budget, uint32_t max_depth) const {

@@ -146,10 +146,13 @@ class PickleHeap {
   // edges, every path through a shared node counted (walks over the result recurse that deep).
   ValuePtr to_value(Ref root, CopyBudget& budget, uint32_t max_depth = UINT32_MAX) const;
   // The refusals to_value() makes (a cycle; a tree deeper than `max_depth`; arguments past
-  // `budget`), with the same errors, without making the tree. Iterative.
-  void check_tree(Ref root, CopyBudget& budget, uint32_t max_depth = UINT32_MAX) const;
-  // Is there a cycle among the containers reachable from `roots`? Iterative.
-  bool has_cycle(std::span<const Ref> roots) const;
+  // `budget`), with the same errors, without making the tree. Iterative. `reached`, when given:
+  // set to 1 per node the walk reached (all of them, when it returns), 0 per other node.
+  void check_tree(Ref root, CopyBudget& budget, uint32_t max_depth = UINT32_MAX,
+                  std::vector<uint8_t>* reached = nullptr) const;
+  // Is there a cycle among the containers reachable from `roots`? Iterative. `acyclic`, when
+  // given: 1 per node known to reach no cycle (check_tree's `reached`), which the walk skips.
+  bool has_cycle(std::span<const Ref> roots, std::vector<uint8_t> acyclic = {}) const;
 
  private:
   enum Flags : uint8_t {

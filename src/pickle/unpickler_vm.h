@@ -109,12 +109,26 @@ class Vm {
 
   // Runs to STOP and makes the checks run() makes (cycles; the depth and the copies of what the
   // result reaches) without making the Value tree: the result, to be read in heap().
+  // The walk over what the result reaches finds any cycle among those nodes, so the cycle check
+  // after it walks only the rest; the refusals and their order are run()'s (a cycle first, at
+  // STOP's offset; then the tree's depth and copies, at the end's).
   Ref run_checked() {
     return guarded([&] {
       Ref result = loop();
-      check_acyclic();
+      const size_t stop = op_pos_;
       op_pos_ = pos_;
-      heap_.check_tree(result, budget_, opt_.limits.max_pickle_depth);
+      std::vector<uint8_t> reached;
+      try {
+        heap_.check_tree(result, budget_, opt_.limits.max_pickle_depth, &reached);
+      } catch (const Error&) {
+        op_pos_ = stop;
+        check_acyclic();
+        op_pos_ = pos_;
+        throw;
+      }
+      op_pos_ = stop;
+      check_acyclic(std::move(reached));
+      op_pos_ = pos_;
       return result;
     });
   }
@@ -165,8 +179,8 @@ class Vm {
         return;
       }
   }
-  void check_acyclic() {
-    if (!mutated_.empty() && heap_.has_cycle(mutated_))
+  void check_acyclic(std::vector<uint8_t> acyclic = {}) {
+    if (!mutated_.empty() && heap_.has_cycle(mutated_, std::move(acyclic)))
       fail(ErrorCode::kUnsupported,
            "the object graph contains a cycle (a container that contains itself); checkpoints "
            "never do");

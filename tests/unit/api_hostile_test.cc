@@ -468,13 +468,12 @@ TEST(Limits, DefaultsOpenAMillionTensors) {
             "model.layers." + std::to_string((n - 1) / 8) + ".w" + std::to_string((n - 1) % 8));
 }
 
-// A DCP folder of n parameters and Adam's state for each (step, exp_avg, exp_avg_sq): 4n keys
-// with nested planner paths, written by save_dcp.
-void write_adam_dcp(const std::string& path, size_t n) {
+// A state dict of n parameters and Adam's state for each (step, exp_avg, exp_avg_sq): 4n keys,
+// nested (model.*, optim.state.<i>.*), its tensors views of one storage put in `ts`.
+ValuePtr adam_state(size_t n, std::vector<Tensor>& ts) {
   std::vector<float> v(4 * n, 1.0f);
   Tensor base = Tensor::copy_of("base", DType::kFloat32, {int64_t(4 * n)},
                                 std::as_bytes(std::span<const float>(v)));
-  std::vector<Tensor> ts;
   auto add = [&](size_t offset, std::vector<int64_t> shape) {
     TensorInfo info = base.info();
     info.shape = shape;
@@ -497,8 +496,13 @@ void write_adam_dcp(const std::string& path, size_t n) {
   optim->entries().emplace_back(Value::string("state"), state);
   root->entries().emplace_back(Value::string("model"), model);
   root->entries().emplace_back(Value::string("optim"), optim);
-  save_dcp(path, root, ts, {.fsync = false});
-  ts.clear();
+  return root;
+}
+
+// That state dict as a DCP folder written by save_dcp (4n keys with nested planner paths).
+void write_adam_dcp(const std::string& path, size_t n) {
+  std::vector<Tensor> ts;
+  save_dcp(path, adam_state(n, ts), ts, {.fsync = false});
 }
 
 // CPU time (user + sys, every thread) of this process so far, in seconds.
@@ -509,10 +513,22 @@ double cpu_seconds() {
          static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
 }
 
+// How many times the CPU time of opening the same state dict from a torch.save file opening a
+// DCP folder may take: measured 8.1-8.5x (docs/benchmarks.md, "Opening a DCP folder of many
+// keys"); `ckpt ls` of such a folder took 2.7 times its CPU time now before the reader's indexes
+// were flat (about 22x by that figure), which this bound (for a loaded machine) refuses.
+constexpr double kDcpPerTorchCpu = 16;
+
 TEST(Limits, DefaultsOpenADcpFolderOf400kKeys) {
   // 100,000 parameters and Adam's state for each (step, exp_avg, exp_avg_sq): 400,000 keys,
-  // written by save_dcp. Opening looks each key up in planner_data and places it in its dict:
-  // linear lookups made that quadratic (80,000 keys took 37 s).
+  // written by save_dcp, opened with default limits. Its CPU time is bounded by that of opening
+  // the same state dict written by torch.save's format (a zip of 400,000 storage records and a
+  // data.pkl of every key), in the same process: DCP's .metadata holds more per key (each chunk's
+  // box, each storage item) and each chunk is a small zip of its own, so it costs several times
+  // more (docs/benchmarks.md has the figures); the bound catches a step that costs far more per key
+  // than reading the torch file does (the quadratic lookups were minutes at this size; hashed
+  // lookups that hashed every key along a bucket's chain again, and a node allocated and freed per
+  // index entry, were nearly half the time).
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
   size_t n = 10000;
 #else
@@ -520,16 +536,30 @@ TEST(Limits, DefaultsOpenADcpFolderOf400kKeys) {
 #endif
   if (const char* env = std::getenv("CKPT_TEST_PARAMS")) n = std::strtoull(env, nullptr, 10);
   TempDir dir;
-  write_adam_dcp(dir.file("dcp"), n);
-  auto start = std::chrono::steady_clock::now();
+  {
+    std::vector<Tensor> ts;
+    ValuePtr root = adam_state(n, ts);
+    save_dcp(dir.file("dcp"), root, ts, {.fsync = false});
+    save_torch(dir.file("m.pt"), root, ts, {.fsync = false});
+  }
+  double before = cpu_seconds();
+  {
+    Checkpoint c = Checkpoint::open(dir.file("m.pt"));
+    ASSERT_EQ(c.tensors().size(), 4 * n);
+  }
+  const double torch_cpu = cpu_seconds() - before;
+  before = cpu_seconds();
   Checkpoint c = Checkpoint::open(dir.file("dcp"));
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double dcp_cpu = cpu_seconds() - before;
   ASSERT_EQ(c.tensors().size(), 4 * n);
   EXPECT_EQ(c.tensors().back().name, "optim.state." + std::to_string(n - 1) + ".exp_avg_sq");
-  // docs/benchmarks.md has measured times; this bound only catches the quadratic lookups (about
-  // 15 minutes at this size), not a slow machine.
-  EXPECT_LT(s, 300.0) << "opening took " << s << " s";
-  std::printf("opened %zu keys in %.2f s\n", 4 * n, s);
+  std::printf("opened %zu keys in %.2f s of CPU (the torch file: %.2f s, %.1fx)\n", 4 * n, dcp_cpu,
+              torch_cpu, dcp_cpu / std::max(torch_cpu, 0.01));
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)  // (their own cost per call)
+  EXPECT_LT(dcp_cpu, kDcpPerTorchCpu * std::max(torch_cpu, 0.05))
+      << 4 * n << " keys took " << dcp_cpu << " s of CPU from the DCP folder, " << torch_cpu
+      << " s from the torch file";
+#endif
 }
 
 TEST(Limits, DcpFolderOpensInCpuTimeLinearInItsKeys) {
@@ -556,8 +586,7 @@ TEST(Limits, DcpFolderOpensInCpuTimeLinearInItsKeys) {
     cpu[k] = cpu_seconds() - before;
     std::printf("opened and closed %zu keys in %.2f s of CPU\n", 4 * params, cpu[k]);
   }
-  // A bound far above the measured figure (docs/benchmarks.md), for a loaded machine.
-  EXPECT_LT(cpu[1], 120.0) << 40 * n << " keys took " << cpu[1] << " s of CPU";
+  // Measured 11x (docs/benchmarks.md); the bound is for a loaded machine.
   EXPECT_LT(cpu[1], 25 * std::max(cpu[0], 0.05))
       << 40 * n << " keys took " << cpu[1] << " s of CPU, " << 4 * n << " keys " << cpu[0];
 }

@@ -6,6 +6,7 @@
 
 #include "ckpt/error.h"
 #include "formats/dcp/dcp_metadata.h"
+#include "formats/dcp/flat_index.h"
 #include "test_util.h"
 
 namespace ckpt {
@@ -117,6 +118,30 @@ TEST(DcpMetadata, KeysListedTwiceAreCorrupt) {
       [] { read(metadata({"w"}, path_item("w", "a", 0) + path_item("w", "a", 1))); });
   EXPECT_EQ(e.code(), ErrorCode::kCorrupt);
   EXPECT_EQ(e.record(), "w");
+}
+
+// The reader's index: every key found again after the slots grew, a key added twice keeps its
+// first item, an absent key is kNone, and keys whose hashes are all equal are still told apart
+// (by `same`, as a crafted file's would be).
+TEST(DcpFlatIndex, FindsEveryKeyThroughGrowthAndEqualHashes) {
+  using internal::FlatIndex;
+  std::vector<std::string> keys;
+  for (int i = 0; i < 3000; ++i) keys.push_back("model.layers." + std::to_string(i) + ".weight");
+  for (const bool collide : {false, true}) {
+    auto hash = [&](const std::string& k) { return collide ? 42 : internal::name_hash(k); };
+    FlatIndex index;  // 16 slots: grows many times
+    for (size_t i = 0; i < keys.size(); ++i) {
+      auto same = [&](uint32_t j) { return keys[j] == keys[i]; };
+      ASSERT_EQ(index.find_or_add(hash(keys[i]), i, same), i);
+      ASSERT_EQ(index.find_or_add(hash(keys[i]), keys.size() + i, same), i);
+    }
+    EXPECT_EQ(index.size(), keys.size());
+    for (size_t i = 0; i < keys.size(); ++i)
+      EXPECT_EQ(index.find(hash(keys[i]), [&](uint32_t j) { return keys[j] == keys[i]; }), i);
+    const std::string absent = "model.layers.x.weight";
+    EXPECT_EQ(index.find(hash(absent), [&](uint32_t j) { return keys[j] == absent; }),
+              FlatIndex::kNone);
+  }
 }
 
 }  // namespace

@@ -186,6 +186,38 @@ TEST(Unpickler, SelfReferentialContainersAreRefusedAndFreed) {
   EXPECT_EQ(v->items()[0], v->items()[1]);
 }
 
+// unpickle_heap (the DCP .metadata reader's way: check_tree over what the result reaches, then
+// the cycle check over the rest) refuses a cycle as unpickle does, with the same error at the
+// same offset: one the result reaches, one it does not, and one below a tree too deep (the cycle
+// is named first).
+TEST(Unpickler, HeapReaderRefusesCyclesAsTheTreeDoes) {
+  UnpickleOptions shallow;
+  shallow.limits.max_pickle_depth = 2;
+  const std::pair<std::string, UnpickleOptions> cases[] = {
+      {"\x80\x02]q\x00h\x00"
+       "a."s,
+       {}},  // l.append(l); the result is l
+      {"\x80\x02]q\x00h\x00"
+       "a0N."s,
+       {}},  // l.append(l); the result is None
+      {"\x80\x02]q\x00"
+       "0h\x00h\x00"
+       "a0]\x85\x85\x85h\x00\x86."s,
+       shallow}};  // l.append(l); the result is (((([],),),), l), too deep before l
+  for (const auto& [p, opt] : cases) {
+    const Error tree = load_error(p, allowing(), opt);
+    const Error heap = capture_error([&] {
+      internal::unpickle_heap(internal::as_bytes(p), allowing(), opt,
+                              [](const internal::PickleHeap&, internal::Ref) {});
+    });
+    EXPECT_EQ(heap.code(), ErrorCode::kUnsupported) << heap.what();
+    EXPECT_NE(heap.message().find("cycle"), std::string::npos) << heap.what();
+    EXPECT_EQ(heap.code(), tree.code());
+    EXPECT_EQ(heap.message(), tree.message());
+    EXPECT_EQ(heap.offset(), tree.offset());
+  }
+}
+
 TEST(Unpickler, SparseMemoIdsUseTheMapNotAHugeVector) {
   auto v = load(
       "\x80\x02K\x07r\xff\xff\xff\xff"

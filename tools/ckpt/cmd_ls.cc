@@ -178,10 +178,16 @@ void list_table(const Checkpoint& c, const std::vector<OnnxTensorPlace>& places)
 void run_ls(LsOptions& o) {
   o.file = files_name(o.files);
   Checkpoint c = open_checkpoint(o.files, o.common);
-  if (o.prepacked) return list_prepacked(o, c);
-  std::vector<OnnxTensorPlace> places = onnx_places(c);
-  if (o.json) return list_json(c, places);
-  list_table(c, places);
+  if (o.prepacked) {
+    list_prepacked(o, c);
+  } else {
+    std::vector<OnnxTensorPlace> places = onnx_places(c);
+    if (o.json)
+      list_json(c, places);
+    else
+      list_table(c, places);
+  }
+  keep_until_exit(std::move(c));
 }
 
 }  // namespace

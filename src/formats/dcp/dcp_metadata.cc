@@ -9,9 +9,9 @@
 #include <algorithm>
 #include <string_view>
 #include <unordered_map>
-#include <unordered_set>
 
 #include "ckpt/error.h"
+#include "formats/dcp/flat_index.h"
 #include "pickle/builtin_calls.h"
 #include "pickle/heap.h"
 #include "pickle/unpickler.h"
@@ -51,20 +51,26 @@ bool known_global(const std::string& m, const std::string& n) {
 // torch itself writes gaps (an empty dict in a list leaves no key), so only its cost is bounded.
 class PathTree {
  public:
-  explicit PathTree(uint64_t objects) : budget_(objects) { list_len_.push_back(0); }
+  explicit PathTree(uint64_t objects) : budget_(objects) {
+    list_len_.push_back(0);
+    steps_.emplace_back();
+  }
 
-  // False when the path's objects would exceed the budget. The steps' strings must outlive the
-  // tree (they are the path Values the entries keep).
+  // False when the path's objects would exceed the budget. The steps are Values made once per
+  // distinct string or int (Reader::step_value), so a step is known by its Value's address; they
+  // must outlive the tree.
   bool add(const std::vector<ValuePtr>& path) {
     uint32_t node = 0;  // the root dict
     for (const ValuePtr& step : path) {
       const bool index = step->kind() == Value::Kind::kInt;
-      const Step key{node, index, index ? step->as_int() : 0,
-                     index ? std::string_view() : std::string_view(step->str())};
-      auto [it, fresh] = children_.try_emplace(key, static_cast<uint32_t>(list_len_.size()));
-      if (fresh) {
+      const Step key{node, step.get()};
+      const size_t next = list_len_.size();
+      const uint32_t child =
+          children_.find_or_add(hash(key), next, [&](uint32_t n) { return steps_[n] == key; });
+      if (child == next) {
         if (!spend(1)) return false;
         list_len_.push_back(0);
+        steps_.push_back(key);
       }
       if (index) {
         uint64_t& len = list_len_[node];
@@ -72,38 +78,30 @@ class PathTree {
         if (want > len && !spend(want - len)) return false;
         len = std::max(len, want);
       }
-      node = it->second;
+      node = child;
     }
     return true;
   }
 
  private:
-  // A step from node `parent`: a list index, or a dict key (a view of the step's string).
+  // A step from node `parent`: a list index or a dict key, as its Value.
   struct Step {
-    uint32_t parent;
-    bool index;
-    int64_t i;
-    std::string_view s;
-    bool operator==(const Step& o) const {
-      return parent == o.parent && index == o.index && i == o.i && s == o.s;
-    }
+    uint32_t parent = 0;
+    const Value* v = nullptr;
+    bool operator==(const Step& o) const { return parent == o.parent && v == o.v; }
   };
-  struct StepHash {
-    size_t operator()(const Step& k) const noexcept {
-      const uint64_t h = k.index ? static_cast<uint64_t>(k.i) * 0x9e3779b97f4a7c15ull
-                                 : std::hash<std::string_view>{}(k.s);
-      return static_cast<size_t>(
-          (h ^ (uint64_t{k.parent} << 1 | k.index)) * 0xff51afd7ed558ccdull >> 7);
-    }
-  };
+  static uint64_t hash(const Step& k) {
+    return (reinterpret_cast<uintptr_t>(k.v) * 0x9e3779b97f4a7c15ull) ^ k.parent;
+  }
   bool spend(uint64_t n) {
     if (n > budget_) return false;
     budget_ -= n;
     return true;
   }
   uint64_t budget_;
-  std::unordered_map<Step, uint32_t, StepHash> children_;  // (parent, step) -> node
-  std::vector<uint64_t> list_len_;                         // per node: its length as a list
+  FlatIndex children_;              // (parent, step) -> node
+  std::vector<Step> steps_;         // per node: the step that leads to it ([0]: the root, none)
+  std::vector<uint64_t> list_len_;  // per node: its length as a list
 };
 
 // Reads the Metadata object in the unpickler's heap (pickle/heap.h) field by field: no Value tree
@@ -322,17 +320,19 @@ class Reader {
            std::to_string(n) + " entries (limit " + std::to_string(limits_.max_tensors) + ")");
     const auto planner = planner_paths(field(root, "planner_data"));
     PathTree tree(limits_.object_bytes_for(metadata_bytes_) / PickleHeap::kBytesPerObject);
-    std::unordered_set<std::string_view> keys;
-    keys.reserve(n);
+    FlatIndex keys(n);
     md.entries.reserve(n);
     for (size_t i = 0; i < n; ++i) {
       const Ref k = h_.items(sdm)[2 * i];
       DcpEntry e = entry(k, h_.items(sdm)[2 * i + 1]);
       // Python's dict has each key once; a pickle can list one twice (SETITEMS appends).
-      if (!keys.insert(h_.text(k)).second)
+      const std::string_view fqn = e.fqn;
+      const size_t at = md.entries.size();
+      if (keys.find_or_add(name_hash(fqn), at,
+                           [&](uint32_t j) { return md.entries[j].fqn == fqn; }) != at)
         fail(ErrorCode::kCorrupt, "state_dict_metadata lists the key twice", e.fqn);
-      if (auto it = planner.find(e.fqn); it != planner.end()) {
-        path(it->second, e);
+      if (const Ref p = planner.find(e.fqn); p != kNoRef) {
+        path(p, e);
         if (!tree.add(e.path))
           fail(ErrorCode::kLimitExceeded,
                "planner_data's paths make more objects (nested dicts, lists and the None that "
@@ -356,13 +356,15 @@ class Reader {
     if (n > limits_.max_tensors)
       fail(ErrorCode::kLimitExceeded, std::to_string(n) + " storage items (limit " +
                                           std::to_string(limits_.max_tensors) + ")");
-    std::unordered_set<DcpItemKey, DcpItemKeyHash> items;
-    items.reserve(n);
+    FlatIndex items(n);
     md.storage.reserve(n);
     for (size_t i = 0; i < n; ++i) {
       md.storage.push_back(storage(h_.items(sd)[2 * i], h_.items(sd)[2 * i + 1]));
       const DcpStorage& s = md.storage.back();
-      if (!items.insert(DcpItemKey{s.fqn, s.chunk_offsets}).second)
+      const DcpItemKey key{s.fqn, s.chunk_offsets};
+      if (items.find_or_add(DcpItemKeyHash{}(key), i, [&](uint32_t j) {
+            return DcpItemKey{md.storage[j].fqn, md.storage[j].chunk_offsets} == key;
+          }) != i)
         fail(ErrorCode::kCorrupt,
              "storage_data lists the item at chunk offsets " + offsets_text(s.chunk_offsets) +
                  " twice",
@@ -371,22 +373,35 @@ class Reader {
   }
 
   // planner_data: fqn -> its path, looked up once per key (a dict of 400,000 keys).
-  std::unordered_map<std::string_view, Ref> planner_paths(Ref planner) const {
-    std::unordered_map<std::string_view, Ref> out;
-    if (!is_dict(planner)) return out;
+  struct PlannerPaths {
+    std::vector<std::pair<std::string_view, Ref>> paths;  // (fqn, path)
+    FlatIndex index;
+    Ref find(std::string_view fqn) const {
+      const uint32_t i =
+          index.find(name_hash(fqn), [&](uint32_t j) { return paths[j].first == fqn; });
+      return i == FlatIndex::kNone ? kNoRef : paths[i].second;
+    }
+  };
+  PlannerPaths planner_paths(Ref planner) const {
+    if (!is_dict(planner)) return {};
     const size_t n = h_.dict_size(planner);
-    out.reserve(n);
+    PlannerPaths out{{}, FlatIndex(n)};
+    out.paths.reserve(n);
     for (size_t i = 0; i < n; ++i) {
       const Ref k = h_.items(planner)[2 * i], v = h_.items(planner)[2 * i + 1];
-      if (is_string(k) && is_sequence(v) && !h_.items(v).empty())
-        if (!out.emplace(h_.text(k), v).second)
-          fail(ErrorCode::kCorrupt, "planner_data lists the key twice", std::string(h_.text(k)));
+      if (!is_string(k) || !is_sequence(v) || h_.items(v).empty()) continue;
+      const std::string_view fqn = h_.text(k);
+      const size_t at = out.paths.size();
+      if (out.index.find_or_add(name_hash(fqn), at,
+                                [&](uint32_t j) { return out.paths[j].first == fqn; }) != at)
+        fail(ErrorCode::kCorrupt, "planner_data lists the key twice", std::string(fqn));
+      out.paths.emplace_back(fqn, v);
     }
     return out;
   }
 
   // A planner_data path: strings (dict keys) and non-negative ints (list positions), no longer
-  // than the tree may nest. Its steps become Values, one per distinct string object or int.
+  // than the tree may nest. Its steps become Values, one per distinct string or int.
   void path(Ref p, DcpEntry& e) {
     auto steps = h_.items(p);
     if (steps.size() > limits_.max_pickle_depth)
@@ -399,17 +414,23 @@ class Reader {
       if (!is_string(part) && !is_uint(part))
         fail(ErrorCode::kCorrupt, "planner_data path holds " + show(part, "null"), e.fqn);
     e.path.reserve(steps.size());
-    for (Ref part : steps) {
-      if (is_string(part)) {
-        ValuePtr& v = strings_[part];
-        if (!v) v = Value::string(std::string(h_.text(part)));
-        e.path.push_back(v);
-      } else {
-        ValuePtr& v = ints_[h_.int_value(part)];
-        if (!v) v = Value::integer(h_.int_value(part));
-        e.path.push_back(v);
-      }
-    }
+    for (Ref part : steps) e.path.push_back(step_value(part));
+  }
+
+  // The Value of a path step (a string or a non-negative int), made once per distinct value.
+  const ValuePtr& step_value(Ref part) {
+    const bool str = is_string(part);
+    const std::string_view s = str ? h_.text(part) : std::string_view();
+    const int64_t i = str ? 0 : h_.int_value(part);
+    const uint64_t h = str ? name_hash(s) : static_cast<uint64_t>(i) * 0x9e3779b97f4a7c15ull + 1;
+    const size_t next = steps_.size();
+    const uint32_t at = step_index_.find_or_add(h, next, [&](uint32_t j) {
+      const Value& v = *steps_[j];
+      return str ? v.kind() == Kind::kString && v.str() == s
+                 : v.kind() == Kind::kInt && v.as_int() == i;
+    });
+    if (at == next) steps_.push_back(str ? Value::string(std::string(s)) : Value::integer(i));
+    return steps_[at];
   }
 
   static std::string offsets_text(const std::vector<int64_t>& o) {
@@ -424,9 +445,9 @@ class Reader {
   std::string source_;
   const Limits& limits_;
   uint64_t metadata_bytes_;
-  // The path steps made so far: one Value per string object, one per int.
-  std::unordered_map<Ref, ValuePtr> strings_;
-  std::unordered_map<int64_t, ValuePtr> ints_;
+  // The path steps made so far: one Value per distinct string or int.
+  std::vector<ValuePtr> steps_;
+  FlatIndex step_index_;
 };
 
 }  // namespace

@@ -22,6 +22,7 @@
 #include "ckpt/dtype.h"
 #include "ckpt/options.h"
 #include "ckpt/value.h"
+#include "util/name_index.h"
 
 namespace ckpt::internal {
 
@@ -67,7 +68,7 @@ struct DcpItemKey {
 };
 struct DcpItemKeyHash {
   size_t operator()(const DcpItemKey& k) const noexcept {
-    uint64_t h = std::hash<std::string_view>{}(k.fqn);
+    uint64_t h = name_hash(k.fqn);  // seeded per process
     for (int64_t o : k.offsets) h = (h ^ static_cast<uint64_t>(o)) * 0x9e3779b97f4a7c15ull;
     return static_cast<size_t>(h ^ (h >> 29));
   }

@@ -26,6 +26,7 @@
 #include "formats/dcp/dcp_folder.h"
 #include "formats/dcp/dcp_layout.h"
 #include "formats/dcp/dcp_metadata.h"
+#include "formats/dcp/flat_index.h"
 #include "formats/open.h"
 #include "io/inside.h"
 #include "io/window_source.h"
@@ -109,7 +110,7 @@ class Opener {
   // The storage items by (fqn, chunk offsets); each data file opened once, in first-use order.
   void index_storage() {
     std::map<std::string, uint32_t> file_of;
-    by_key_.reserve(md_.storage.size());
+    by_key_ = FlatIndex(md_.storage.size());
     for (size_t i = 0; i < md_.storage.size(); ++i) {
       const DcpStorage& s = md_.storage[i];
       if (!plain_name(s.relative_path))
@@ -143,7 +144,10 @@ class Opener {
              "the item is stored through transforms (" + s.transforms +
                  "); only plain torch.save items are read",
              src.name(), s.fqn, s.offset);
-      if (!by_key_.try_emplace(DcpItemKey{s.fqn, s.chunk_offsets}, i).second)
+      const DcpItemKey key{s.fqn, s.chunk_offsets};
+      if (by_key_.find_or_add(DcpItemKeyHash{}(key), i, [&](uint32_t j) {
+            return DcpItemKey{md_.storage[j].fqn, md_.storage[j].chunk_offsets} == key;
+          }) != i)
         fail(ErrorCode::kCorrupt, "two storage items for offsets " + dims(s.chunk_offsets),
              src.name(), s.fqn, s.offset);
     }
@@ -151,10 +155,13 @@ class Opener {
 
   const DcpStorage* item(std::string_view fqn, std::span<const int64_t> offsets,
                          size_t* index = nullptr) const {
-    auto it = by_key_.find(DcpItemKey{fqn, offsets});
-    if (it == by_key_.end()) return nullptr;
-    if (index) *index = it->second;
-    return &md_.storage[it->second];
+    const DcpItemKey key{fqn, offsets};
+    const uint32_t i = by_key_.find(DcpItemKeyHash{}(key), [&](uint32_t j) {
+      return DcpItemKey{md_.storage[j].fqn, md_.storage[j].chunk_offsets} == key;
+    });
+    if (i == FlatIndex::kNone) return nullptr;
+    if (index) *index = i;
+    return &md_.storage[i];
   }
   const std::string& file_name(size_t item) const { return layout_->paths[item_file_[item]]; }
 
@@ -390,8 +397,8 @@ class Opener {
   std::shared_ptr<DcpLayout> layout_;
   std::string meta_name_;
   DcpMetadata md_;
-  // The storage items by (fqn, chunk offsets): views into md_.storage, which no longer changes.
-  std::unordered_map<DcpItemKey, size_t, DcpItemKeyHash> by_key_;
+  // The storage items by (fqn, chunk offsets): their numbers in md_.storage (no longer changes).
+  FlatIndex by_key_;
   std::vector<uint32_t> item_file_;  // per storage item: its data file
   // Per storage item in a safetensors blob: the bytes of its tensor (offset, length in the file).
   mutable std::vector<std::optional<std::pair<uint64_t, uint64_t>>> ranges_;
@@ -402,24 +409,27 @@ class Opener {
   mutable std::map<const CheckpointModel*, nlohmann::json> sharding_;
   std::vector<Job> jobs_;
   std::vector<Opened> opened_;
-  // The entries of each dict place() walks: key -> entry number, string keys (views of the key
-  // Values the dict holds) apart from int keys. A dict's entries only grow while the tree is
-  // built, and a dict is indexed from its own entries the first time it is met (a bytes item's
-  // value may bring some), so a lookup costs O(1), not a scan per key.
+  // The entries of each dict place() walks: key -> entry number (a string key equals only a
+  // string, an int key only an int). A dict's entries only grow while the tree is built, and a
+  // dict is indexed from its own entries the first time it is met (a bytes item's value may
+  // bring some), so a lookup costs O(1), not a scan per key. The dicts are found by address.
   struct DictIndex {
-    std::unordered_map<std::string_view, size_t> strings;
-    std::unordered_map<int64_t, size_t> ints;
+    const Value* dict;
+    FlatIndex keys;
     // The entry of key k (string or int), added as entry `next` when new: (entry, added).
     std::pair<size_t, bool> find_or_add(const Value& k, size_t next) {
-      if (k.kind() == Value::Kind::kString) {
-        auto r = strings.try_emplace(k.str(), next);
-        return {r.first->second, r.second};
-      }
-      auto r = ints.try_emplace(k.as_int(), next);
-      return {r.first->second, r.second};
+      const bool str = k.kind() == Value::Kind::kString;
+      const uint64_t h =
+          str ? name_hash(k.str()) : static_cast<uint64_t>(k.as_int()) * 0x9e3779b97f4a7c15ull + 1;
+      const uint32_t at = keys.find_or_add(h, next, [&](uint32_t j) {
+        const Value& o = *dict->entries()[j].first;
+        return o.kind() == k.kind() && (str ? o.str() == k.str() : o.as_int() == k.as_int());
+      });
+      return {at, at == next};
     }
   };
-  mutable std::unordered_map<const Value*, DictIndex> dict_index_;
+  mutable std::vector<DictIndex> dict_indexes_;
+  mutable FlatIndex dict_of_;  // Value address -> its dict_indexes_ number
 };
 
 namespace {
@@ -440,8 +450,13 @@ void Opener::place(const ValuePtr& root, const DcpEntry& e, ValuePtr v) const {
       if (!string_or_int(*key))
         fail(ErrorCode::kCorrupt,
              "planner_data's path holds a key that is neither a string nor an int", {}, e.fqn);
-      auto [pos, first_visit] = dict_index_.try_emplace(cur.get());
-      DictIndex& index = pos->second;
+      const size_t next = dict_indexes_.size();
+      const uint32_t d =
+          dict_of_.find_or_add(std::hash<const Value*>{}(cur.get()), next,
+                               [&](uint32_t j) { return dict_indexes_[j].dict == cur.get(); });
+      const bool first_visit = d == next;
+      if (first_visit) dict_indexes_.push_back(DictIndex{cur.get(), FlatIndex(0)});
+      DictIndex& index = dict_indexes_[d];
       if (first_visit)
         for (size_t i = 0; i < cur->entries().size(); ++i)
           if (string_or_int(*cur->entries()[i].first))
@@ -471,6 +486,10 @@ void Opener::place(const ValuePtr& root, const DcpEntry& e, ValuePtr v) const {
 
 void Opener::build(CheckpointModel& m) {
   ValuePtr root = Value::dict();
+  m.tensors.reserve(md_.entries.size());  // one per tensor entry (a bytes item may add more)
+  m.storages.reserve(md_.entries.size());
+  m.tensor_files.reserve(md_.entries.size());
+  layout_->pieces.reserve(md_.entries.size());
   size_t j = 0;                      // jobs_ are in entry order, chunks in order
   for (DcpEntry& e : md_.entries) {  // the last use of md_: its chunks are moved
     if (e.is_bytes) {
@@ -564,16 +583,16 @@ void Opener::build(CheckpointModel& m) {
     if (pieces.empty()) si.meta = numel != 0;  // nothing stored (an empty tensor)
     m.storages.push_back(std::move(si));
     layout_->pieces.push_back(std::move(pieces));
+    place(root, e, Value::tensor(m.tensors.size()));
     TensorInfo t;
-    t.name = e.fqn;
+    t.name = std::move(e.fqn);  // the last use of the entry's name
     t.dtype = e.dtype;
-    t.shape = e.size;
     t.strides = contiguous_strides(e.size);
+    t.shape = std::move(e.size);
     t.storage = s;
     if (files.empty()) files.push_back(0);
     m.tensor_files.push_back(std::move(files));
     m.tensors.push_back(std::move(t));
-    place(root, e, Value::tensor(m.tensors.size() - 1));
   }
   m.root = std::move(root);
 }
