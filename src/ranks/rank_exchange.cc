@@ -1,7 +1,8 @@
 // load_group's exchange: the Replicate tensors' bytes lie one after another in one allocation
 // (the stream), cut into rounds; each rank reads its part of a round into place (into device
 // memory through the copy engine) and the caller's RankExchange::gather_parts fills in the other
-// ranks' parts, in place.
+// ranks' parts, in place. The reads run on a reader thread ahead of the collective, which waits
+// for its round's part only.
 
 #include <algorithm>
 #include <condition_variable>
