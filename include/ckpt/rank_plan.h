@@ -159,7 +159,7 @@ class RankExchange {
 // its 1/world part of a round into its place and gather_parts filling in the rest. On a device
 // (options.device) a rank's part goes through the staging ring as in load_rank, and the rounds
 // are assembled in device memory. Shard and box tensors are read as load_rank reads them. The
-// rank's reads run on a thread of the call's own, ahead of the exchange (its parts in round
+// rank's reads run on a thread of their own, ahead of the exchange (its parts in round
 // order, then its Shard and box tensors), while gather_parts is called on the calling thread,
 // once per round in order, each call once this rank's part of its round is read. Every rank must
 // call it with the same checkpoint and a plan resolved from the same RankPlan. Throws
