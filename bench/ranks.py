@@ -9,6 +9,9 @@ group read from storage against the model:
   ckpt-replicate   ckpt.load(path, group=WORLD): every tensor whole on every rank, each byte
                    read once across the group and all-gathered (gloo)
   ckpt-shard0      ckpt.load(path, plan={"*": ckpt.Shard(0)}): each rank its rows only
+  ckpt-mixed       ckpt.load(path, plan=<even layers Shard(0)>, group=WORLD): half the matrices
+                   each rank's rows, the other half replicated and exchanged (a rank reads its
+                   rows while the rounds' broadcasts run)
   torch-slice      torch.load(.pt, mmap=False) + torch.chunk(..)[rank] on every rank (HTTP: the
                    whole .pt fetched into memory first)
   st-get_slice     safetensors safe_open + get_slice(name)[rows].clone() on every rank (HTTP:
@@ -66,6 +69,9 @@ elif method == "ckpt-replicate":
     sd = ckpt.load(st, group=dist.group.WORLD)
 elif method == "ckpt-shard0":
     sd = ckpt.load(st, plan={"*": ckpt.Shard(0)}, group=dist.group.WORLD)
+elif method == "ckpt-mixed":
+    sd = ckpt.load(st, plan={r"re:layers\.\d*[02468]\.weight": ckpt.Shard(0)},
+                   group=dist.group.WORLD)
 elif method == "torch-slice":
     full = torch.load(io.BytesIO(fetch(pt)) if remote else pt, mmap=False)
     sd = {}
@@ -100,7 +106,8 @@ sys.stdout.flush()
 os._exit(0)
 """
 
-METHODS = ("ckpt-all", "ckpt-replicate", "ckpt-shard0", "torch-slice", "st-get_slice")
+METHODS = ("ckpt-all", "ckpt-replicate", "ckpt-shard0", "ckpt-mixed", "torch-slice",
+           "st-get_slice")
 
 
 def make(out, size_mb):

@@ -158,10 +158,15 @@ class RankExchange {
 // aligned) in one allocation, assembled in rounds of at most `budget_bytes`, each rank reading
 // its 1/world part of a round into its place and gather_parts filling in the rest. On a device
 // (options.device) a rank's part goes through the staging ring as in load_rank, and the rounds
-// are assembled in device memory. Shard and box tensors are read as load_rank reads them. Every
-// rank must call it with the same checkpoint and a plan resolved from the same RankPlan. Throws
+// are assembled in device memory. Shard and box tensors are read as load_rank reads them. The
+// rank's reads run on a thread of their own, ahead of the exchange (its parts in round
+// order, then its Shard and box tensors), while gather_parts is called on the calling thread,
+// once per round in order, each call once this rank's part of its round is read. Every rank must
+// call it with the same checkpoint and a plan resolved from the same RankPlan. Throws
 // Error{kInvalidArgument} when the plan's rank or world is not the exchange's; an exchange
-// failure is rethrown as Error{kIo} naming this rank and the tensors of the round.
+// failure is rethrown as Error{kIo} naming this rank and the tensors of the round. A failed read
+// is rethrown as it was thrown: before the round whose part it is (this rank makes no further
+// gather_parts call), or, for a Shard or box tensor, after the last round.
 std::vector<Tensor> load_group(const Checkpoint& checkpoint, const RankLoadPlan& plan,
                                RankExchange& exchange, uint64_t budget_bytes = 64ull << 20,
                                const LoadOptions& options = {});

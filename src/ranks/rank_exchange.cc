@@ -1,11 +1,18 @@
 // load_group's exchange: the Replicate tensors' bytes lie one after another in one allocation
 // (the stream), cut into rounds; each rank reads its part of a round into place (into device
 // memory through the copy engine) and the caller's RankExchange::gather_parts fills in the other
-// ranks' parts, in place.
+// ranks' parts, in place. The reads run on a reader thread ahead of the collective, which waits
+// for its round's part only.
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <stop_token>
+#include <thread>
 
 #include "ckpt/error.h"
 #include "load/device_load.h"
@@ -126,6 +133,79 @@ uint64_t snap(const Checkpoint& c, const Replicated& r, uint64_t at, bool up,
   return r.start[k] + off;
 }
 
+// The rounds of the stream in order: round i is stream bytes [cut[0], cut[world]), rank k's
+// part of it [cut[k], cut[k + 1]), each round at most `budget` bytes and ending where a part may
+// end (snap). The exchange and its reader walk them each (the same cuts on every rank).
+class Rounds {
+ public:
+  Rounds(const Checkpoint& c, const Replicated& r, uint64_t world, uint64_t budget,
+         const LoadOptions& o)
+      : cut(world + 1),
+        c_(c),
+        r_(r),
+        o_(o),
+        world_(world),
+        per_rank_(std::max<uint64_t>(1, budget / world)) {}
+  // The next round into `cut`; false after the last.
+  bool next() {
+    if (at_ >= r_.total) return false;
+    const uint64_t want = std::min(r_.total, at_ + per_rank_ * world_);
+    uint64_t end = snap(c_, r_, want, false, o_);
+    if (end <= at_) end = snap(c_, r_, want, true, o_);
+    cut[0] = at_;
+    cut[world_] = end;
+    for (uint64_t k = 1; k < world_; ++k)
+      cut[k] = std::max(cut[k - 1], snap(c_, r_, at_ + (end - at_) * k / world_, false, o_));
+    at_ = end;
+    return true;
+  }
+  std::vector<uint64_t> cut;
+
+ private:
+  const Checkpoint& c_;
+  const Replicated& r_;
+  const LoadOptions& o_;
+  uint64_t world_, per_rank_, at_ = 0;
+};
+
+// What the exchange's reader thread has done: the rounds whose part it has read, and its first
+// failure (after which it reads nothing more).
+class Ahead {
+ public:
+  // Runs fn (the reads) on the reader, keeping what it throws for rethrow().
+  template <typename Fn>
+  void run(Fn fn) {
+    try {
+      fn();
+    } catch (...) {
+      std::lock_guard<std::mutex> l(m_);
+      error_ = std::current_exception();
+      cv_.notify_all();
+    }
+  }
+  void part_read() {
+    std::lock_guard<std::mutex> l(m_);
+    ++parts_;
+    cv_.notify_all();
+  }
+  // Blocks until round i's part is read (true) or a read before it failed (false).
+  bool wait_part(uint64_t i) {
+    std::unique_lock<std::mutex> l(m_);
+    cv_.wait(l, [&] { return parts_ > i || error_; });
+    return parts_ > i;
+  }
+  // The reader's failure, once it is joined.
+  void rethrow() const {
+    if (error_) std::rethrow_exception(error_);
+  }
+
+ private:
+  std::mutex m_;
+  std::condition_variable cv_;
+  uint64_t parts_ = 0;
+  std::exception_ptr error_;
+};
+
 }  // namespace
 
 void Replicated::add(const RankTensor& rt) {
@@ -136,32 +216,41 @@ void Replicated::add(const RankTensor& rt) {
 
 void exchange_replicated(const Checkpoint& c, const Replicated& r, RankExchange& ex,
                          uint64_t budget, const LoadOptions& o, std::byte* stream,
-                         const RankTarget& t) {
+                         const RankTarget& t, const std::function<void()>& after) {
   const uint64_t world = static_cast<uint64_t>(ex.world()), rank = static_cast<uint64_t>(ex.rank());
-  const uint64_t per_rank = std::max<uint64_t>(1, budget / world);
-  std::vector<uint64_t> cut(world + 1);  // rank k's part of a round: [cut[k], cut[k + 1])
-  for (uint64_t at = 0; at < r.total;) {
-    const uint64_t want = std::min(r.total, at + per_rank * world);
-    uint64_t end = snap(c, r, want, false, t.host);
-    if (end <= at) end = snap(c, r, want, true, t.host);
-    cut[0] = at;
-    cut[world] = end;
-    for (uint64_t k = 1; k < world; ++k)
-      cut[k] = std::max(cut[k - 1], snap(c, r, at + (end - at) * k / world, false, t.host));
-    if (t.engine)
-      stream_to_device(c, r, cut[rank], cut[rank + 1], stream + cut[rank], o, t);
-    else
-      read_stream(c, r, cut[rank], cut[rank + 1], stream + cut[rank], t.host);
+  Ahead ahead;
+  std::jthread reader([&](std::stop_token stop) {
+    ahead.run([&] {
+      Rounds rounds(c, r, world, budget, t.host);
+      while (rounds.next()) {
+        if (stop.stop_requested()) return;
+        const std::vector<uint64_t>& cut = rounds.cut;
+        if (t.engine)
+          stream_to_device(c, r, cut[rank], cut[rank + 1], stream + cut[rank], o, t);
+        else
+          read_stream(c, r, cut[rank], cut[rank + 1], stream + cut[rank], t.host);
+        ahead.part_read();
+      }
+      if (!stop.stop_requested()) after();
+    });
+  });
+  Rounds rounds(c, r, world, budget, t.host);
+  for (uint64_t i = 0; rounds.next(); ++i) {
+    if (!ahead.wait_part(i)) break;  // its read failed: this rank issues no further collective
+    const uint64_t at = rounds.cut[0], end = rounds.cut[world];
     try {
-      ex.gather_parts(std::span<std::byte>(stream + at, end - at), cut, t.device);
+      ex.gather_parts(std::span<std::byte>(stream + at, end - at), rounds.cut, t.device);
     } catch (const std::exception& e) {
+      reader.request_stop();
+      reader.join();
       throw Error(ErrorCode::kIo,
                   "rank " + std::to_string(rank) + " of " + std::to_string(world) +
                       ": the exchange of " + names_in(c, r, at, end) + " failed: " + e.what(),
                   c.source().name(), c.tensors()[r.tensors[0]->tensor].name);
     }
-    at = end;
   }
+  reader.join();
+  ahead.rethrow();
 }
 
 }  // namespace internal

@@ -200,8 +200,13 @@ std::vector<Tensor> load_tensors(const Checkpoint& c, const RankLoadPlan& plan, 
     out.back().storage()->device = t.device;
     if (!streamed[i]) boxes.emplace_back(&rt, p);
   }
-  read_boxes(c, boxes, t, o);
-  if (rep.total) internal::exchange_replicated(c, rep, *ex, budget, o, at[stream], t);
+  if (!rep.total) {
+    read_boxes(c, boxes, t, o);
+    return out;
+  }
+  // The boxes are read by the exchange's reader once this rank's parts are: alongside the rounds.
+  internal::exchange_replicated(c, rep, *ex, budget, o, at[stream], t,
+                                [&] { read_boxes(c, boxes, t, o); });
   return out;
 }
 

@@ -4,6 +4,7 @@
 // load as one stream (rank_exchange.cc) that the group assembles round by round.
 
 #include <cstdint>
+#include <functional>
 #include <utility>
 #include <vector>
 
@@ -50,11 +51,19 @@ struct Replicated {
 };
 
 // Assembles the stream at `stream` (host memory, or device memory of t's device) round by round
-// of at most `budget` bytes: this rank reads its part of each round into place, then
-// RankExchange::gather_parts fills the other ranks' parts. Throws Error{kIo} naming this rank and
-// the tensors of the round when the exchange fails.
+// of at most `budget` bytes: this rank reads its part of each round into place, and
+// RankExchange::gather_parts fills the other ranks' parts. The reads run on a thread of their
+// own, ahead of the collective: the parts in round order (round i's gather_parts, on the calling
+// thread, waits for round i's part only, so later rounds are read while it runs), then `after`
+// (the rank's other tensors), overlapping the rounds left. One read at a time: a device load
+// holds one staging ring, as a sequential one does. The reader is joined on every path.
+// Failures: a failed read of round i's part is rethrown as it was thrown, after rounds 0..i-1,
+// without round i's collective (the other ranks see this rank missing from round i, as they would
+// from a sequential load); a failure in `after` is rethrown after every round (the group
+// completes); a failed exchange stops the reader and throws Error{kIo} naming this rank and the
+// tensors of the round.
 void exchange_replicated(const Checkpoint& c, const Replicated& r, RankExchange& ex,
                          uint64_t budget, const LoadOptions& o, std::byte* stream,
-                         const RankTarget& t);
+                         const RankTarget& t, const std::function<void()>& after);
 
 }  // namespace ckpt::internal

@@ -1,21 +1,30 @@
 #pragma once
-// A RankExchange over threads of one process, for the rank-load tests: ThreadGroup(n) and one
-// Member per thread (fail_rank: that member's all_gather throws, as a lost peer would).
+// For the rank-load tests: a RankExchange over threads of one process, ThreadGroup(n) and one
+// Member per thread (fail_rank: that member's all_gather throws, as a lost peer would; a member
+// left waiting longer than `timeout` for the others throws, as torch.distributed's timeout does),
+// and a file source that shows each read to the test (WatchedSource).
 
-#include <barrier>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <functional>
+#include <mutex>
 #include <span>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "ckpt/rank_plan.h"
+#include "ckpt/source.h"
 
 namespace ckpt::test {
 
 // An all-gather over threads of one process.
 class ThreadGroup {
  public:
-  explicit ThreadGroup(int n) : n_(n), slots_(n), sync_(n) {}
+  explicit ThreadGroup(int n, std::chrono::milliseconds timeout = std::chrono::seconds(120))
+      : n_(n), slots_(n), timeout_(timeout) {}
   class Member final : public RankExchange {
    public:
     Member(ThreadGroup& g, int rank) : g_(g), rank_(rank) {}
@@ -24,10 +33,10 @@ class ThreadGroup {
     void all_gather(std::span<const std::byte> mine, std::span<std::byte> all) override {
       if (rank_ == g_.fail_rank) throw std::runtime_error("connection closed by peer");
       g_.slots_[rank_].assign(mine.begin(), mine.end());
-      g_.sync_.arrive_and_wait();
+      g_.arrive_and_wait();
       for (int k = 0; k < g_.n_; ++k)
         std::memcpy(all.data() + k * mine.size(), g_.slots_[k].data(), mine.size());
-      g_.sync_.arrive_and_wait();
+      g_.arrive_and_wait();
       ++calls;
     }
     int calls = 0;
@@ -39,9 +48,47 @@ class ThreadGroup {
   int fail_rank = -1;
 
  private:
+  // A barrier that gives up after timeout_ (the group is then broken, as a real one would be).
+  void arrive_and_wait() {
+    std::unique_lock<std::mutex> l(m_);
+    const uint64_t phase = phase_;
+    if (++arrived_ == n_) {
+      arrived_ = 0;
+      ++phase_;
+      cv_.notify_all();
+      return;
+    }
+    if (!cv_.wait_for(l, timeout_, [&] { return phase_ != phase; }))
+      throw std::runtime_error("timed out waiting for the other ranks");
+  }
   int n_;
   std::vector<std::vector<std::byte>> slots_;
-  std::barrier<> sync_;
+  std::chrono::milliseconds timeout_;
+  std::mutex m_;
+  std::condition_variable cv_;
+  int arrived_ = 0;
+  uint64_t phase_ = 0;
+};
+
+// A file read through read_into only (no mapping), each read once watch() has been called (after
+// Checkpoint::open, which reads the header and more) shown to on_read(offset, length) first, on
+// the reading thread: it may record it, wait, or throw as a failing disk would.
+class WatchedSource final : public ByteSource {
+ public:
+  WatchedSource(const std::string& path, std::function<void(uint64_t, uint64_t)> on_read)
+      : inner_(open_file_source(path)), on_read_(std::move(on_read)) {}
+  uint64_t size() const override { return inner_->size(); }
+  const std::string& name() const override { return inner_->name(); }
+  void watch() { watching_ = true; }
+  void read_into(uint64_t offset, std::span<std::byte> dst) const override {
+    if (watching_) on_read_(offset, dst.size());
+    inner_->read_into(offset, dst);
+  }
+
+ private:
+  SourcePtr inner_;
+  std::function<void(uint64_t, uint64_t)> on_read_;
+  std::atomic<bool> watching_{false};
 };
 
 }  // namespace ckpt::test
