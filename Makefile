@@ -16,7 +16,7 @@
 #   make wheels-smoke  - the cp311 wheel alone, built and checked as wheels-check does (in make test)
 #   make peers         - the torch 2.x peer venv (tests/peers/requirements.txt) and megatron-core layered on it (tests/peers/megatron.txt), once per machine
 #   make vllm-check    - vLLM's load_format="ckpt" end to end (the vLLM venv, tests/vllm/requirements.txt, once per machine)
-#   make gpu-pack      - build-gpu/: what tests/gpu/run.sh needs on a lent GPU machine (docs/benchmarks.md)
+#   make gpu-pack      - build-gpu/: what tests/gpu/run.sh needs on a lent GPU machine (docs/benchmarks/gpu.md)
 # Both install missing Debian packages first (apt-get, non-interactive); make test also the peers.
 
 BUILD ?= build
