@@ -15,7 +15,7 @@ import sys
 
 import torch
 
-import helpers
+import torchrun_util
 
 
 def dtensor_state(mesh, rank):
@@ -73,10 +73,10 @@ def make_folders(out):
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
-    helpers.run_ranks([torchrun, "--standalone", "--nproc-per-node", "4", os.path.abspath(__file__),
-                       out], out, made=("dtensor", "fsdp"), timeout=600)
-    helpers.run_ranks([sys.executable, os.path.abspath(__file__), out, "--single"], out,
-                      made=("single",), timeout=600)
+    torchrun_util.run_ranks([torchrun, "--standalone", "--nproc-per-node", "4",
+                             os.path.abspath(__file__), out], out, made=("dtensor", "fsdp"), timeout=600)
+    torchrun_util.run_ranks([sys.executable, os.path.abspath(__file__), out, "--single"], out,
+                            made=("single",), timeout=600)
     dirs = {}
     for name in ("dtensor", "fsdp", "single"):
         d = os.path.join(out, name)

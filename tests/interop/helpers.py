@@ -13,7 +13,6 @@ import io
 import math
 import os
 import pickle
-import shutil
 import struct
 import subprocess
 import sys
@@ -506,26 +505,6 @@ def run_measured(ckpt, *args, timeout=120, address_space=None):
     head, _, tail = r.stderr.rpartition("\nRSS_KIB ")
     r.stderr = head
     return r, int(tail.strip()) * 1024
-
-
-def run_ranks(cmd, out, made=None, timeout=900):
-    """Runs `cmd`, a torchrun of ranks (gloo, OMP_NUM_THREADS=1) that save into the folder `out`.
-    gloo on a loaded 2-core machine now and then aborts one rank at teardown ("terminate called
-    without an active exception", exit -6) after the saves: a torch flake, so the saves are made
-    again from scratch, up to three times, and a third failure fails. `made`: the names under
-    `out` that `cmd` writes, removed before a retry (None: everything in `out`)."""
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    for _ in range(3):
-        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
-        if r.returncode == 0:
-            return
-        for name in os.listdir(out) if made is None else made:
-            p = os.path.join(out, name)
-            if os.path.isdir(p):
-                shutil.rmtree(p)
-            elif os.path.exists(p):
-                os.remove(p)
-    raise AssertionError(f"{cmd} exited {r.returncode}:\n{r.stderr[-3000:]}")
 
 
 def s3_env(rgw, **over):

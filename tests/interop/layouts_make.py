@@ -21,7 +21,7 @@ import sys
 
 import torch
 
-import helpers
+import torchrun_util
 
 WORLD = 2
 LAYOUTS = ("st", "ranklocal", "hf_dist", "hf_cons", "verl")
@@ -109,8 +109,8 @@ def main():
 def make_layouts(out):
     """Runs this file under torchrun (2 ranks, gloo); returns {layout: folder}."""
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
-    helpers.run_ranks([torchrun, "--standalone", "--nproc-per-node", str(WORLD),
-                       os.path.abspath(__file__), out], out)
+    torchrun_util.run_ranks([torchrun, "--standalone", "--nproc-per-node", str(WORLD),
+                             os.path.abspath(__file__), out], out)
     return {name: os.path.join(out, name) for name in LAYOUTS + ("model",)}
 
 

@@ -25,7 +25,7 @@ import traceback
 
 import torch
 
-import helpers
+import torchrun_util
 
 WORLD = 2
 FOLDERS = ("hand", "gpt")
@@ -180,8 +180,8 @@ def main():
 def make(out, python):
     """Runs this file under torchrun with `python` (the megatron venv's); returns
     {name: folder or None} and {name: the traceback of a folder that could not be made}."""
-    helpers.run_ranks([python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(WORLD),
-                       os.path.abspath(__file__), out], out)
+    torchrun_util.run_ranks([python, "-m", "torch.distributed.run", "--standalone",
+                             "--nproc-per-node", str(WORLD), os.path.abspath(__file__), out], out)
     folders, errors = {}, {}
     for name in FOLDERS:
         err = os.path.join(out, name + ".error")
