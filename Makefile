@@ -16,7 +16,7 @@
 #   make wheels-smoke  - the cp311 wheel alone, built and checked as wheels-check does (in make test)
 #   make peers         - the torch 2.x peer venv (tests/peers/requirements.txt) and megatron-core layered on it (tests/peers/megatron.txt), once per machine
 #   make vllm-check    - vLLM's load_format="ckpt" end to end (the vLLM venv, tests/vllm/requirements.txt, once per machine)
-#   make gpu-pack      - build-gpu/: what tests/gpu/run.sh needs on a lent GPU machine (docs/benchmarks.md)
+#   make gpu-pack      - build-gpu/: what tests/gpu/run.sh needs on a lent GPU machine (docs/benchmarks/gpu.md)
 # Both install missing Debian packages first (apt-get, non-interactive); make test also the peers.
 
 BUILD ?= build
@@ -131,6 +131,9 @@ interop: build peers
 interop-compat: build
 	CKPT_BIN=$(abspath $(BUILD))/ckpt $(PY) -m pytest -q $(COMPAT_TESTS)
 
+# Every unit test, then the interop suite (interop-asan) and the Python suite (python-asan), under
+# ASan+UBSan: $(BUILD_ASAN) is a Debug build, which CMakeLists.txt compiles at -O1 when
+# CKPT_SANITIZE is on (-g, frame pointers and assertions kept), as ASan's documentation advises.
 asan: deps
 	cmake -S . -B $(BUILD_ASAN) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCKPT_SANITIZE=ON -DCKPT_BUILD_PYTHON=ON \
 	  -Dpybind11_DIR=$(PYBIND11_DEBIAN)
@@ -140,7 +143,8 @@ asan: deps
 	$(MAKE) --no-print-directory python-asan
 
 # The interop suite against the CLI built with ASan+UBSan (a sanitizer report makes ckpt exit
-# non-zero, which fails the test that ran it). Torch itself runs uninstrumented.
+# non-zero, which fails the test that ran it). Torch itself runs uninstrumented. The tests that
+# check peak RSS or set an address-space cap skip those checks here (shadow memory counts in both).
 interop-asan: peers
 	cmake --build $(BUILD_ASAN) -j $(JOBS) --target ckpt_cli
 	CKPT_BIN=$(abspath $(BUILD_ASAN))/ckpt ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \

@@ -2,7 +2,7 @@
 """A DCP folder OUT holding one float32 tensor of ROWS x 2 in ROWS row chunks (one storage item
 each, in one data file), written with torch's own Metadata classes and torch.save items as
 torch's FileSystemWriter lays them out: for timing `ckpt ls OUT` on a tensor of many chunks
-(docs/benchmarks.md, "Opening a DCP folder of many keys").
+(docs/benchmarks/dcp.md, "Opening a DCP folder of many keys").
 
     $VPY bench/dcp_chunks.py 50000 build/c50k
 """

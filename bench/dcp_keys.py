@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A state of PARAMS parameters and Adam's state for each (step, exp_avg, exp_avg_sq): 4 x PARAMS
 keys, saved with torch.save to OUT, for `ckpt convert OUT DIR --to dcp` and timing `ckpt ls DIR`
-(docs/benchmarks.md, "Opening a DCP folder of many keys"). The tensors are tiny: the subject is
+(docs/benchmarks/dcp.md, "Opening a DCP folder of many keys"). The tensors are tiny: the subject is
 the metadata.
 
     $VPY bench/dcp_keys.py 20000 build/p20k.pt

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""onnxruntime session start and resident memory (issue 12, docs/benchmarks.md "ONNX").
+"""onnxruntime session start and resident memory (issue 12, docs/benchmarks/onnx.md "ONNX").
 
 Builds a model of LAYERS MatMuls with N x N float32 weights (default 16 x 2816^2: 507 MB) with
 onnx, then for each variant starts onnxruntime 1.30 sessions (PyPI's Python package), each in a

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""ckpt's pre-pack cache (issue 12, docs/benchmarks.md "Pre-pack cache"): a 1 GiB float32 torch
+"""ckpt's pre-pack cache (issue 12, docs/benchmarks/onnx.md "Pre-pack cache"): a 1 GiB float32 torch
 checkpoint (`ckpt sample`), each example packer: the first `ckpt prepack` (packs every 2-D
 tensor and stores it) against the next one (maps the stored blobs), and 4 processes holding
 the same blobs mapped (every page touched): PSS per process.

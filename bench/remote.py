@@ -84,7 +84,7 @@ def main():
                 best_c = min(best_c, curl_parallel(url if not url.startswith("s3://") else
                                                    env["_HTTP"], size, curl_extra))
                 # The two settings take turns at following curl: against RGW every other load
-                # in a row ran at about half speed (docs/benchmarks.md), so a fixed order
+                # in a row ran at about half speed (docs/benchmarks/remote.md), so a fixed order
                 # would always hand the same setting the slow turn.
                 runs = [("d", ()), ("8", ("--chunk-size", "8"))]
                 for key, extra in (runs if r % 2 == 0 else runs[::-1]):

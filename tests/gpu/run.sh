@@ -1,9 +1,9 @@
 #!/bin/bash
-# The GPU table (docs/benchmarks.md, "Loading into GPU memory"), on a CUDA machine with torch and
+# The GPU table (docs/benchmarks/gpu.md, "Loading into GPU memory"), on a CUDA machine with torch and
 # safetensors, from what tests/gpu/pack.sh carried in build-gpu/: nothing of ckpt is built here
 # except the Python module (its Python is this machine's).
 # Usage: tests/gpu/run.sh [--pending | --quick | --python | --gds | --memory]
-#   --pending what docs/benchmarks.md still needs from a device, in one call of about 5 minutes
+#   --pending what docs/benchmarks/gpu.md still needs from a device, in one call of about 5 minutes
 #             (under 8): the device-path correctness tests, a rank's Shard(0) load into cuda,
 #             `ckpt bench --device` and bench/device.py (first load against warm, the CLI's arena
 #             and torch's per-storage allocator, each with its set-up overlapping the first reads

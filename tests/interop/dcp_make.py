@@ -11,11 +11,11 @@ nested dicts and lists, several dtypes, an empty tensor, a 0-d tensor and non-te
 """
 
 import os
-import shutil
-import subprocess
 import sys
 
 import torch
+
+import torchrun_util
 
 
 def dtensor_state(mesh, rank):
@@ -72,21 +72,11 @@ def make_folders(out):
     """Runs dcp_make.py: 4 ranks (torchrun, gloo) and one process; the dcp_to_torch_save of each."""
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-    env = dict(os.environ, OMP_NUM_THREADS="1")
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
-    for cmd, made in (([torchrun, "--standalone", "--nproc-per-node", "4",
-                        os.path.abspath(__file__), out], ("dtensor", "fsdp")),
-                      ([sys.executable, os.path.abspath(__file__), out, "--single"], ("single",))):
-        # gloo on a loaded 2-core machine now and then aborts one rank at teardown ("terminate
-        # called without an active exception", exit -6) after the save: a torch flake, so the
-        # save is made again from scratch, up to three times, and a third failure fails.
-        for _ in range(3):
-            r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-            if r.returncode == 0:
-                break
-            for name in made:
-                shutil.rmtree(os.path.join(out, name), ignore_errors=True)
-        assert r.returncode == 0, f"{cmd} exited {r.returncode}:\n{r.stderr[-3000:]}"
+    torchrun_util.run_ranks([torchrun, "--standalone", "--nproc-per-node", "4",
+                             os.path.abspath(__file__), out], out, made=("dtensor", "fsdp"), timeout=600)
+    torchrun_util.run_ranks([sys.executable, os.path.abspath(__file__), out, "--single"], out,
+                            made=("single",), timeout=600)
     dirs = {}
     for name in ("dtensor", "fsdp", "single"):
         d = os.path.join(out, name)

@@ -17,11 +17,11 @@ OUT/model/ (save_pretrained of the unsharded model) for from_pretrained comparis
 """
 
 import os
-import shutil
-import subprocess
 import sys
 
 import torch
+
+import torchrun_util
 
 WORLD = 2
 LAYOUTS = ("st", "ranklocal", "hf_dist", "hf_cons", "verl")
@@ -108,19 +108,9 @@ def main():
 
 def make_layouts(out):
     """Runs this file under torchrun (2 ranks, gloo); returns {layout: folder}."""
-    env = dict(os.environ, OMP_NUM_THREADS="1")
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
-    cmd = [torchrun, "--standalone", "--nproc-per-node", str(WORLD), os.path.abspath(__file__), out]
-    # gloo on a loaded machine now and then aborts a rank at teardown after the saves (a torch
-    # flake, as dcp_make.py notes): the saves are made again from scratch, up to three times.
-    for _ in range(3):
-        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
-        if r.returncode == 0:
-            break
-        for name in os.listdir(out):
-            p = os.path.join(out, name)
-            shutil.rmtree(p) if os.path.isdir(p) else os.remove(p)
-    assert r.returncode == 0, f"{cmd} exited {r.returncode}:\n{r.stderr[-3000:]}"
+    torchrun_util.run_ranks([torchrun, "--standalone", "--nproc-per-node", str(WORLD),
+                             os.path.abspath(__file__), out], out)
     return {name: os.path.join(out, name) for name in LAYOUTS + ("model",)}
 
 

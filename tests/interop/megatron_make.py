@@ -19,12 +19,13 @@ a folder could not be made (test_megatron.py reports it).
 """
 
 import os
-import shutil
 import subprocess
 import sys
 import traceback
 
 import torch
+
+import torchrun_util
 
 WORLD = 2
 FOLDERS = ("hand", "gpt")
@@ -179,19 +180,8 @@ def main():
 def make(out, python):
     """Runs this file under torchrun with `python` (the megatron venv's); returns
     {name: folder or None} and {name: the traceback of a folder that could not be made}."""
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    cmd = [python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(WORLD),
-           os.path.abspath(__file__), out]
-    # gloo on a loaded machine now and then aborts a rank at teardown (layouts_make.py): made
-    # again from scratch, up to three times.
-    for _ in range(3):
-        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
-        if r.returncode == 0:
-            break
-        for name in os.listdir(out):
-            p = os.path.join(out, name)
-            shutil.rmtree(p) if os.path.isdir(p) else os.remove(p)
-    assert r.returncode == 0, f"{cmd} exited {r.returncode}:\n{r.stderr[-3000:]}"
+    torchrun_util.run_ranks([python, "-m", "torch.distributed.run", "--standalone",
+                             "--nproc-per-node", str(WORLD), os.path.abspath(__file__), out], out)
     folders, errors = {}, {}
     for name in FOLDERS:
         err = os.path.join(out, name + ".error")

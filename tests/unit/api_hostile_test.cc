@@ -514,7 +514,7 @@ double cpu_seconds() {
 }
 
 // How many times the CPU time of opening the same state dict from a torch.save file opening a
-// DCP folder may take: measured 8.1-8.5x (docs/benchmarks.md, "Opening a DCP folder of many
+// DCP folder may take: measured 8.1-8.5x (docs/benchmarks/dcp.md, "Opening a DCP folder of many
 // keys"); `ckpt ls` of such a folder took 2.7 times its CPU time now before the reader's indexes
 // were flat (about 22x by that figure), which this bound (for a loaded machine) refuses.
 constexpr double kDcpPerTorchCpu = 16;
@@ -525,7 +525,7 @@ TEST(Limits, DefaultsOpenADcpFolderOf400kKeys) {
   // the same state dict written by torch.save's format (a zip of 400,000 storage records and a
   // data.pkl of every key), in the same process: DCP's .metadata holds more per key (each chunk's
   // box, each storage item) and each chunk is a small zip of its own, so it costs several times
-  // more (docs/benchmarks.md has the figures); the bound catches a step that costs far more per key
+  // more (docs/benchmarks/dcp.md has the figures); the bound catches a step that costs far more per key
   // than reading the torch file does (the quadratic lookups were minutes at this size; hashed
   // lookups that hashed every key along a bucket's chain again, and a node allocated and freed per
   // index entry, were nearly half the time).
@@ -586,7 +586,7 @@ TEST(Limits, DcpFolderOpensInCpuTimeLinearInItsKeys) {
     cpu[k] = cpu_seconds() - before;
     std::printf("opened and closed %zu keys in %.2f s of CPU\n", 4 * params, cpu[k]);
   }
-  // Measured 11x (docs/benchmarks.md); the bound is for a loaded machine.
+  // Measured 11x (docs/benchmarks/dcp.md); the bound is for a loaded machine.
   EXPECT_LT(cpu[1], 25 * std::max(cpu[0], 0.05))
       << 40 * n << " keys took " << cpu[1] << " s of CPU, " << 4 * n << " keys " << cpu[0];
 }

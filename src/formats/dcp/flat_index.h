@@ -5,7 +5,7 @@
 // slot (rarely a few) and compares keys only where the hashes agree. The DCP reader indexes
 // hundreds of thousands of keys several times over: std::unordered_map's node per key, its
 // allocation, its free and the key hashed again along a bucket's chain were nearly half the CPU
-// time of opening such a folder (docs/benchmarks.md).
+// time of opening such a folder (docs/benchmarks/dcp.md).
 //
 // The keys come from files: callers hash strings with name_hash (util/name_index.h, seeded per
 // process), and the slot of a hash is chosen after mixing it with a per-process seed too, so a
