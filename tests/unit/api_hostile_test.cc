@@ -525,8 +525,8 @@ TEST(Limits, DefaultsOpenADcpFolderOf400kKeys) {
   // the same state dict written by torch.save's format (a zip of 400,000 storage records and a
   // data.pkl of every key), in the same process: DCP's .metadata holds more per key (each chunk's
   // box, each storage item) and each chunk is a small zip of its own, so it costs several times
-  // more (docs/benchmarks/dcp.md has the figures); the bound catches a step that costs far more per key
-  // than reading the torch file does (the quadratic lookups were minutes at this size; hashed
+  // more (docs/benchmarks/dcp.md has the figures); the bound catches a step that costs far more per
+  // key than reading the torch file does (the quadratic lookups were minutes at this size; hashed
   // lookups that hashed every key along a bucket's chain again, and a node allocated and freed per
   // index entry, were nearly half the time).
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
