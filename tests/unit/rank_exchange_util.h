@@ -17,8 +17,20 @@
 
 #include "ckpt/rank_plan.h"
 #include "ckpt/source.h"
+#include "ckpt/tensor.h"
 
 namespace ckpt::test {
+
+// A float32 tensor of `shape` whose element k is first + k: each test model numbers its tensors'
+// values apart, so that a byte in the wrong place shows.
+inline Tensor numbered_floats(std::string name, std::vector<int64_t> shape, size_t first) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  std::vector<float> v(static_cast<size_t>(n));
+  for (size_t k = 0; k < v.size(); ++k) v[k] = static_cast<float>(first + k);
+  return Tensor::copy_of(std::move(name), DType::kFloat32, std::move(shape),
+                         std::as_bytes(std::span<const float>(v)));
+}
 
 // An all-gather over threads of one process.
 class ThreadGroup {

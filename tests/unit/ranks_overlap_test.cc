@@ -42,12 +42,8 @@ struct Model {
     save_safetensors(path, tensors);
   }
   void add(std::string name, std::vector<int64_t> shape) {
-    int64_t n = 1;
-    for (int64_t d : shape) n *= d;
-    std::vector<float> v(static_cast<size_t>(n));
-    for (size_t k = 0; k < v.size(); ++k) v[k] = static_cast<float>(tensors.size() * 10000 + k);
-    tensors.push_back(Tensor::copy_of(std::move(name), DType::kFloat32, std::move(shape),
-                                      std::as_bytes(std::span<const float>(v))));
+    tensors.push_back(
+        test::numbered_floats(std::move(name), std::move(shape), tensors.size() * 10000));
   }
 };
 
