@@ -11,6 +11,9 @@
 #   --quick   exactness and `ckpt bench --device` only (no peers, no cold cache, no module)
 #   --python  the module, its tests and the peers' rows only
 #   --gds     GPUDirect Storage and the cold-cache rows only
+#   --sweep   what limits a device load: the CPU's caches, the CLI's reader threads against staging
+#             sizes on 8 GiB and on a 60 GB set (fresh processes), and CUDA's own first-use costs
+#             (pinned allocation, device allocation, first copy), in one call of about 5 minutes
 #   --memory  device memory: the module and its device tests, tests/gpu/memory.py, the device
 #             budget refusal, what --gds really did, and bench/load_into.py on the GPU
 set -u
@@ -24,6 +27,7 @@ PYONLY=0; [ "${1:-}" = "--python" ] && PYONLY=1
 GDS=0; [ "${1:-}" = "--gds" ] && GDS=1
 MEMORY=0; [ "${1:-}" = "--memory" ] && MEMORY=1 && PYONLY=1
 PENDING=0; [ "${1:-}" = "--pending" ] && PENDING=1
+SWEEP=0; [ "${1:-}" = "--sweep" ] && SWEEP=1
 PY=python3
 export PYTHONUNBUFFERED=1
 step() { echo; echo "== $* ($(date +%T), ${SECONDS} s)"; }
@@ -87,6 +91,66 @@ if [ -z "${CKPT_CUFILE:-}" ]; then
   done
 fi
 echo "CKPT_CUFILE=${CKPT_CUFILE:-}"
+
+# GB/s of `ckpt load FILE --device cuda:0` (each a fresh process) for reader threads x staging MiB,
+# the median of $REPS runs, beside the load's own seconds and the CUDA context's.
+sweep() {
+  local file=$1 reps=$2; shift 2
+  for t in $THREADS; do for s in "$@"; do
+    for r in $(seq "$reps"); do
+      $CKPT load "$file" --json --device cuda:0 --threads "$t" --staging-mb "$s"
+    done | $PY -c '
+import json, statistics, sys
+rs = [json.loads(l) for l in sys.stdin if l.startswith("{")]
+if not rs: sys.exit("no result")
+g = statistics.median(r["bytes"] / r["seconds"] / 1e9 for r in rs)
+print("threads %2s staging %4s MiB: %5.1f GB/s (median of %d; load %.3f s, context %.3f s)" % (
+    sys.argv[1], sys.argv[2], g, len(rs), statistics.median(r["seconds"] for r in rs),
+    statistics.median(r["context_seconds"] for r in rs)))' "$t" "$s"
+  done; done
+}
+
+if [ $SWEEP = 1 ]; then
+step "the CPU: caches and NUMA"
+lscpu | grep -E "Model name|^CPU\\(s\\)|Socket|NUMA node|L2|L3" ; cat /sys/fs/cgroup/cpu.max 2>/dev/null
+step "files: 8 GiB safetensors, and the module"
+( [ -f "$DATA/m8.safetensors" ] || $PY tests/gpu/make_files.py "$DATA" 8 --safetensors-only ) &
+FILES=$!
+build_module
+wait $FILES
+step "CUDA's first-use costs in a fresh process (torch): pinned 256 MiB, device 8 GiB, copies"
+$PY - <<'PY'
+import time, torch
+def t(f):
+    torch.cuda.synchronize(); a = time.perf_counter(); r = f(); torch.cuda.synchronize()
+    return r, (time.perf_counter() - a) * 1e3
+torch.cuda.init(); torch.empty(1, device="cuda")
+for i in (1, 2):
+    h, ms = t(lambda: torch.empty(256 << 20, dtype=torch.uint8, pin_memory=True))
+    print("pinned 256 MiB, allocation %d: %.1f ms" % (i, ms))
+    d, ms = t(lambda: torch.empty(8 << 30, dtype=torch.uint8, device="cuda"))
+    print("device 8 GiB, allocation %d: %.1f ms" % (i, ms))
+    def fill():
+        for k in range(32):
+            d[k << 28:(k + 1) << 28].copy_(h, non_blocking=True)
+    _, ms = t(fill)
+    print("8 GiB through one 256 MiB pinned buffer, pass %d: %.1f ms, %.1f GB/s" % (i, ms, 8.59e3 / ms))
+    del h, d; torch.cuda.empty_cache()
+PY
+step "the CLI, 8 GiB, fresh processes: threads x staging MiB"
+THREADS="8 16 24 32"; sweep "$DATA/m8.safetensors" 3 16 32 64 128 256
+THREADS=16; echo "serial set-up:"; CKPT_DEVICE_OVERLAP=0 sweep "$DATA/m8.safetensors" 3 64 256
+step "bench/device.py: the module on a 60 GB set (per-storage and arena)"
+timeout 200 $PY bench/device.py --pythonpath /tmp/ckptpy --size-gb 0 --set-gb 60 --repeat 2 --no-serial \
+  || echo "bench/device.py: exit $?"
+SET=$(ls -d /dev/shm/ckpt-device-set/*/model.safetensors.index.json 2>/dev/null | head -1)
+if [ -n "$SET" ]; then
+step "the CLI, the 60 GB set, fresh processes: threads x staging MiB"
+THREADS="16 32"; sweep "$SET" 2 32 64 256
+fi
+step "done"
+exit 0
+fi
 
 if [ $PENDING = 1 ]; then
 step "files: 1 GiB (.pt and .safetensors) and 8 GiB (.safetensors), beside the module's build"
