@@ -173,7 +173,7 @@ fuzz-smoke: fuzz-build
 	./scripts/fuzz.sh $(BUILD_FUZZ) $(FUZZ_SMOKE_SECONDS) $(FUZZ_TARGETS)
 
 # The Python module (python/): the extension is built into $(BUILD)/python/ckpt beside a copy of
-# the package's .py files; tests/python imports it from there (docs/python.md). $(BUILD)'s module
+# the package's .py files; tests/python imports it from there (docs/python/building.md). $(BUILD)'s module
 # is built against the peer venv's pybind11 3 and tested under torch 2.x + numpy 2 (the venv) and
 # torch 1.13 + numpy 1.24 (Debian's python3, the same CPython); $(BUILD_ASAN)'s against Debian's
 # pybind11 2.10 (python-asan): both pybind11 versions are built and tested.
