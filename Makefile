@@ -1,9 +1,10 @@
 # ckpt: two commands for a new user.
 #   make demo  - build, then generate a sample checkpoint and list, verify and load it
-#   make test  - layer check, build, then every test (unit, install, interop with torch,
+#   make test  - layer and doc-link checks, build, then every test (unit, install, interop with torch,
 #                sanitizers, fuzz smoke, the cp311 wheel in a Debian chroot)
 #   make fuzz  - build the libFuzzer targets (clang) and fuzz each for FUZZ_SECONDS
 #   make layers        - check that #includes only run down the layers (scripts/check_layers.py)
+#   make doc-links     - check the docs' links and section references, and that no doc passes 800 lines
 #   make format-check  - check the tracked C++ files against .clang-format (changes nothing)
 #   make function-length - list CLI functions over 80 lines (scripts/check_function_length.py)
 #   make install-check - install into a temporary prefix and build consumers against it
@@ -64,7 +65,7 @@ WHEEL_PYTHONS ?= 3.9 3.10 3.11 3.12 3.13
 FUZZ_PACKAGES := clang libclang-rt-14-dev
 
 .PHONY: all deps peers build demo test unit interop interop-compat asan interop-asan tsan fuzz-build fuzz fuzz-smoke \
-  layers function-length format-check install-check degraded-check python python-install python-asan wheel-check bench-peers gpu-pack vllm-check clean
+  layers doc-links function-length format-check install-check degraded-check python python-install python-asan wheel-check bench-peers gpu-pack vllm-check clean
 
 all: build
 
@@ -94,6 +95,11 @@ demo: build
 # The layer rule of docs/design.md ("Layers"): no #include from a lower layer to a higher one.
 layers:
 	$(PY) scripts/check_layers.py
+
+# Every relative markdown link and every `docs/X.md, "Heading"` reference resolves to a file and a
+# heading, and no file under docs/ is over 800 lines (scripts/check_doc_links.py; no network).
+doc-links:
+	$(PY) scripts/check_doc_links.py
 
 # C++ function bodies over 80 lines in the CLI (scripts/check_function_length.py; any folder with
 # FUNCTION_DIRS). Not yet part of make test: cmd_convert.cc and cmd_load.cc still have long ones.
@@ -173,7 +179,7 @@ fuzz-smoke: fuzz-build
 	./scripts/fuzz.sh $(BUILD_FUZZ) $(FUZZ_SMOKE_SECONDS) $(FUZZ_TARGETS)
 
 # The Python module (python/): the extension is built into $(BUILD)/python/ckpt beside a copy of
-# the package's .py files; tests/python imports it from there (docs/python.md). $(BUILD)'s module
+# the package's .py files; tests/python imports it from there (docs/python/building.md). $(BUILD)'s module
 # is built against the peer venv's pybind11 3 and tested under torch 2.x + numpy 2 (the venv) and
 # torch 1.13 + numpy 1.24 (Debian's python3, the same CPython); $(BUILD_ASAN)'s against Debian's
 # pybind11 2.10 (python-asan): both pybind11 versions are built and tested.
@@ -242,7 +248,7 @@ wheels-smoke:
 gpu-pack: build
 	./tests/gpu/pack.sh $(BUILD)
 
-test: layers format-check build
+test: layers doc-links format-check build
 	$(MAKE) --no-print-directory unit
 	$(MAKE) --no-print-directory install-check
 	$(MAKE) --no-print-directory interop

@@ -1,5 +1,6 @@
-# Dependencies and optional features (docs/library.md "Dependencies", docs/design.md "Optional
-# features"). Required: a C++20 compiler, zlib, nlohmann-json (header-only, compile time).
+# Dependencies and optional features (docs/library.md "Dependencies", docs/design/decisions.md,
+# "io: sources and sinks", **Optional features**). Required: a C++20 compiler, zlib,
+# nlohmann-json (header-only, compile time).
 # Optional, each a feature that is off when its library is not found:
 #   libcurl     HTTP(S) sources and S3 (src/io/remote/{http_source,s3_sink,target}.cc)
 #   libsodium   tensorizer encryption (src/formats/tensorizer/tensorizer_sodium.cc); SHA-256

@@ -2,9 +2,9 @@
 """Writes fuzz seed corpora of real files into OUT/<target>/ (make fuzz calls it).
 
 Torch files come from the real torch.save (Debian's python3-torch); tensorizer files are the
-fixtures written by the real tensorizer 2.11.1 (docs/formats.md "tensorizer", **Fixtures**; not
-part of the repository: FIXTURES_DIR, by default ../shared/fixtures/tensorizer beside the
-checkout, and no tensorizer seeds when it is absent). Seeds are small so that
+fixtures written by the real tensorizer 2.11.1 (docs/formats/tensorizer.md "tensorizer",
+**Fixtures**; not part of the repository: FIXTURES_DIR, by default ../shared/fixtures/tensorizer
+beside the checkout, and no tensorizer seeds when it is absent). Seeds are small so that
 the fuzzer mutates structure, not megabytes of tensor data.
 
 Usage: gen_seeds.py OUT [FIXTURES_DIR]

@@ -2,8 +2,8 @@
 // opened with internal::open_tensorizer and then listed, loaded (all tensors, hash checks on)
 // and verified as a user would (checkpoint_fuzz.h).
 //
-// The key of the tensorizer fixture v3_encrypted_random_key (docs/formats.md "tensorizer",
-// **Fixtures**) is always given, so that inputs
+// The key of the tensorizer fixture v3_encrypted_random_key (docs/formats/tensorizer.md
+// "tensorizer", **Fixtures**) is always given, so that inputs
 // derived from that fixture reach the (parallel) decryption, and no password is: a password
 // would run Argon2id with the file's cost on every execution.
 

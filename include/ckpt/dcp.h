@@ -2,7 +2,7 @@
 // Writing torch.distributed.checkpoint (DCP) folders: what torch's `dcp.save` with its
 // FileSystemWriter writes, which `torch.distributed.checkpoint.load` (and
 // `dcp_to_torch_save`) read back into a state dict of the same structure. The layout, byte by
-// byte, and how the tensors are split over several files: docs/formats.md,
+// byte, and how the tensors are split over several files: docs/formats/dcp.md,
 // "torch.distributed.checkpoint folders (DCP)", **Writing**.
 //
 // Thread-safety: save_dcp may run on several threads at once for different folders; it reads

@@ -2,7 +2,7 @@
 // ONNX models: what ckpt knows of an opened .onnx beyond its tensors — each
 // initializer's external-data place and onnxruntime's pre-packed blobs — and the rewrite that
 // moves initializers out to (or back from) an aligned external-data file.
-// Format facts: docs/formats.md "ONNX"; design: docs/design.md "ONNX".
+// Format facts: docs/formats/onnx.md "ONNX"; design: docs/design/decisions.md "ONNX".
 // Thread-safe: these functions keep no state; onnx_prepacked/onnx_places read an open
 // Checkpoint, which concurrent callers may share.
 

@@ -1,6 +1,6 @@
 #pragma once
-// Writing safetensors files (reading goes through Checkpoint::open). Format: docs/formats.md
-// "safetensors".
+// Writing safetensors files (reading goes through Checkpoint::open). Format:
+// docs/formats/safetensors.md "safetensors".
 // Thread-safety: saves of different outputs may run at once; the tensors' bytes are read while
 // writing, so they must not change meanwhile.
 

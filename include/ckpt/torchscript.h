@@ -1,7 +1,8 @@
 #pragma once
 // TorchScript archives (torch.jit.save): the module tree, the stored source (code/), its debug
 // info (code/*.debug_pkl), tensor constants (constants.pkl + constants/), extra files (extra/),
-// and a rewrite that keeps everything torch.jit.load needs. See docs/formats.md "TorchScript".
+// and a rewrite that keeps everything torch.jit.load needs. See docs/formats/torch.md
+// "TorchScript".
 
 #include <cstdint>
 #include <memory>

@@ -1,6 +1,6 @@
-"""Loading across ranks: ckpt.load(path, plan=..., group=...) (docs/python.md, "Loading across
-ranks"). A plan says how this rank holds each tensor: Shard(dim) (its torch.chunk part along
-dim, as DTensor's Shard splits), Replicate() (whole), or an explicit box. The C++ library reads
+"""Loading across ranks: ckpt.load(path, plan=..., group=...) (docs/python/memory.md,
+"Loading across ranks"). A plan says how this rank holds each tensor: Shard(dim) (its
+torch.chunk part along dim, as DTensor's Shard splits), Replicate() (whole), or an explicit box. The C++ library reads
 only this rank's bytes, into host memory or through pinned staging straight into device memory;
 for Replicate tensors each rank of the group reads 1/n of their bytes into place and each part
 is broadcast from its rank (torch.distributed) into the others' tensors, so the group reads every

@@ -1,8 +1,8 @@
 #pragma once
 // Element conversions of the transforms (transform.h): casts among float32, float16, bfloat16,
 // float64 and float8 (e4m3fn, e5m2), and the dequantization of block-scaled FP8 and MXFP4. Each
-// equals torch's CPU result bit for bit (docs/design.md, "Transforms"); NaN bits follow torch's
-// vectorized loop. Pure functions, thread-safe.
+// equals torch's CPU result bit for bit (docs/design/writers.md, "Writers", **Transforms**); NaN
+// bits follow torch's vectorized loop. Pure functions, thread-safe.
 
 #include <cstddef>
 #include <cstdint>

@@ -1,5 +1,5 @@
 #pragma once
-// Where a conversion writes (docs/design.md, "Writers"): the few outputs that really differ. The
+// Where a conversion writes (docs/design/writers.md): the few outputs that really differ. The
 // one write pipeline (convert.cc) makes one of them once everything that can be refused was
 // refused, hands it to the writer, and commits it.
 //

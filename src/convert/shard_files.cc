@@ -1,5 +1,6 @@
 // A shard set's files and their commit (shard_files.h). The order of the steps is what keeps a
-// reader of the index on one whole set; docs/design.md ("Shard sets") says why.
+// reader of the index on one whole set; docs/design/writers.md ("Writers",
+// **Shard sets**) says why.
 
 #include "convert/shard_files.h"
 

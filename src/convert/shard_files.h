@@ -1,7 +1,8 @@
 #pragma once
 // The files of a shard set (ConvertOptions::max_shard_size) and their commit. A new set replaces
 // an old one of the same index name so that whoever reads the index finds the old set or the
-// complete new one at every moment, a SIGKILL included (docs/design.md, "Shard sets").
+// complete new one at every moment, a SIGKILL included (docs/design/writers.md,
+// "Writers", **Shard sets**).
 
 #include <cstdint>
 #include <filesystem>

@@ -3,7 +3,8 @@
 // apply_transforms maps the content's description (names, dtypes, shapes; which input tensors
 // make each output tensor) and, when any output's bytes differ from an input's, puts a feed in
 // front of the content's feed that computes each output tensor's bytes from its inputs' bytes
-// when the writer asks for them (one output tensor held at a time). docs/design.md, "Transforms".
+// when the writer asks for them (one output tensor held at a time). docs/design/writers.md,
+// "Writers", **Transforms**.
 
 #include <string>
 

@@ -1,5 +1,5 @@
 #pragma once
-// The steps of convert(): read -> flatten -> writer -> commit (docs/design.md, "Writers").
+// The steps of convert(): read -> flatten -> writer -> commit (docs/design/writers.md).
 // make_target picks the writer for ConvertOptions::target and checks the options against its
 // capabilities; flat_state / tree_content build what it writes, refusing what it cannot hold;
 // the caller commits. Each rule is checked here, once, before the output exists.

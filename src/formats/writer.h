@@ -4,7 +4,7 @@
 // output. It never commits: whoever made the output commits it (or destroys it uncommitted,
 // which leaves nothing). convert() (src/convert) checks a checkpoint against the capabilities
 // before a byte is written; the public save_* functions are thin wrappers over these writers.
-// docs/design.md, "Writers".
+// docs/design/writers.md, "Writers".
 //
 // Thread-safety: a writer may be used by one thread at a time; writers are independent. The
 // tensors' bytes are read while writing and must not change meanwhile.

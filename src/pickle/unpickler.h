@@ -3,9 +3,9 @@
 // only through the caller's allow-list; calls (REDUCE, NEWOBJ, NEWOBJ_EX, OBJ, INST) and BUILD on
 // allowed globals are handed to the caller's hooks or to the few built-in semantics below.
 //
-// Opcodes: protocols 0-5 as checkpoints use them (see docs/formats.md "pickle"; the list opens
-// unpickler.cc). EXT1/2/4 and out-of-band buffers are Error{kUnsupported}; a byte that is no
-// opcode is Error{kCorrupt}; both name the offset.
+// Opcodes: protocols 0-5 as checkpoints use them (see docs/formats/torch.md "torch.save zip",
+// **Pickle**; the list opens unpickler.cc). EXT1/2/4 and out-of-band buffers are
+// Error{kUnsupported}; a byte that is no opcode is Error{kCorrupt}; both name the offset.
 //
 // Values: ints beyond int64 keep their decimal text in Value::s (i = 0); LONG payloads above
 // 2048 bytes are Error{kUnsupported}. Python 2 str opcodes (STRING, BINSTRING, SHORT_BINSTRING)

@@ -9,7 +9,7 @@
 //                         extra len u16, comment len u16, disk u16, internal attr u16,
 //                         external attr u32, header offset u32; then name, extra, comment
 //   zip64 extra (id 0001): u64 uncompressed, u64 compressed, u64 header offset, each present only
-//                         where the 32-bit field is saturated (torch: docs/formats.md
+//                         where the 32-bit field is saturated (torch: docs/formats/torch.md
 //                         "torch.save zip", **Zip layout**)
 //   zip64 end record 56 B: sig 06064b50, record size u64 (=44), made by u16, needed u16,
 //                         disk u32, cd disk u32, entries on disk u64, entries u64, cd size u64,

@@ -1,4 +1,4 @@
-// Zip reader. Byte layouts: zip_format.h; torch's layout: docs/formats.md "torch.save zip"
+// Zip reader. Byte layouts: zip_format.h; torch's layout: docs/formats/torch.md "torch.save zip"
 // (**Zip layout**, **Reading**).
 //
 // Open: one read of the tail (end record, zip64 locator and end record, and often the whole

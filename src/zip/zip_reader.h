@@ -1,7 +1,7 @@
 #pragma once
 // Zip reader for torch archives and zips made by other tools.
 //
-// Byte layout (APPNOTE 6.3.x; torch specifics in docs/formats.md "torch.save zip", **Zip
+// Byte layout (APPNOTE 6.3.x; torch specifics in docs/formats/torch.md "torch.save zip", **Zip
 // layout**): [local header 30 B + name + extra + data (+ data descriptor)]*,
 // central directory (46 B + name + extra + comment per entry), optional zip64 end record (56 B)
 // and locator (20 B), end record (22 B + comment).

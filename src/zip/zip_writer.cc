@@ -5,9 +5,8 @@
 //   data, [descriptor 08074b50 crc csize size: u32s (16 B), u64s (24 B) with zip64; not if empty]
 // Then central headers (made by 0, needed 0|20, no FB extra, zip64 extra where a field
 // saturates), zip64 end record (made by 0x031E, needed 45), zip64 locator, end record.
-// Byte layouts: zip_format.h; the facts: docs/formats.md "torch.save zip", **Zip layout**, checked
-// against a file
-// written by torch 1.13 (tests/data/zip/).
+// Byte layouts: zip_format.h; the facts: docs/formats/torch.md "torch.save zip", **Zip layout**,
+// checked against a file written by torch 1.13 (tests/data/zip/).
 
 #include "zip/zip_writer.h"
 

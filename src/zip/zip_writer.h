@@ -5,7 +5,7 @@
 // only when size or header offset >= 0xFFFFFFFF; the "FB" padding extra ('F','B', u16 len, 'Z'*len)
 // aligning data to `alignment`; data descriptor (16 bytes, or 24 with zip64) after non-empty data;
 // central directory without the FB extra; zip64 end record + locator + end record.
-// See docs/formats.md "torch.save zip", **Zip layout**.
+// See docs/formats/torch.md "torch.save zip", **Zip layout**.
 
 #include <cstdint>
 #include <span>

@@ -1,7 +1,7 @@
 """safetensors and tensorizer through the ckpt CLI (issue 4).
 
-- The real tensorizer 2.11.1 fixtures (docs/formats.md "tensorizer", **Fixtures**; skipped when
-  absent) read bit-exact against their
+- The real tensorizer 2.11.1 fixtures (docs/formats/tensorizer.md "tensorizer", **Fixtures**;
+  skipped when absent) read bit-exact against their
   manifest.json: `ckpt ls --json` metadata and the SHA-256 of every `ckpt extract` payload.
 - Corrupted copies: a flipped data byte (exit 5), a truncated file (exit 4), a wrong key or
   password and tampered ciphertext (exit 9), each one line on stderr.
@@ -45,7 +45,7 @@ def _fixture_dir():
 FIXTURES = _fixture_dir()
 MANIFEST = json.load(open(os.path.join(FIXTURES, "manifest.json")))["files"] if FIXTURES else {}
 needs_fixtures = pytest.mark.skipif(FIXTURES is None, reason="tensorizer 2.11.1 fixtures not found "
-                                    "(docs/formats.md, tensorizer, Fixtures)")
+                                    "(docs/formats/tensorizer.md, tensorizer, Fixtures)")
 
 # ---------------------------------------------------------------------------
 # helpers

@@ -6,7 +6,7 @@ in the commit (many small shards, each committed with an fsync and a rename). Af
 the index names either A's shards or B's, every file it names is there, `ckpt load` of it exits
 0, and every tensor read back with safetensors is A's or B's, bit for bit, all from the same
 one. A fresh target interrupted by SIGINT or SIGTERM leaves no shard, no index and no folder
-made for it. docs/design.md ("Shard sets") says why this holds.
+made for it. docs/design/writers.md ("Writers", **Shard sets**) says why this holds.
 """
 
 import json

@@ -591,7 +591,7 @@ TEST(ZipReaderHostile, IndexOutOfRange) {
 }
 
 TEST(ZipReader, TorchDataOffsetFormula) {
-  // docs/formats.md "torch.save zip", **Zip layout** example: "archive/data.pkl" at 0 -> data
+  // docs/formats/torch.md "torch.save zip", **Zip layout** example: "archive/data.pkl" at 0 -> data
   // at 64.
   EXPECT_EQ(internal::torch_data_offset(0, 16, 100, 64), 64u);
   EXPECT_EQ(internal::torch_data_offset(0, 16, 100, 1), 50u);

@@ -1,6 +1,6 @@
 #pragma once
 // The metadata of a folder that torch.distributed.checkpoint wrote, wherever its writer put it
-// (docs/formats.md, "torch.distributed.checkpoint folders"):
+// (docs/formats/dcp.md, "torch.distributed.checkpoint folders"):
 //   kMetadata   `.metadata`: dcp.save with rank coordination (the usual folder, and a URL prefix)
 //   kRankLocal  `__<rank>.metadata`, one per rank, each describing that rank's own items:
 //               dcp.save(..., use_collectives=False). They are merged into one: a tensor's chunks

@@ -3,7 +3,7 @@
 // torch.distributed.checkpoint.metadata.Metadata run by the restricted pickle VM (nothing is
 // called; the classes below are recognised by name and their pickled state read field by field).
 // What the folder's layout is, byte by byte, and where each fact comes from in torch:
-// docs/formats.md, "torch.distributed.checkpoint folders".
+// docs/formats/dcp.md, "torch.distributed.checkpoint folders".
 //
 // Layer: formats. It reads one buffer; the folder's data files are the API layer's
 // (dcp_reader.cc), which checks every chunk against them.

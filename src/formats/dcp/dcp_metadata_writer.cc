@@ -3,7 +3,7 @@
 // is NEWOBJ of its class with no arguments, then BUILD with its fields as a dict, as pickle
 // writes a dataclass; TensorProperties builds from the tuple its __getstate__ returns. Field
 // names, their order and the classes' modules: torch/distributed/checkpoint/metadata.py and
-// filesystem.py (docs/formats.md, "torch.distributed.checkpoint folders (DCP)").
+// filesystem.py (docs/formats/dcp.md, "torch.distributed.checkpoint folders (DCP)").
 
 #include <string>
 #include <utility>

@@ -3,8 +3,8 @@
 // torch.save blob opened as the small torch zip it is (its tensor's bytes are one raw run of the
 // data file), the chunks of each tensor checked to tile it exactly, and the tree torch's
 // dcp_to_torch_save rebuilds (planner_data paths, as torch's set_element nests them) made over one
-// tensor per global tensor. The folder's layout: docs/formats.md, "torch.distributed.checkpoint
-// folders".
+// tensor per global tensor. The folder's layout: docs/formats/dcp.md,
+// "torch.distributed.checkpoint folders".
 
 #include <algorithm>
 #include <atomic>

@@ -2,7 +2,7 @@
 // The DCP writer (include/ckpt/dcp.h): a state dict flattened the way DCP's default planner
 // flattens it, its items spread over the data files, and the `.metadata` pickle that indexes
 // them. dcp_writer.cc plans and writes the data files; dcp_metadata_writer.cc builds the
-// pickle. docs/formats.md, "torch.distributed.checkpoint folders (DCP)", **Writing**.
+// pickle. docs/formats/dcp.md, "torch.distributed.checkpoint folders (DCP)", **Writing**.
 //
 // Thread-safety: a writer is used by one thread at a time (formats/writer.h).
 

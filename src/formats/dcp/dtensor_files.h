@@ -7,7 +7,8 @@
 // them into one checkpoint of whole tensors, with the DCP reader's decoder (dcp_layout.h). The
 // global shape is the spec's tensor_meta; the rank's box along a Shard(d) placement is torch's
 // (a ceil(size / N) chunk per coordinate, the last ones shorter or empty), its coordinate the
-// mesh's `_coordinate_on_dim` (else R). docs/formats.md, "Per-rank DTensor files".
+// mesh's `_coordinate_on_dim` (else R). docs/formats/dcp.md,
+// "torch.distributed.checkpoint folders", **Per-rank DTensor files**.
 //
 // Thread-safety: a plain function over its arguments.
 

@@ -1,4 +1,4 @@
-// ONNX reader (docs/formats.md "ONNX"): a ModelProto read with the offset-keeping wire reader
+// ONNX reader (docs/formats/onnx.md "ONNX"): a ModelProto read with the offset-keeping wire reader
 // (onnx_wire.h). Tensors: the graph's initializers, those of every subgraph (If/Loop/Scan bodies,
 // any graph-valued attribute, in the order they appear) and Constant nodes' `value` tensors
 // (named by the node's output, as onnx names them).

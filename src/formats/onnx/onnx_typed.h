@@ -1,5 +1,5 @@
 #pragma once
-// ONNX tensor element types and their typed fields (docs/formats.md "ONNX"): the
+// ONNX tensor element types and their typed fields (docs/formats/onnx.md "ONNX"): the
 // TensorProto.DataType table, which typed field (float_data, int32_data, int64_data,
 // double_data, uint64_data) holds a dtype's values, and a walk over those values, packed or not.
 // Used by the ONNX reader (onnx_reader.cc).

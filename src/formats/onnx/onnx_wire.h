@@ -1,6 +1,6 @@
 #pragma once
-// A protobuf wire-format reader that keeps byte offsets (docs/design.md, "ONNX"): ONNX's
-// ModelProto is read field by field from the file's bytes, so an initializer's raw_data is a
+// A protobuf wire-format reader that keeps byte offsets (docs/design/decisions.md, "ONNX"):
+// ONNX's ModelProto is read field by field from the file's bytes, so an initializer's raw_data is a
 // range of the file (a zero-copy storage) and a rewrite can copy every other field's bytes as
 // they are. Nothing in it trusts a length: every varint is bounded to 10 bytes, every
 // length-delimited field must fit in its parent, groups (wire types 3, 4) and field number 0 are

@@ -1,4 +1,5 @@
-// safetensors reader (spec: docs/formats.md "safetensors", **Layout** and **Read validation**).
+// safetensors reader (spec: docs/formats/safetensors.md "safetensors", **Layout** and **Read
+// validation**).
 //
 //   u64 LE  N                      header size (<= 100,000,000 and Limits::max_metadata_bytes)
 //   N bytes UTF-8 JSON object      may carry leading/trailing whitespace (padding)

@@ -1,5 +1,5 @@
 // safetensors writer (layout: safetensors_reader.cc; the reference writer's choices this one
-// follows: docs/formats.md "safetensors", **Dtype order**).
+// follows: docs/formats/safetensors.md "safetensors", **Dtype order**).
 //
 // The header is compact JSON ("__metadata__" first, then the tensors in data order) padded with
 // trailing spaces so that 8 + N is a multiple of the alignment. Tensors are ordered like the
@@ -24,8 +24,8 @@ namespace {
 
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 
-// The reference `Dtype` enum order (docs/formats.md "safetensors", **Dtype order**), which its
-// writer sorts by (descending).
+// The reference `Dtype` enum order (docs/formats/safetensors.md "safetensors", **Dtype order**),
+// which its writer sorts by (descending).
 int alignment_rank(DType d) {
   switch (d) {
     case DType::kBool:

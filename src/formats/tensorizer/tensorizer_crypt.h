@@ -1,7 +1,7 @@
 #pragma once
-// tensorizer encryption (docs/formats.md "tensorizer", **Encryption**): libsodium XSalsa20-Poly1305
-// (crypto_secretbox, detached MACs) over chunks, nonces incremented per chunk, keys raw or
-// derived from a password with crypto_pwhash (Argon2id).
+// tensorizer encryption (docs/formats/tensorizer.md "tensorizer", **Encryption**): libsodium
+// XSalsa20-Poly1305 (crypto_secretbox, detached MACs) over chunks, nonces incremented per chunk,
+// keys raw or derived from a password with crypto_pwhash (Argon2id).
 // The libsodium parts (tensorizer_sodium.cc) are compiled only when libsodium is found; in a
 // build without it (tensorizer_sodium_missing.cc) ensure_sodium(), derive_key(),
 // decrypt_in_place(), encrypt_chunk() and random_bytes() throw Error{kUnsupported} naming it.

@@ -1,5 +1,5 @@
 #pragma once
-// tensorizer data versions 1-4 (docs/formats.md "tensorizer": **Layout**, **Versions**,
+// tensorizer data versions 1-4 (docs/formats/tensorizer.md "tensorizer": **Layout**, **Versions**,
 // **Encryption**): the pieces the reader and the writer share. All integers little-endian.
 //
 // File:    "|TZR|" u32 version, 32-byte feature flags (v4+; bit 0 = encrypted), u64 tensor_size

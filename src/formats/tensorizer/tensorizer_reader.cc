@@ -1,6 +1,6 @@
-// tensorizer reader, data versions 1-4. Byte layout: tensorizer_format.h; spec: docs/formats.md
-// "tensorizer" (**Layout**, **Versions**, **Encryption**, **Read validation**), checked against
-// the tensorizer 2.11.1 files listed under **Fixtures** there.
+// tensorizer reader, data versions 1-4. Byte layout: tensorizer_format.h; spec:
+// docs/formats/tensorizer.md "tensorizer" (**Layout**, **Versions**, **Encryption**, **Read
+// validation**), checked against the tensorizer 2.11.1 files listed under **Fixtures** there.
 //
 // Reads: one read for the prologue and the index (the first 73 + 256 KiB, the index size every
 // tensorizer writer reserves; a second read only when the index is larger). The index alone

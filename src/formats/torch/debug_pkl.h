@@ -14,7 +14,7 @@
 //   source (per range)    = (text: str, filename: str | None, starting_line_no: int)
 //
 // Records are sorted by byte_offset; the one in effect at an offset is the last one at or before
-// it. See docs/formats.md "TorchScript" → "debug_pkl".
+// it. See docs/formats/torch.md "TorchScript" → "debug_pkl".
 
 #include <cstdint>
 #include <optional>

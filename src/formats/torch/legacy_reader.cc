@@ -1,6 +1,6 @@
 // The legacy (pre-1.6, `_use_new_zipfile_serialization=False`) torch.save stream.
 //
-// Layout (docs/formats.md "Legacy torch.save"): five pickles back to back —
+// Layout (docs/formats/torch.md "Legacy torch.save"): five pickles back to back —
 // magic number 0x1950a86a20f9469cfc6c, protocol version 1001, sys_info dict, the object (storages
 // as persistent ids), the list of storage keys — then for each key in that list: i64 LE element
 // count and the raw little-endian storage bytes. Offsets follow from the sizes in the persistent

@@ -1,5 +1,5 @@
 // name_tensors: each tensor of a torch pickle is named by the dotted path where the object
-// tree first reaches it ("model.layers.0.weight", "state.0.exp_avg"; docs/formats.md).
+// tree first reaches it ("model.layers.0.weight", "state.0.exp_avg"; docs/formats/torch.md).
 
 #include <string>
 #include <string_view>

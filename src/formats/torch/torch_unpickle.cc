@@ -5,7 +5,7 @@
 //    [, view_metadata (legacy format only)])
 // and rebuilds tensors with REDUCE of the allow-listed torch._utils._rebuild_* functions. Here
 // those calls are interpreted: each rebuild adds a TensorInfo to the table and yields
-// Value::tensor(index). See docs/formats.md.
+// Value::tensor(index). See docs/formats/torch.md.
 
 #include "formats/torch/torch_unpickle.h"
 

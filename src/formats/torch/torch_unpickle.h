@@ -1,8 +1,8 @@
 #pragma once
 // Turns a torch data.pkl into a Value tree, a storage table and a tensor table, through the
 // restricted pickle VM: the allow-list mirrors torch's weights_only unpickler
-// (docs/formats.md "torch.save zip", **Pickle**) and the rebuild functions (**Rebuild functions**
-// there) are interpreted, never run.
+// (docs/formats/torch.md "torch.save zip", **Pickle**) and the rebuild functions (**Rebuild
+// functions** there) are interpreted, never run.
 
 #include <functional>
 #include <span>

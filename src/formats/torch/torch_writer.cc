@@ -1,6 +1,6 @@
 // Writes torch.save zip checkpoints.
 //
-// Records, in torch's modern order (docs/formats.md "torch.save zip", **Records**): data.pkl,
+// Records, in torch's modern order (docs/formats/torch.md "torch.save zip", **Records**): data.pkl,
 // .format_version ("1"), .storage_alignment, byteorder ("little"), data/0..N (storage keys in the
 // order the pickle first meets each storage), version ("3\n"), .data/serialization_id. data.pkl is
 // pickled exactly as torch's pickler would (protocol 2): tensors as REDUCE of

@@ -1,7 +1,7 @@
 // torch.save zip checkpoints (and TorchScript archives, which share the container).
 //
-// Layout (docs/formats.md "torch.save zip": **Container**, **Zip layout**, **Records**): a zip
-// whose entries all live under one folder: data.pkl (the pickled object), optional
+// Layout (docs/formats/torch.md "torch.save zip": **Container**, **Zip layout**, **Records**): a
+// zip whose entries all live under one folder: data.pkl (the pickled object), optional
 // .format_version / .storage_alignment / byteorder, data/<key> (raw storage bytes, one per storage,
 // 64-byte aligned), version (or .data/version), optional .data/serialization_id. TorchScript
 // archives add constants.pkl, constants/, code/.

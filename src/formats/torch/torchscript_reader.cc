@@ -2,7 +2,7 @@
 // src/api/torchscript_archive.cc).
 //
 // Layout summary in torchscript_reader.h (records) and debug_pkl.h (debug info); the spec is
-// docs/formats.md "TorchScript". Facts this file relies on,
+// docs/formats/torch.md "TorchScript". Facts this file relies on,
 // checked against torch 1.13 output:
 // - data.pkl: every module is GLOBAL '__torch__.<qualifier> <Class>', EMPTY_TUPLE, NEWOBJ, then
 //   BUILD with a dict of attributes (training, parameters, buffers, submodules...), or with the

@@ -1,7 +1,7 @@
 #pragma once
 // TorchScript archives (torch.jit.save) on top of the torch zip reader.
 //
-// Layout (docs/formats.md "TorchScript"), all under one folder,
+// Layout (docs/formats/torch.md "TorchScript"), all under one folder,
 // in the order torch 1.13 writes them:
 //   extra/<name>            user extra files (stored)
 //   data/<key>              storages of the module's tensors (stored, 64-byte aligned)

@@ -1,7 +1,8 @@
 #pragma once
 // The globals torch 2.x's `torch.load(weights_only=True)` accepts by default (its unpickler's
 // allow-list, without user additions): what `OpenOptions::strict` accepts, name for name.
-// docs/formats.md, "Pickle", lists them and says where the list comes from.
+// docs/formats/torch.md, "torch.save zip", **Pickle**, lists them and says where the list comes
+// from.
 
 #include <string_view>
 
