@@ -152,8 +152,9 @@ struct LoadOptions {
   // such device: include/ckpt/device.h). stream() and read_into() are host-only (kUnsupported).
   Device device;
   // Host staging: pinned memory, also capped at half of what the cgroup memory limit leaves
-  // (/sys/fs/cgroup/memory.max) when there is one.
-  uint64_t staging_bytes = 256ull << 20;
+  // (/sys/fs/cgroup/memory.max) when there is one. 64 MiB: on an H100 machine, smaller rings stay
+  // in the CPU's cache and pin faster on a process's first load (docs/benchmarks/gpu.md).
+  uint64_t staging_bytes = 64ull << 20;
   // Device memory (a CUDA device): the load's bytes are checked against max_device_bytes (0: no
   // limit of its own) and the device's free memory (cudaMemGetInfo) before anything is
   // allocated or read; a load that cannot fit throws Error{kLimitExceeded} naming the bytes

@@ -14,6 +14,8 @@
 #   --sweep   what limits a device load: the CPU's caches, the CLI's reader threads against staging
 #             sizes on 8 GiB and on a 60 GB set (fresh processes), and CUDA's own first-use costs
 #             (pinned allocation, device allocation, first copy), in one call of about 5 minutes
+#   --defaults the default device load on 8 GiB and a 60 GB set: `ckpt bench --device` and
+#             bench/device.py (first load and warm, per-storage and arena), about 3 minutes
 #   --memory  device memory: the module and its device tests, tests/gpu/memory.py, the device
 #             budget refusal, what --gds really did, and bench/load_into.py on the GPU
 set -u
@@ -28,6 +30,7 @@ GDS=0; [ "${1:-}" = "--gds" ] && GDS=1
 MEMORY=0; [ "${1:-}" = "--memory" ] && MEMORY=1 && PYONLY=1
 PENDING=0; [ "${1:-}" = "--pending" ] && PENDING=1
 SWEEP=0; [ "${1:-}" = "--sweep" ] && SWEEP=1
+DEFAULTS=0; [ "${1:-}" = "--defaults" ] && DEFAULTS=1
 PY=python3
 export PYTHONUNBUFFERED=1
 step() { echo; echo "== $* ($(date +%T), ${SECONDS} s)"; }
@@ -109,6 +112,20 @@ print("threads %2s staging %4s MiB: %5.1f GB/s (median of %d; load %.3f s, conte
     statistics.median(r["context_seconds"] for r in rs)))' "$t" "$s"
   done; done
 }
+
+if [ $DEFAULTS = 1 ]; then
+step "files: 8 GiB safetensors, and the module"
+( [ -f "$DATA/m8.safetensors" ] || $PY tests/gpu/make_files.py "$DATA" 8 --safetensors-only ) &
+build_module
+wait
+step "ckpt bench m8.safetensors --device cuda:0 --repeat 3"
+$CKPT bench "$DATA/m8.safetensors" --device cuda:0 --repeat 3
+step "bench/device.py: m8.safetensors and a 60 GB set"
+timeout 200 $PY bench/device.py --pythonpath /tmp/ckptpy --size-gb 0 --also "$DATA/m8.safetensors" \
+  --set-gb 60 --repeat 2 --no-serial || echo "bench/device.py: exit $?"
+step "done"
+exit 0
+fi
 
 if [ $SWEEP = 1 ]; then
 step "the CPU: caches and NUMA"

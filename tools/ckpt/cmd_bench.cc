@@ -227,9 +227,9 @@ void bench_device(const std::string& file, const Device& device, int r, int thre
       s > 0)
     rows.push_back({"ckpt: first load into " + dev + " in a fresh process, " + tstr(threads), s});
   const uint64_t unified_before = unified_bytes_loaded(), gds_before = gds_bytes_read();
-  for (uint64_t staging_mb : {256, 64})
+  for (uint64_t staging_mb : {64, 256})
     for (bool verify : {false, true}) {
-      if (staging_mb != 256 && verify) continue;
+      if (staging_mb != 64 && verify) continue;
       LoadOptions lo;
       lo.threads = threads;
       lo.device = device;

@@ -25,7 +25,7 @@ struct LoadFlags {
   bool verify = false, json = false, digest = false, gds = false, drop_cache = false;
   int threads = 0;
   std::string device = "cpu";
-  double staging_mb = 256;
+  double staging_mb = 64;
   double max_device_mb = 0;
   Common common;
   ProgressMode progress = ProgressMode::kAuto;
@@ -221,7 +221,7 @@ void add_load(CLI::App& app) {
   cmd->add_option("--device", o->device,
                   "eager: load into this device's memory: cpu (default), cuda, cuda:N");
   cmd->add_option("--staging-mb", o->staging_mb,
-                  "with --device cuda: pinned staging memory (MiB, default 256)")
+                  "with --device cuda: pinned staging memory (MiB, default 64)")
       ->check(more_than(0));
   cmd->add_option("--max-device-mb", o->max_device_mb,
                   "with --device cuda: refuse (before reading) a load that needs more device "
