@@ -53,7 +53,9 @@ DcpMetadata read_one(const std::string& dir, const std::string& name, const Open
   const std::string path = join(dir, name);
   // A link that leads out of the folder is refused, as a shard index's shards are.
   if (!is_url(dir)) check_inside(path, dir, "file", "the folder", path, {});
-  SourcePtr meta = open_source(path, false, options.remote);
+  // Mapped when options.mmap (the default): 220 MB of .metadata read into a buffer cost a
+  // zeroed allocation and a copy, and its pages stayed resident while it was parsed.
+  SourcePtr meta = open_source(path, options.mmap, options.remote);
   if (meta->size() > options.limits.max_metadata_bytes)
     throw Error(ErrorCode::kLimitExceeded,
                 name + " of " + std::to_string(meta->size()) +
@@ -62,6 +64,12 @@ DcpMetadata read_one(const std::string& dir, const std::string& name, const Open
                 meta->name());
   Bytes bytes = meta->read(0, meta->size());
   DcpMetadata md = read_dcp_metadata(bytes.data, meta->name(), options.limits);
+  if (const InMemory* m = meta->in_memory()) {
+    // Parsed: its pages leave the process, and the folder keeps a pread source of the same
+    // open file, as it did before the mapping.
+    m->drop(0, meta->size());
+    if (SourcePtr twin = m->pread_twin()) meta = std::move(twin);
+  }
   if (source) *source = meta;
   return md;
 }
