@@ -49,13 +49,13 @@ enum class K : uint8_t {
   kSize,    // torch.Size of non-negative ints: as kTuple, its ints
   kLayout,  // _get_layout(str): payload 1 for 'torch.strided'
   kProps,   // TensorProperties: payload dtype
-  kBytes,   // BytesStorageMetadata
   kOpaque,  // anything not read (a call of another class, a float, bytes)
   kList,    // payload: index in conts_
   kDict,    // payload: index in conts_ (k0, v0, k1, v1...)
   kObj,     // an object before BUILD: payload Cls
   kChunk,   // payload: index in chunks_
   kTensor,  // payload: index in tensors_
+  kBytes,   // BytesStorageMetadata: index in tensors_ (an entry with is_bytes)
   kIndex,   // MetadataIndex: index in indexes_
   kInfo,    // _StorageInfo: index in infos_
   kMeta,    // Metadata: index in conts_ of its state dict
@@ -124,7 +124,9 @@ class Direct {
         limits.object_bytes_for(data.size()) / PickleHeap::kBytesPerObject, UINT32_MAX);
     node_limit_ = node_limit_ > 64 ? node_limit_ - 64 : 0;
     args_left_ = 4 * static_cast<uint64_t>(data.size()) + (1u << 20);
+    // Virtual memory only until used: a pickle of 220 MB fills about this much of each.
     memo_.reserve(std::min<size_t>(data.size() / 16, limits.max_pickle_memo));
+    pool_.reserve(data.size() / 16);
   }
 
   DcpMetadata run() {
@@ -271,7 +273,7 @@ class Direct {
       h = std::max(h, above(stack_[i].h()));
     }
     const uint64_t start = pool_.size();
-    pool_.insert(pool_.end(), stack_.begin() + k, stack_.end());
+    for (size_t i = k; i < stack_.size(); ++i) pool_.push_back(stack_[i]);
     stack_.resize(k);
     node();
     push(V::make(K::kTuple, start | uint64_t{n} << 32, h));
@@ -353,9 +355,13 @@ class Direct {
       case kTensorCls:
         obj = tensor(state, h);
         return;
-      case kBytesCls:
-        obj = V::make(K::kBytes, 0, h);
+      case kBytesCls: {
+        DcpEntry e;
+        e.is_bytes = true;
+        tensors_.push_back(std::move(e));
+        obj = V::make(K::kBytes, tensors_.size() - 1, h);
         return;
+      }
       case kIndexCls:
         obj = index(state, h);
         return;
@@ -701,25 +707,34 @@ void Direct::entries(V sdm, V planner, DcpMetadata& md) {
   }
   PathTree tree(limits_.object_bytes_for(end_) / PickleHeap::kBytesPerObject);
   FlatIndex keys(n);
+  // The entries, as their BUILDs made them: in place when the dict lists them in that order
+  // (every writer's case), else moved.
+  bool in_place = tensors_.size() == n;
+  for (size_t i = 0; i < n && in_place; ++i)
+    in_place =
+        (d[2 * i + 1].k() == K::kTensor || d[2 * i + 1].k() == K::kBytes) && d[2 * i + 1].u() == i;
+  if (in_place) md.entries = std::move(tensors_);
   md.entries.reserve(n);
   for (size_t i = 0; i < n; ++i) {
     const V k = d[2 * i], v = d[2 * i + 1];
     if (k.k() != K::kStr) give_up();
     const std::string_view fqn = str(k);
-    DcpEntry e;
-    if (v.k() == K::kTensor)
-      e = std::move(tensors_[v.u()]);
-    else if (v.k() == K::kBytes || (v.k() == K::kObj && v.u() == kBytesCls))
-      e.is_bytes = true;
-    else
-      give_up();
+    if (!in_place) {
+      DcpEntry e;
+      if (v.k() == K::kTensor || v.k() == K::kBytes)
+        e = std::move(tensors_[v.u()]);
+      else if (v.k() == K::kObj && v.u() == kBytesCls)
+        e.is_bytes = true;
+      else
+        give_up();
+      md.entries.push_back(std::move(e));
+    }
+    DcpEntry& e = md.entries[i];
     e.fqn = fqn;
-    const size_t at = md.entries.size();
-    if (keys.find_or_add(name_hash(fqn), at,
-                         [&](uint32_t j) { return md.entries[j].fqn == fqn; }) != at)
+    const uint64_t hash = name_hash(fqn);
+    if (keys.find_or_add(hash, i, [&](uint32_t j) { return md.entries[j].fqn == fqn; }) != i)
       give_up();
-    const uint32_t p =
-        path_index.find(name_hash(fqn), [&](uint32_t j) { return paths[j].first == fqn; });
+    const uint32_t p = path_index.find(hash, [&](uint32_t j) { return paths[j].first == fqn; });
     if (p != FlatIndex::kNone) {
       const auto steps = items(paths[p].second);
       if (steps.size() > limits_.max_pickle_depth) give_up();
@@ -734,7 +749,6 @@ void Direct::entries(V sdm, V planner, DcpMetadata& md) {
       }
       if (!tree.add(e.path)) give_up();
     }
-    md.entries.push_back(std::move(e));
   }
 }
 
