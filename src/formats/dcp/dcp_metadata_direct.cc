@@ -21,6 +21,7 @@
 #include <cstring>
 #include <optional>
 #include <string_view>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -75,6 +76,7 @@ struct V {
   }
 };
 constexpr uint32_t kMaxHeight = 200;
+constexpr size_t kThreadedItems = 2 * 20000;  // storage_data's keys and values
 constexpr int64_t kIntBound = int64_t{1} << 50;
 
 enum Cls : uint8_t {
@@ -465,7 +467,7 @@ class Direct {
   V loop();
   DcpMetadata result(const std::vector<V>& root);
   void entries(V sdm, V planner, DcpMetadata& md);
-  void storage(V sd, DcpMetadata& md) const;
+  void storage(V sd, DcpMetadata& md);
 
   struct Index {
     V fqn;
@@ -676,8 +678,31 @@ DcpMetadata Direct::result(const std::vector<V>& root) {
     if (key == "mcore_data") give_up();  // Megatron-core: the generic reader's
   }
   if (sdm.k() != K::kDict || sd.k() != K::kDict) give_up();
-  entries(sdm, planner, md);
-  storage(sd, md);
+  // The storage items on a second thread, beside the entries: they share no data (each record
+  // is read by one of them), and each is a few hundred thousand allocations.
+  bool storage_ok = true;
+  std::thread other;
+  if (conts_[sd.u()].size() >= kThreadedItems) {
+    other = std::thread([&] {
+      try {
+        storage(sd, md);
+      } catch (...) {  // GiveUp, or out of memory: the generic reader's
+        storage_ok = false;
+      }
+    });
+  }
+  try {
+    entries(sdm, planner, md);
+  } catch (...) {
+    if (other.joinable()) other.join();
+    throw;
+  }
+  if (other.joinable()) {
+    other.join();
+    if (!storage_ok) give_up();
+  } else {
+    storage(sd, md);
+  }
   return md;
 }
 
@@ -752,7 +777,7 @@ void Direct::entries(V sdm, V planner, DcpMetadata& md) {
   }
 }
 
-void Direct::storage(V sd, DcpMetadata& md) const {
+void Direct::storage(V sd, DcpMetadata& md) {
   const std::vector<V>& d = conts_[sd.u()];
   const size_t n = d.size() / 2;
   if (n > limits_.max_tensors) give_up();
@@ -761,11 +786,11 @@ void Direct::storage(V sd, DcpMetadata& md) const {
   for (size_t i = 0; i < n; ++i) {
     const V k = d[2 * i], v = d[2 * i + 1];
     if (k.k() != K::kIndex || v.k() != K::kInfo) give_up();
-    const Index& ix = indexes_[k.u()];
+    Index& ix = indexes_[k.u()];  // each used once: a record is in one place
     const Info& in = infos_[v.u()];
     DcpStorage s;
     s.fqn = str(ix.fqn);
-    s.chunk_offsets = ix.offsets;
+    s.chunk_offsets = std::move(ix.offsets);
     s.relative_path = str(in.path);
     s.offset = in.offset;
     s.length = in.length;
