@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <regex>
 
@@ -53,23 +54,18 @@ DcpMetadata read_one(const std::string& dir, const std::string& name, const Open
   const std::string path = join(dir, name);
   // A link that leads out of the folder is refused, as a shard index's shards are.
   if (!is_url(dir)) check_inside(path, dir, "file", "the folder", path, {});
-  // Mapped when options.mmap (the default): 220 MB of .metadata read into a buffer cost a
-  // zeroed allocation and a copy, and its pages stayed resident while it was parsed.
-  SourcePtr meta = open_source(path, options.mmap, options.remote);
+  SourcePtr meta = open_source(path, false, options.remote);
   if (meta->size() > options.limits.max_metadata_bytes)
     throw Error(ErrorCode::kLimitExceeded,
                 name + " of " + std::to_string(meta->size()) +
                     " bytes; Limits::max_metadata_bytes is " +
                     std::to_string(options.limits.max_metadata_bytes),
                 meta->name());
-  Bytes bytes = meta->read(0, meta->size());
-  DcpMetadata md = read_dcp_metadata(bytes.data, meta->name(), options.limits);
-  if (const InMemory* m = meta->in_memory()) {
-    // Parsed: its pages leave the process, and the folder keeps a pread source of the same
-    // open file, as it did before the mapping.
-    m->drop(0, meta->size());
-    if (SourcePtr twin = m->pread_twin()) meta = std::move(twin);
-  }
+  // Read into memory that is not zeroed first (a 220 MB .metadata was written twice over).
+  const size_t size = static_cast<size_t>(meta->size());
+  std::unique_ptr<std::byte[]> bytes(new std::byte[size]);
+  meta->read_into(0, std::span<std::byte>(bytes.get(), size));
+  DcpMetadata md = read_dcp_metadata({bytes.get(), size}, meta->name(), options.limits);
   if (source) *source = meta;
   return md;
 }
