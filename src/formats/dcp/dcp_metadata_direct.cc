@@ -18,6 +18,7 @@
 //    planner paths as the generic reader bounds them. Near a limit it gives up rather than decide.
 
 #include <optional>
+#include <system_error>
 #include <thread>
 #include <utility>
 
@@ -204,13 +205,16 @@ DcpMetadata Direct::result(const std::vector<V>& root) {
   bool storage_ok = true;
   std::thread other;
   if (conts_[sd.u()].size() >= kThreadedItems) {
-    other = std::thread([&] {
-      try {
-        storage(sd, md);
-      } catch (...) {  // GiveUp, or out of memory: the generic reader's
-        storage_ok = false;
-      }
-    });
+    try {
+      other = std::thread([&] {
+        try {
+          storage(sd, md);
+        } catch (...) {  // GiveUp, or out of memory: the generic reader's
+          storage_ok = false;
+        }
+      });
+    } catch (const std::system_error&) {  // no thread to be had: both on this one
+    }
   }
   try {
     entries(sdm, planner, md);

@@ -281,7 +281,12 @@ class Opener {
       const bool in_order = b.file == f && s.offset >= b.last_end && s.offset - b.last_end < 4096;
       b.ahead = in_order ? std::clamp<uint64_t>(2 * b.ahead, 4 * s.length, kReadAhead) : 0;
       b.data.resize(std::min<uint64_t>(s.length + b.ahead, file->size() - s.offset));
-      file->read_into(s.offset, b.data);
+      b.file = UINT32_MAX;
+      try {
+        file->read_into(s.offset, b.data);
+      } catch (const Error&) {  // maybe past this item: the item alone names its own fault
+        return w->read_into(0, out);
+      }
       b.file = f;
       b.start = s.offset;
     }
