@@ -185,6 +185,31 @@ TEST(DcpDirect, DeclinesShapesItDoesNotRead) {
   }
 }
 
+// A storage_data of 20,001 items is read on a second thread beside the entries (named *Thread*
+// for make tsan): the same result as the generic reader's.
+TEST(DcpDirect, StorageItemsOnASecondThreadAgree) {
+  std::string entries, items;
+  const std::string none_offset = str("offset") + "N";
+  for (int i = 0; i <= 20000; ++i) {
+    const std::string k = "k" + std::to_string(i);
+    entries += str(k) + newobj("BytesStorageMetadata");
+    items += newobj("MetadataIndex") + "}(" + str("fqn") + str(k) + none_offset + "ub" +
+             "ctorch.distributed.checkpoint.filesystem\n_StorageInfo\n)\x81}(" +
+             str("relative_path") + str("__0_0.distcp") + str("offset") + "J" +
+             le32(static_cast<uint32_t>(i) * 8) + str("length") + "K\x08ub";
+  }
+  std::string p = metadata(entries);
+  p.insert(p.size() - 3, "(" + items + "u");  // into storage_data's dict
+  auto b = test::to_bytes(p);
+  const std::optional<DcpMetadata> fast = internal::read_dcp_metadata_direct(b, Limits{});
+  const std::optional<DcpMetadata> slow = generic(b);
+  ASSERT_TRUE(fast.has_value());
+  ASSERT_TRUE(slow.has_value());
+  ASSERT_EQ(fast->storage.size(), 20001u);
+  EXPECT_EQ(fast->storage[20000].offset, 160000u);
+  EXPECT_TRUE(same(*fast, *slow));
+}
+
 // Near each limit the direct reader declines, and read_dcp_metadata's error is the generic
 // reader's: typed, naming the file, the record and (for the VM's limits) the offset.
 TEST(DcpDirect, EachLimitMeetsTheGenericReadersError) {
