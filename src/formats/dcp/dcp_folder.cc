@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <regex>
 
@@ -60,8 +61,11 @@ DcpMetadata read_one(const std::string& dir, const std::string& name, const Open
                     " bytes; Limits::max_metadata_bytes is " +
                     std::to_string(options.limits.max_metadata_bytes),
                 meta->name());
-  Bytes bytes = meta->read(0, meta->size());
-  DcpMetadata md = read_dcp_metadata(bytes.data, meta->name(), options.limits);
+  // Read into memory that is not zeroed first (a 220 MB .metadata was written twice over).
+  const size_t size = static_cast<size_t>(meta->size());
+  std::unique_ptr<std::byte[]> bytes(new std::byte[size]);
+  meta->read_into(0, std::span<std::byte>(bytes.get(), size));
+  DcpMetadata md = read_dcp_metadata({bytes.get(), size}, meta->name(), options.limits);
   if (source) *source = meta;
   return md;
 }

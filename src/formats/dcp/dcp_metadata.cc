@@ -11,6 +11,7 @@
 #include <unordered_map>
 
 #include "ckpt/error.h"
+#include "formats/dcp/dcp_planner_paths.h"
 #include "formats/dcp/flat_index.h"
 #include "pickle/builtin_calls.h"
 #include "pickle/heap.h"
@@ -42,67 +43,6 @@ bool known_global(const std::string& m, const std::string& n) {
   auto it = names.find(n);
   return it != names.end() && it->second == m;
 }
-
-// The nested state dict that planner_data's paths describe (torch's set_element makes it: a dict
-// per string step, a list per int step, padded with None up to the index). Each path is added
-// to a trie of its steps; a list's length is its largest index plus one. Every step and every
-// list slot counts as one object against `objects` (limits.object_bytes_for(.metadata size) /
-// PickleHeap::kBytesPerObject): an index is padding a few bytes of pickle can ask for, and
-// torch itself writes gaps (an empty dict in a list leaves no key), so only its cost is bounded.
-class PathTree {
- public:
-  explicit PathTree(uint64_t objects) : budget_(objects) {
-    list_len_.push_back(0);
-    steps_.emplace_back();
-  }
-
-  // False when the path's objects would exceed the budget. The steps are Values made once per
-  // distinct string or int (Reader::step_value), so a step is known by its Value's address; they
-  // must outlive the tree.
-  bool add(const std::vector<ValuePtr>& path) {
-    uint32_t node = 0;  // the root dict
-    for (const ValuePtr& step : path) {
-      const bool index = step->kind() == Value::Kind::kInt;
-      const Step key{node, step.get()};
-      const size_t next = list_len_.size();
-      const uint32_t child =
-          children_.find_or_add(hash(key), next, [&](uint32_t n) { return steps_[n] == key; });
-      if (child == next) {
-        if (!spend(1)) return false;
-        list_len_.push_back(0);
-        steps_.push_back(key);
-      }
-      if (index) {
-        uint64_t& len = list_len_[node];
-        const uint64_t want = static_cast<uint64_t>(step->as_int()) + 1;
-        if (want > len && !spend(want - len)) return false;
-        len = std::max(len, want);
-      }
-      node = child;
-    }
-    return true;
-  }
-
- private:
-  // A step from node `parent`: a list index or a dict key, as its Value.
-  struct Step {
-    uint32_t parent = 0;
-    const Value* v = nullptr;
-    bool operator==(const Step& o) const { return parent == o.parent && v == o.v; }
-  };
-  static uint64_t hash(const Step& k) {
-    return (reinterpret_cast<uintptr_t>(k.v) * 0x9e3779b97f4a7c15ull) ^ k.parent;
-  }
-  bool spend(uint64_t n) {
-    if (n > budget_) return false;
-    budget_ -= n;
-    return true;
-  }
-  uint64_t budget_;
-  FlatIndex children_;              // (parent, step) -> node
-  std::vector<Step> steps_;         // per node: the step that leads to it ([0]: the root, none)
-  std::vector<uint64_t> list_len_;  // per node: its length as a list
-};
 
 // Reads the Metadata object in the unpickler's heap (pickle/heap.h) field by field: no Value tree
 // is made of the pickle (for 400,000 keys that tree was most of the time and memory of opening
@@ -419,18 +359,7 @@ class Reader {
 
   // The Value of a path step (a string or a non-negative int), made once per distinct value.
   const ValuePtr& step_value(Ref part) {
-    const bool str = is_string(part);
-    const std::string_view s = str ? h_.text(part) : std::string_view();
-    const int64_t i = str ? 0 : h_.int_value(part);
-    const uint64_t h = str ? name_hash(s) : static_cast<uint64_t>(i) * 0x9e3779b97f4a7c15ull + 1;
-    const size_t next = steps_.size();
-    const uint32_t at = step_index_.find_or_add(h, next, [&](uint32_t j) {
-      const Value& v = *steps_[j];
-      return str ? v.kind() == Kind::kString && v.str() == s
-                 : v.kind() == Kind::kInt && v.as_int() == i;
-    });
-    if (at == next) steps_.push_back(str ? Value::string(std::string(s)) : Value::integer(i));
-    return steps_[at];
+    return is_string(part) ? steps_.string(h_.text(part)) : steps_.integer(h_.int_value(part));
   }
 
   static std::string offsets_text(const std::vector<int64_t>& o) {
@@ -445,15 +374,13 @@ class Reader {
   std::string source_;
   const Limits& limits_;
   uint64_t metadata_bytes_;
-  // The path steps made so far: one Value per distinct string or int.
-  std::vector<ValuePtr> steps_;
-  FlatIndex step_index_;
+  PathSteps steps_;  // the path steps made so far: one Value per distinct string or int
 };
 
 }  // namespace
 
-DcpMetadata read_dcp_metadata(std::span<const std::byte> data, const std::string& source,
-                              const Limits& limits) {
+DcpMetadata read_dcp_metadata_generic(std::span<const std::byte> data, const std::string& source,
+                                      const Limits& limits) {
   if (data.size() > limits.max_metadata_bytes)
     throw Error(ErrorCode::kLimitExceeded,
                 ".metadata holds " + std::to_string(data.size()) + " bytes (limit " +
@@ -473,6 +400,14 @@ DcpMetadata read_dcp_metadata(std::span<const std::byte> data, const std::string
     md = Reader(heap, source, limits, data.size()).read(root);
   });
   return md;
+}
+
+DcpMetadata read_dcp_metadata(std::span<const std::byte> data, const std::string& source,
+                              const Limits& limits) {
+  if (data.size() <= limits.max_metadata_bytes)
+    if (std::optional<DcpMetadata> md = read_dcp_metadata_direct(data, limits))
+      return *std::move(md);
+  return read_dcp_metadata_generic(data, source, limits);
 }
 
 }  // namespace ckpt::internal

@@ -83,12 +83,29 @@ struct DcpMetadata {
   std::vector<std::string> mcore_keys;
 };
 
-// Reads the pickle in `data`. Throws Error naming `source` and, where it can, the key:
-// kCorrupt for a structure that is not DCP metadata (a chunk without offsets, a negative size,
-// a storage item of another shape), kUnsupported for a class or layout it does not know (another
-// storage-metadata class, storage_data that is not a dict of _StorageInfo), kLimitExceeded past
-// options' limits (tensors, dimensions, pickle limits), and whatever the pickle VM throws.
+// Reads the pickle in `data`: read_dcp_metadata_direct when it gives a result, otherwise
+// read_dcp_metadata_generic (both give the same result for what the former reads). Throws Error
+// naming `source` and, where it can, the key: kCorrupt for a structure that is not DCP metadata (a
+// chunk without offsets, a negative size, a storage item of another shape), kUnsupported for a
+// class or layout it does not know (another storage-metadata class, storage_data that is not a dict
+// of _StorageInfo), kLimitExceeded past options' limits (tensors, dimensions, pickle limits), and
+// whatever the pickle VM throws.
 DcpMetadata read_dcp_metadata(std::span<const std::byte> data, const std::string& source,
                               const Limits& limits);
+
+// The generic reader: the restricted pickle VM's heap (pickle/unpickler.h), read field by field.
+// Any pickle; every refusal above, typed and naming the file, the record and the offset.
+DcpMetadata read_dcp_metadata_generic(std::span<const std::byte> data, const std::string& source,
+                                      const Limits& limits);
+
+// The direct reader (dcp_metadata_direct.cc): DcpMetadata made straight from the pickle's
+// opcodes, without the heap, for the shapes torch's and ckpt's DCP writers give (protocols 2-5,
+// memoized or not). Anything else gives nullopt, never an error and never a partial result: an
+// opcode or a class it does not read, a value that the generic reader would refuse or that is
+// near one of `limits` (memo, stack, depth, the object budget, tensors, dimensions, planner
+// paths), a shared mutable object. The caller then runs the generic reader, which gives the
+// typed error. `data` must hold at most limits.max_metadata_bytes.
+std::optional<DcpMetadata> read_dcp_metadata_direct(std::span<const std::byte> data,
+                                                    const Limits& limits);
 
 }  // namespace ckpt::internal
