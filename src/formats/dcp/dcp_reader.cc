@@ -51,6 +51,7 @@ constexpr uint64_t kSmallItem = 64 << 10;
 // models kept to the end were most of the memory of opening such a folder).
 struct Opened : DcpChunkFacts {
   std::shared_ptr<CheckpointModel> blob;  // a bytes item: the item's torch.save, opened
+  uint32_t item = 0;                      // its storage item's number in the metadata
 };
 
 // The jobs a thread takes at a time: neighbours in the list are mostly neighbours in the file.
@@ -68,6 +69,30 @@ struct ItemBlock {
   uint64_t last_end = 0;  // where the last item copied from it ended
   uint64_t ahead = 0;
   std::vector<std::byte> data;
+  std::vector<std::byte> own;  // an item read alone
+  size_t next_item = 0;  // the storage item after the thread's last job's: mostly the next one's
+};
+
+// A chunk's item read where its bytes lie (the thread's block), for read_chunk_item: no name, no
+// owner, no copy. It lives on the stack of the job and is handed out without ownership; the
+// bytes were counted when read from the file.
+class SpanSource final : public ByteSource, public InMemory {
+ public:
+  explicit SpanSource(std::span<const std::byte> bytes) : bytes_(bytes) {}
+  uint64_t size() const override { return bytes_.size(); }
+  const std::string& name() const override { return name_; }
+  void read_into(uint64_t offset, std::span<std::byte> dst) const override {
+    check_range(offset, dst.size());
+    count_forwarded(dst.size());
+    if (!dst.empty()) std::memcpy(dst.data(), bytes_.data() + offset, dst.size());
+  }
+  const InMemory* in_memory() const override { return this; }
+  const std::byte* base() const override { return bytes_.data(); }
+  std::shared_ptr<const void> owner() const override { return nullptr; }
+
+ private:
+  std::span<const std::byte> bytes_;
+  std::string name_ = "<memory>";
 };
 
 // How the folder was written, for `info`.
@@ -180,6 +205,22 @@ class Opener {
     if (index) *index = i;
     return &md_.storage[i];
   }
+  // item() for a job's chunk, tried first at the storage item after the last one found: torch
+  // and ckpt list the storage items in the order of the entries and their chunks, and a probe of
+  // the hash index reads three scattered places of a large index and metadata per item.
+  const DcpStorage* item_after(std::string_view fqn, std::span<const int64_t> offsets,
+                               size_t* index, size_t& guess) const {
+    if (guess < md_.storage.size()) {
+      const DcpStorage& g = md_.storage[guess];
+      if (DcpItemKey{g.fqn, g.chunk_offsets} == DcpItemKey{fqn, offsets}) {
+        *index = guess++;
+        return &g;
+      }
+    }
+    const DcpStorage* s = item(fqn, offsets, index);
+    if (s) guess = *index + 1;
+    return s;
+  }
   const std::string& file_name(size_t item) const { return layout_->paths[item_file_[item]]; }
 
   // Checks that a tensor's chunks tile it (formats/dcp/dcp_checks.h), naming the data file and
@@ -269,14 +310,17 @@ class Opener {
     const DcpChunk* chunk;  // null: a bytes item
   };
 
-  // A small item's bytes: from the thread's block when it holds them, else read (with the
-  // block's read-ahead while the items come in file order). An item past the file's end is
-  // read through its window, which names the fault.
-  void read_small(uint32_t f, const DcpStorage& s, const SourcePtr& w, std::span<std::byte> out,
-                  ItemBlock& b) const {
+  // A small item's bytes: a view into the thread's block when it holds them, else read into the
+  // block (with its read-ahead while the items come in file order). An item past the file's end,
+  // or of a remote file, is read through its window into `b.own`, and the window names a fault.
+  std::span<const std::byte> read_small(uint32_t f, const DcpStorage& s, ItemBlock& b) const {
     const SourcePtr& file = layout_->sources[f];
-    if (remote_ || s.offset > file->size() || s.length > file->size() - s.offset)
-      return w->read_into(0, out);
+    auto alone = [&]() -> std::span<const std::byte> {
+      b.own.resize(s.length);
+      window(f, s)->read_into(0, b.own);
+      return b.own;
+    };
+    if (remote_ || s.offset > file->size() || s.length > file->size() - s.offset) return alone();
     if (b.file != f || s.offset < b.start || s.offset + s.length > b.start + b.data.size()) {
       const bool in_order = b.file == f && s.offset >= b.last_end && s.offset - b.last_end < 4096;
       b.ahead = in_order ? std::clamp<uint64_t>(2 * b.ahead, 4 * s.length, kReadAhead) : 0;
@@ -285,19 +329,29 @@ class Opener {
       try {
         file->read_into(s.offset, b.data);
       } catch (const Error&) {  // maybe past this item: the item alone names its own fault
-        return w->read_into(0, out);
+        return alone();
       }
       b.file = f;
       b.start = s.offset;
     }
-    std::memcpy(out.data(), b.data.data() + (s.offset - b.start), s.length);
     b.last_end = s.offset + s.length;
+    return {b.data.data() + (s.offset - b.start), s.length};
   }
 
-  Opened open_job(const Job& j, ItemBlock& block) const {
+  // The item's bytes in its data file, named "<file>@<offset>" in errors.
+  std::string item_name(uint32_t f, const DcpStorage& s) const {
+    return layout_->paths[f] + "@" + std::to_string(s.offset);
+  }
+  SourcePtr window(uint32_t f, const DcpStorage& s) const {
+    return window_source(layout_->sources[f], s.offset, s.length, item_name(f, s));
+  }
+
+  // The storage item of job j: its number in md_.storage.
+  size_t job_item(const Job& j, ItemBlock& block) const {
     const std::vector<int64_t> none;
     size_t i = 0;
-    const DcpStorage* s = item(j.entry->fqn, j.chunk ? j.chunk->offsets : none, &i);
+    const DcpStorage* s =
+        item_after(j.entry->fqn, j.chunk ? j.chunk->offsets : none, &i, block.next_item);
     if (!s && !j.chunk)
       s = item(j.entry->fqn, kOffsetZero, &i);  // older writers key bytes by offset 0
     if (!s)
@@ -305,28 +359,52 @@ class Opener {
            j.chunk ? "the chunk at " + dims(j.chunk->offsets) + " has no storage item"
                    : std::string("the bytes item has no storage item"),
            {}, j.entry->fqn);
+    return i;
+  }
+
+  Opened open_job(const Job& j, ItemBlock& block) const {
+    const size_t i = job_item(j, block);
+    Opened o = open_item(j, i, block);
+    o.item = static_cast<uint32_t>(i);
+    return o;
+  }
+
+  Opened open_item(const Job& j, size_t i, ItemBlock& block) const {
+    const DcpStorage* s = &md_.storage[i];
     const uint32_t f = item_file_[i];
-    const std::string name = layout_->paths[f] + "@" + std::to_string(s->offset);
-    SourcePtr w = window_source(layout_->sources[f], s->offset, s->length, name);
+    SourcePtr w;
     if (j.chunk) {
       // A tensor item is a torch.save zip, or with SerializationFormat.SAFETENSORS (and in the
       // files of HuggingFaceStorageWriter) one safetensors blob per data file that every tensor
       // item of the file points at (its length is the tensor's bytes: maybe under 4).
       std::byte head[4]{};
       if (s->length >= 4 && s->length <= kSmallItem) {  // one read, not one per zip record
-        std::vector<std::byte> bytes(s->length);
-        read_small(f, *s, w, bytes, block);
-        std::memcpy(head, bytes.data(), 4);
-        w = memory_source(std::move(bytes), name);
-      } else if (layout_->sources[f]->size() - s->offset >= 4) {
-        layout_->sources[f]->read_into(s->offset, head);
+        // Read from the bytes where they lie (no copy, no name, no window per item); an item
+        // read_chunk_item leaves to open_model is copied out under its name.
+        const std::span<const std::byte> bytes = read_small(f, *s, block);
+        if (std::memcmp(bytes.data(), "PK\x03\x04", 4) != 0)
+          return blob_item(*j.entry, *j.chunk, i);
+        const SpanSource view(bytes);
+        if (std::optional<DcpChunkFacts> facts =
+                read_chunk_item(SourcePtr(SourcePtr(), &view), options_)) {
+          Opened o;
+          static_cast<DcpChunkFacts&>(o) = std::move(*facts);
+          return o;
+        }
+        w = memory_source(std::vector<std::byte>(bytes.begin(), bytes.end()), item_name(f, *s));
+      } else {
+        if (layout_->sources[f]->size() - s->offset >= 4)
+          layout_->sources[f]->read_into(s->offset, head);
+        if (std::memcmp(head, "PK\x03\x04", 4) != 0) return blob_item(*j.entry, *j.chunk, i);
+        w = window(f, *s);
+        if (std::optional<DcpChunkFacts> facts = read_chunk_item(w, options_)) {
+          Opened o;
+          static_cast<DcpChunkFacts&>(o) = std::move(*facts);
+          return o;
+        }
       }
-      if (std::memcmp(head, "PK\x03\x04", 4) != 0) return blob_item(*j.entry, *j.chunk, i);
-      if (std::optional<DcpChunkFacts> facts = read_chunk_item(w, options_)) {
-        Opened o;
-        static_cast<DcpChunkFacts&>(o) = std::move(*facts);
-        return o;
-      }
+    } else {
+      w = window(f, *s);
     }
     try {
       std::shared_ptr<CheckpointModel> m = open_model(w, options_);
@@ -537,6 +615,7 @@ void Opener::build(CheckpointModel& m) {
   size_t j = 0;                      // jobs_ are in entry order, chunks in order
   for (DcpEntry& e : md_.entries) {  // the last use of md_: its chunks are moved
     if (e.is_bytes) {
+      const uint32_t item_no = opened_[j].item;  // the storage item open_job found
       const CheckpointModel& b = *opened_[j++].blob;
       // The value, with its tensors (if any) as tensors of this model read whole from the item.
       const size_t tbase = m.tensors.size(), sbase = m.storages.size();
@@ -550,11 +629,8 @@ void Opener::build(CheckpointModel& m) {
         p.whole = true;
         if (!si.meta) {
           // The window is the item: its offsets are relative to the item's start.
-          size_t i = 0;
-          const DcpStorage* st = item(e.fqn, {}, &i);
-          if (!st) st = item(e.fqn, kOffsetZero, &i);
-          p.file = item_file_[i];
-          p.file_offset = st->offset + si.offset;
+          p.file = item_file_[item_no];
+          p.file_offset = md_.storage[item_no].offset + si.offset;
           p.nbytes = si.nbytes;
         }
         si.offset = kNoOffset;
@@ -593,8 +669,8 @@ void Opener::build(CheckpointModel& m) {
       for (int64_t s : c.sizes) vol *= static_cast<uint64_t>(s);
       if (!vol) continue;
       const Opened& b = opened_[j++];
-      size_t i = 0;
-      const DcpStorage* st = item(e.fqn, c.offsets, &i);
+      const size_t i = b.item;  // the storage item open_job found
+      const DcpStorage* st = &md_.storage[i];
       const std::string& file = layout_->paths[item_file_[i]];
       if (!b.one_tensor)
         fail(ErrorCode::kUnsupported,
