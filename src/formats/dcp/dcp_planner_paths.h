@@ -35,8 +35,15 @@ class PathTree {
   // distinct string or int (PathSteps), so a step is known by its Value's address; they must
   // outlive the tree.
   bool add(const std::vector<ValuePtr>& path) {
-    uint32_t node = 0;  // the root dict
-    for (const ValuePtr& step : path) {
+    // The steps this path shares with the last one lead to the nodes they led to then (each was
+    // found or made, its list long enough): the walk starts after them.
+    size_t k = 0;
+    while (k < path.size() && k < last_.size() && last_[k] == path[k].get()) ++k;
+    last_.resize(k);
+    last_nodes_.resize(k + 1);
+    uint32_t node = last_nodes_[k];
+    for (size_t i = k; i < path.size(); ++i) {
+      const ValuePtr& step = path[i];
       const bool index = step->kind() == Value::Kind::kInt;
       const Step key{node, step.get()};
       const size_t next = list_len_.size();
@@ -54,6 +61,8 @@ class PathTree {
         len = std::max(len, want);
       }
       node = child;
+      last_.push_back(step.get());
+      last_nodes_.push_back(node);
     }
     return true;
   }
@@ -77,6 +86,9 @@ class PathTree {
   FlatIndex children_;              // (parent, step) -> node
   std::vector<Step> steps_;         // per node: the step that leads to it ([0]: the root, none)
   std::vector<uint64_t> list_len_;  // per node: its length as a list
+  // The last path added, as its steps, and the nodes it went through ([0]: the root).
+  std::vector<const Value*> last_;
+  std::vector<uint32_t> last_nodes_{0};
 };
 
 // The Values of path steps (a string or a non-negative int), made once per distinct value.

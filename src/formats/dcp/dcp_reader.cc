@@ -152,15 +152,23 @@ class Opener {
   // The storage items by (fqn, chunk offsets); each data file opened once, in first-use order.
   void index_storage() {
     std::map<std::string, uint32_t> file_of;
+    auto last = file_of.end();
     by_key_ = FlatIndex(md_.storage.size());
+    item_file_.reserve(md_.storage.size());
     for (size_t i = 0; i < md_.storage.size(); ++i) {
       const DcpStorage& s = md_.storage[i];
       if (!plain_name(s.relative_path))
         fail(ErrorCode::kCorrupt,
              "data file name '" + s.relative_path + "' is not a plain file name in the folder", {},
              s.fqn);
+      // The items of a file mostly come together: the last item's file is tried first.
+      if (last != file_of.end() && last->first == s.relative_path) {
+        check_item(i, last->second);
+        continue;
+      }
       auto [it, fresh] =
           file_of.emplace(s.relative_path, static_cast<uint32_t>(layout_->paths.size()));
+      last = it;
       if (fresh) {  // a URL's data file is one more object under the same prefix
         const std::string path = join(layout_->dir, s.relative_path);
         if (!remote_)
@@ -173,26 +181,32 @@ class Opener {
         }
         layout_->paths.push_back(layout_->sources.back()->name());
       }
-      item_file_.push_back(it->second);
-      const ByteSource& src = *layout_->sources[it->second];
-      if (s.offset > src.size() || s.length > src.size() - s.offset)
-        fail(ErrorCode::kTruncated,
-             "the item of " + std::to_string(s.length) + " bytes at offset " +
-                 std::to_string(s.offset) + " passes the end of the file (" +
-                 std::to_string(src.size()) + " bytes)",
-             src.name(), s.fqn, s.offset);
-      if (s.transformed)
-        fail(ErrorCode::kUnsupported,
-             "the item is stored through transforms (" + s.transforms +
-                 "); only plain torch.save items are read",
-             src.name(), s.fqn, s.offset);
-      const DcpItemKey key{s.fqn, s.chunk_offsets};
-      if (by_key_.find_or_add(DcpItemKeyHash{}(key), i, [&](uint32_t j) {
-            return DcpItemKey{md_.storage[j].fqn, md_.storage[j].chunk_offsets} == key;
-          }) != i)
-        fail(ErrorCode::kCorrupt, "two storage items for offsets " + dims(s.chunk_offsets),
-             src.name(), s.fqn, s.offset);
+      check_item(i, it->second);
     }
+  }
+
+  // Storage item i, of data file f: inside the file, not transformed, its key not seen before.
+  void check_item(size_t i, uint32_t f) {
+    const DcpStorage& s = md_.storage[i];
+    item_file_.push_back(f);
+    const ByteSource& src = *layout_->sources[f];
+    if (s.offset > src.size() || s.length > src.size() - s.offset)
+      fail(ErrorCode::kTruncated,
+           "the item of " + std::to_string(s.length) + " bytes at offset " +
+               std::to_string(s.offset) + " passes the end of the file (" +
+               std::to_string(src.size()) + " bytes)",
+           src.name(), s.fqn, s.offset);
+    if (s.transformed)
+      fail(ErrorCode::kUnsupported,
+           "the item is stored through transforms (" + s.transforms +
+               "); only plain torch.save items are read",
+           src.name(), s.fqn, s.offset);
+    const DcpItemKey key{s.fqn, s.chunk_offsets};
+    if (by_key_.find_or_add(DcpItemKeyHash{}(key), i, [&](uint32_t j) {
+          return DcpItemKey{md_.storage[j].fqn, md_.storage[j].chunk_offsets} == key;
+        }) != i)
+      fail(ErrorCode::kCorrupt, "two storage items for offsets " + dims(s.chunk_offsets),
+           src.name(), s.fqn, s.offset);
   }
 
   const DcpStorage* item(std::string_view fqn, std::span<const int64_t> offsets,
@@ -552,6 +566,9 @@ class Opener {
   };
   mutable std::vector<DictIndex> dict_indexes_;
   mutable FlatIndex dict_of_;  // Value address -> its dict_indexes_ number
+  // The containers place() walked through for the last entry: (the step to it, it); [0]: the
+  // root.
+  mutable std::vector<std::pair<const Value*, ValuePtr>> walked_;
 };
 
 namespace {
@@ -565,6 +582,7 @@ bool string_or_int(const Value& k) {
 void Opener::place(const ValuePtr& root, const DcpEntry& e, ValuePtr v) const {
   if (e.path.empty()) {
     root->set(e.fqn, std::move(v));
+    walked_.clear();  // the key may have been one of the containers walked
     return;
   }
   auto slot = [&](const ValuePtr& cur, const ValuePtr& key, bool create_list) -> ValuePtr* {
@@ -596,12 +614,20 @@ void Opener::place(const ValuePtr& root, const DcpEntry& e, ValuePtr v) const {
     (void)create_list;
     fail(ErrorCode::kCorrupt, "planner_data's path runs through " + cur->repr(40), {}, e.fqn);
   };
-  ValuePtr cur = root;
-  for (size_t i = 1; i < e.path.size(); ++i) {
+  // The steps this path shares with the last one's lead to the containers they led to then (the
+  // last value placed went into the last container, never onto one): the walk starts after them.
+  if (walked_.empty() || walked_[0].second != root) walked_.assign(1, {nullptr, root});
+  size_t k = 0;
+  while (k + 1 < e.path.size() && k + 1 < walked_.size() && walked_[k + 1].first == e.path[k].get())
+    ++k;
+  walked_.resize(k + 1);
+  ValuePtr cur = walked_[k].second;
+  for (size_t i = k + 1; i < e.path.size(); ++i) {
     ValuePtr* s = slot(cur, e.path[i - 1], false);
     if (!*s || (*s)->is_none())
       *s = e.path[i]->kind() == Value::Kind::kString ? Value::dict() : Value::list();
     cur = *s;
+    walked_.emplace_back(e.path[i - 1].get(), cur);
   }
   *slot(cur, e.path.back(), false) = std::move(v);
 }
