@@ -92,18 +92,21 @@ class ChunkPickle {
     kHooks,
     kTensor
   };
+  // Trivial, so that the arrays below are not written before use (a few KiB per item, 400,000
+  // items): every slot is read only below its array's count, after val() filled it.
   struct Val {
-    K kind = K::kInt;
-    int64_t i = 0;       // kInt, kBool; kTuple: start in pool_; kStorageClass: the dtype
-    uint32_t len = 0;    // kTuple: its length
-    std::string_view s;  // kStr
+    K kind;
+    int64_t i;         // kInt, kBool; kTuple: start in pool_; kStorageClass: the dtype
+    uint32_t len;      // kTuple, kStr: its length
+    const char* text;  // kStr
+    std::string_view str() const { return {text, len}; }
   };
   static Val val(K kind, int64_t i = 0, uint32_t len = 0, std::string_view s = {}) {
     Val v;
     v.kind = kind;
     v.i = i;
     v.len = len;
-    v.s = s;
+    v.text = s.data();
     return v;
   }
 
@@ -216,7 +219,7 @@ class ChunkPickle {
       if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) >= 0x7f)
         return false;  // printable ASCII: valid UTF-8, as the keys and locations torch writes
     pos_ += len;
-    return push(val(K::kStr, 0, 0, s));
+    return push(val(K::kStr, 0, len, s));
   }
   bool integer(int64_t v) { return ok() && push(val(K::kInt, v)); }
   bool long1() {
@@ -245,12 +248,12 @@ class ChunkPickle {
     const Val pid = stack_[--sp_];
     if (pid.kind != K::kTuple || pid.len != 5) return false;
     const Val* p = items(pid);
-    if (p[0].kind != K::kStr || p[0].s != "storage" || p[1].kind != K::kStorageClass ||
+    if (p[0].kind != K::kStr || p[0].str() != "storage" || p[1].kind != K::kStorageClass ||
         p[2].kind != K::kStr || p[3].kind != K::kStr || p[4].kind != K::kInt || p[4].i < 0)
       return false;
     if (limits_.max_tensors < 1) return false;
     tensor_.dtype = static_cast<DType>(p[1].i);
-    tensor_.key = p[2].s;
+    tensor_.key = p[2].str();
     tensor_.storage_numel = static_cast<uint64_t>(p[4].i);
     have_storage_ = true;
     return push(val(K::kStorage));
@@ -289,10 +292,10 @@ class ChunkPickle {
   const uint8_t* p_;
   size_t n_, pos_ = 0;
   const Limits& limits_;
-  std::array<Val, 16> stack_{};
+  std::array<Val, 16> stack_;
   std::array<size_t, 4> marks_{};
-  std::array<Val, 48> pool_{};
-  std::array<Val, 32> memo_{};
+  std::array<Val, 48> pool_;
+  std::array<Val, 32> memo_;
   size_t sp_ = 0, mp_ = 0, pool_n_ = 0, memo_n_ = 0;
   bool have_storage_ = false, have_tensor_ = false;
   ChunkTensor tensor_;
