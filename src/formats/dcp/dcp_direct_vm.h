@@ -97,13 +97,6 @@ class Direct {
     // entries and 6.2 million tuple elements; growing past the reservation copied them all.
     memo_.reserve(std::min<size_t>(data.size() / 10, limits.max_pickle_memo));
     pool_.reserve(data.size() / 24);
-    // The records, at a guess of one per 256 bytes of pickle (ckpt's and torch's take 550 per
-    // key): growing them by doubling touched twice their memory, page by page.
-    const size_t records = data.size() / 256;
-    chunks_.reserve(records);
-    tensors_.reserve(records);
-    indexes_.reserve(records);
-    infos_.reserve(records);
   }
 
   DcpMetadata run() {
