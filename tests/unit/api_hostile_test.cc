@@ -514,7 +514,7 @@ double cpu_seconds() {
 }
 
 // How many times the CPU time of opening the same state dict from a torch.save file opening a
-// DCP folder may take: measured 4.8-5.2x with the direct .metadata reader and the chunk items
+// DCP folder may take: measured 4.7-5.2x with the direct .metadata reader and the chunk items
 // read in place (8.1-8.5x with the generic reader alone; docs/benchmarks/dcp.md, "Opening a DCP
 // folder of many keys"); the bound is twice that, for a loaded machine (fmt_dcp_direct_test
 // checks that ckpt's and torch's metadata take the direct reader).
