@@ -219,6 +219,9 @@ TEST(DropCache, AColdLoadLeavesNoPagesAndAWarmFileStaysCached) {
   const uint64_t total = pages(f.path);
   // What the open reads (the header, and the read-ahead around it) is cached before the load.
   const uint64_t before = readahead_pages(f.path) + 64;
+  // Pages a load keeps may still be reclaimed by the kernel when tests beside this one press on
+  // memory (ctest -j): a few are allowed to go, while a wrong drop would take them all.
+  const uint64_t slack = total / 128;
   HostCopyEngine engine;
   for (int where : {0, 1}) {  // host, device
     std::optional<UseEngine> use;
@@ -236,14 +239,15 @@ TEST(DropCache, AColdLoadLeavesNoPagesAndAWarmFileStaysCached) {
       if (drop)  // at most what the open read before the load began, and its read-ahead
         EXPECT_LE(left, before) << "where " << where;
       else
-        EXPECT_GE(left, total - 1) << "where " << where;
+        EXPECT_GE(left, total - slack) << "where " << where;
     }
     // Warm before the load: another process's cache, left alone.
     make_warm(f.path);
-    ASSERT_EQ(resident(f.path), total);
+    const uint64_t warm = resident(f.path);
+    ASSERT_GE(warm, total - slack);
     lo.drop_cache = true;
     { LoadedCheckpoint l = Checkpoint::open_and_load(f.path, {}, lo); }
-    EXPECT_EQ(resident(f.path), total) << "where " << where;
+    EXPECT_GE(resident(f.path), warm - slack) << "where " << where;
   }
 }
 
