@@ -14,6 +14,24 @@ V Direct::loop() {
       if (!stack_.empty() || !marks_.empty()) give_up();
       return v;
     }
+    // The commonest opcodes (for 1,000 keys: 157 of every 490 are LONG_BINPUT, 65 BINUNICODE,
+    // 57 memo gets) run here, without the two calls and switches below.
+    switch (code) {
+      case op::kLongBinPut:
+        memo_put(le<uint32_t>());
+        continue;
+      case op::kBinUnicode:
+        string(at, le<uint32_t>());
+        continue;
+      case op::kBinGet:
+        memo_get(le<uint8_t>());
+        continue;
+      case op::kLongBinGet:
+        memo_get(le<uint32_t>());
+        continue;
+      default:
+        break;
+    }
     // An opcode neither reads: the generic reader's.
     if (!value_op(code, at) && !structure_op(code, at)) give_up();
   }

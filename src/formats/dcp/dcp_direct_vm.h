@@ -64,6 +64,7 @@ struct V {
 constexpr uint32_t kMaxHeight = 200;
 constexpr size_t kThreadedItems = 2 * 20000;  // storage_data's keys and values
 constexpr int64_t kIntBound = int64_t{1} << 50;
+constexpr size_t kAhead = 8;  // hash-index lookups prefetched this many keys ahead
 
 enum Cls : uint8_t {
   kForeign,  // not on the generic reader's allow-list: an opaque class

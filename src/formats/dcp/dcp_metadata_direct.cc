@@ -265,10 +265,20 @@ void Direct::entries(V sdm, V planner, DcpMetadata& md) {
         (d[2 * i + 1].k() == K::kTensor || d[2 * i + 1].k() == K::kBytes) && d[2 * i + 1].u() == i;
   if (in_place) md.entries = std::move(tensors_);
   md.entries.reserve(n);
+  // The keys hashed kAhead entries ahead, their slots prefetched.
+  auto hash_of = [&](size_t j) { return d[2 * j].k() == K::kStr ? name_hash(str(d[2 * j])) : 0; };
+  uint64_t ahead[kAhead];
+  for (size_t j = 0; j < std::min(n, kAhead); ++j) ahead[j] = hash_of(j);
   for (size_t i = 0; i < n; ++i) {
     const V k = d[2 * i], v = d[2 * i + 1];
     if (k.k() != K::kStr) give_up();
     const std::string_view fqn = str(k);
+    const uint64_t hash = ahead[i % kAhead];
+    if (i + kAhead < n) {
+      ahead[i % kAhead] = hash_of(i + kAhead);
+      keys.prefetch(ahead[i % kAhead]);
+      path_index.prefetch(ahead[i % kAhead]);
+    }
     if (!in_place) {
       DcpEntry e;
       if (v.k() == K::kTensor || v.k() == K::kBytes)
@@ -281,7 +291,6 @@ void Direct::entries(V sdm, V planner, DcpMetadata& md) {
     }
     DcpEntry& e = md.entries[i];
     e.fqn = fqn;
-    const uint64_t hash = name_hash(fqn);
     if (keys.find_or_add(hash, i, [&](uint32_t j) { return md.entries[j].fqn == fqn; }) != i)
       give_up();
     const uint32_t p = path_index.find(hash, [&](uint32_t j) { return paths[j].first == fqn; });
@@ -297,8 +306,13 @@ void Direct::entries(V sdm, V planner, DcpMetadata& md) {
         else
           give_up();
       }
-      if (!tree.add(e.path)) give_up();
     }
+  }
+  // The trie after the paths: each add() probes a slot of a megabytes index, prefetched here
+  // two paths ahead.
+  for (size_t i = 0; i < n; ++i) {
+    if (i + 2 < n) tree.prefetch(md.entries[i + 2].path);
+    if (!md.entries[i].path.empty() && !tree.add(md.entries[i].path)) give_up();
   }
 }
 
@@ -308,9 +322,21 @@ void Direct::storage(V sd, DcpMetadata& md) {
   if (n > limits_.max_tensors) give_up();
   FlatIndex seen(n);
   md.storage.reserve(n);
+  auto hash_of = [&](size_t j) {
+    if (d[2 * j].k() != K::kIndex) return uint64_t{0};
+    const Index& ix = indexes_[d[2 * j].u()];
+    return static_cast<uint64_t>(DcpItemKeyHash{}(DcpItemKey{str(ix.fqn), ix.offsets}));
+  };
+  uint64_t ahead[kAhead];
+  for (size_t j = 0; j < std::min(n, kAhead); ++j) ahead[j] = hash_of(j);
   for (size_t i = 0; i < n; ++i) {
     const V k = d[2 * i], v = d[2 * i + 1];
     if (k.k() != K::kIndex || v.k() != K::kInfo) give_up();
+    const uint64_t hash = ahead[i % kAhead];
+    if (i + kAhead < n) {
+      ahead[i % kAhead] = hash_of(i + kAhead);
+      seen.prefetch(ahead[i % kAhead]);
+    }
     Index& ix = indexes_[k.u()];  // each used once: a record is in one place
     const Info& in = infos_[v.u()];
     DcpStorage s;
@@ -322,7 +348,7 @@ void Direct::storage(V sd, DcpMetadata& md) {
     md.storage.push_back(std::move(s));
     const DcpStorage& b = md.storage.back();
     const DcpItemKey key{b.fqn, b.chunk_offsets};
-    if (seen.find_or_add(DcpItemKeyHash{}(key), i, [&](uint32_t j) {
+    if (seen.find_or_add(hash, i, [&](uint32_t j) {
           return DcpItemKey{md.storage[j].fqn, md.storage[j].chunk_offsets} == key;
         }) != i)
       give_up();

@@ -67,6 +67,14 @@ class PathTree {
     return true;
   }
 
+  // Prefetches the index slot that add(path) will probe first if the paths added before it
+  // end as the last one did (keys a few apart mostly share all but their last steps).
+  void prefetch(const std::vector<ValuePtr>& path) const {
+    size_t k = 0;
+    while (k < path.size() && k < last_.size() && last_[k] == path[k].get()) ++k;
+    if (k < path.size()) children_.prefetch(hash(Step{last_nodes_[k], path[k].get()}));
+  }
+
  private:
   // A step from node `parent`: a list index or a dict key, as its Value.
   struct Step {

@@ -155,15 +155,22 @@ class Opener {
     auto last = file_of.end();
     by_key_ = FlatIndex(md_.storage.size());
     item_file_.reserve(md_.storage.size());
-    for (size_t i = 0; i < md_.storage.size(); ++i) {
+    const size_t n = md_.storage.size();
+    uint64_t ahead[kAhead];
+    for (size_t i = 0; i < std::min(n, kAhead); ++i) ahead[i] = storage_hash(i);
+    for (size_t i = 0; i < n; ++i) {
       const DcpStorage& s = md_.storage[i];
+      // The keys hashed kAhead items ahead and their index slots prefetched: the index is
+      // megabytes, and each probe of it missed the cache.
+      const uint64_t hash = ahead[i % kAhead];
+      if (i + kAhead < n) by_key_.prefetch(ahead[i % kAhead] = storage_hash(i + kAhead));
       if (!plain_name(s.relative_path))
         fail(ErrorCode::kCorrupt,
              "data file name '" + s.relative_path + "' is not a plain file name in the folder", {},
              s.fqn);
       // The items of a file mostly come together: the last item's file is tried first.
       if (last != file_of.end() && last->first == s.relative_path) {
-        check_item(i, last->second);
+        check_item(i, last->second, hash);
         continue;
       }
       auto [it, fresh] =
@@ -181,12 +188,18 @@ class Opener {
         }
         layout_->paths.push_back(layout_->sources.back()->name());
       }
-      check_item(i, it->second);
+      check_item(i, it->second, hash);
     }
   }
 
-  // Storage item i, of data file f: inside the file, not transformed, its key not seen before.
-  void check_item(size_t i, uint32_t f) {
+  uint64_t storage_hash(size_t i) const {
+    return DcpItemKeyHash{}(DcpItemKey{md_.storage[i].fqn, md_.storage[i].chunk_offsets});
+  }
+  static constexpr size_t kAhead = 8;
+
+  // Storage item i, of data file f: inside the file, not transformed, its key (hashed: `hash`)
+  // not seen before.
+  void check_item(size_t i, uint32_t f, uint64_t hash) {
     const DcpStorage& s = md_.storage[i];
     item_file_.push_back(f);
     const ByteSource& src = *layout_->sources[f];
@@ -202,7 +215,7 @@ class Opener {
                "); only plain torch.save items are read",
            src.name(), s.fqn, s.offset);
     const DcpItemKey key{s.fqn, s.chunk_offsets};
-    if (by_key_.find_or_add(DcpItemKeyHash{}(key), i, [&](uint32_t j) {
+    if (by_key_.find_or_add(hash, i, [&](uint32_t j) {
           return DcpItemKey{md_.storage[j].fqn, md_.storage[j].chunk_offsets} == key;
         }) != i)
       fail(ErrorCode::kCorrupt, "two storage items for offsets " + dims(s.chunk_offsets),
