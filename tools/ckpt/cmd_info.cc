@@ -209,8 +209,11 @@ void run_info(InfoOptions& o) {
   Checkpoint c = open_checkpoint(o.files, o.common);
   double open_s = now_seconds() - t0;
   const InfoFacts f = gather(c);
-  if (o.json) return print_json(o, c, f, open_s);
-  print_text(o, c, f, open_s);
+  if (o.json)
+    print_json(o, c, f, open_s);
+  else
+    print_text(o, c, f, open_s);
+  keep_until_exit(std::move(c));
 }
 
 }  // namespace

@@ -729,16 +729,14 @@ void run_show(ShowOptions& o) {
   }
   o.file = files_name(o.files);
   Checkpoint c = open_checkpoint(o.files, o.common);
-  if (!o.name.empty()) {
-    show_name(c, o.name, o.json);
-    return;
-  }
   std::set<const Value*> seen;
-  if (o.json) {
+  if (!o.name.empty())
+    show_name(c, o.name, o.json);
+  else if (o.json)
     std::printf("%s\n", value_json(c, c.root(), seen, 0).dump(1).c_str());
-    return;
-  }
-  print_tree(c, c.root(), "", 0, seen);
+  else
+    print_tree(c, c.root(), "", 0, seen);
+  keep_until_exit(std::move(c));
 }
 
 }  // namespace
