@@ -6,35 +6,6 @@
 #include "formats/dcp/dcp_metadata.h"
 #include "fuzz_util.h"
 
-namespace {
-
-bool same(const ckpt::internal::DcpMetadata& a, const ckpt::internal::DcpMetadata& b) {
-  if (a.version != b.version || a.mcore_keys != b.mcore_keys ||
-      a.entries.size() != b.entries.size() || a.storage.size() != b.storage.size())
-    return false;
-  for (size_t i = 0; i < a.entries.size(); ++i) {
-    const auto &x = a.entries[i], &y = b.entries[i];
-    if (x.fqn != y.fqn || x.is_bytes != y.is_bytes || x.dtype != y.dtype || x.size != y.size ||
-        x.chunks.size() != y.chunks.size() || x.path.size() != y.path.size())
-      return false;
-    for (size_t c = 0; c < x.chunks.size(); ++c)
-      if (x.chunks[c].offsets != y.chunks[c].offsets || x.chunks[c].sizes != y.chunks[c].sizes)
-        return false;
-    for (size_t p = 0; p < x.path.size(); ++p)
-      if (x.path[p]->repr(80) != y.path[p]->repr(80)) return false;
-  }
-  for (size_t i = 0; i < a.storage.size(); ++i) {
-    const auto &x = a.storage[i], &y = b.storage[i];
-    if (x.fqn != y.fqn || x.chunk_offsets != y.chunk_offsets ||
-        x.relative_path != y.relative_path || x.offset != y.offset || x.length != y.length ||
-        x.transformed != y.transformed || x.transforms != y.transforms)
-      return false;
-  }
-  return true;
-}
-
-}  // namespace
-
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace ckpt;
   Limits limits = fuzz::fuzz_limits();
@@ -52,7 +23,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size <= limits.max_metadata_bytes)
     if (auto fast = internal::read_dcp_metadata_direct(bytes, limits)) {
       try {
-        if (!same(*fast, internal::read_dcp_metadata_generic(bytes, "<fuzz>", limits)))
+        if (!internal::same_metadata(*fast,
+                                     internal::read_dcp_metadata_generic(bytes, "<fuzz>", limits)))
           __builtin_trap();  // the direct reader read it otherwise
       } catch (const Error&) {
         __builtin_trap();  // the direct reader read what the generic one refuses

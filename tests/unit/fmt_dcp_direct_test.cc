@@ -54,31 +54,6 @@ std::string fixtures() {
   return "/work/shared/fixtures/torch2";
 }
 
-bool same(const DcpMetadata& a, const DcpMetadata& b) {
-  if (a.version != b.version || a.mcore_keys != b.mcore_keys ||
-      a.entries.size() != b.entries.size() || a.storage.size() != b.storage.size())
-    return false;
-  for (size_t i = 0; i < a.entries.size(); ++i) {
-    const auto &x = a.entries[i], &y = b.entries[i];
-    if (x.fqn != y.fqn || x.is_bytes != y.is_bytes || x.dtype != y.dtype || x.size != y.size ||
-        x.chunks.size() != y.chunks.size() || x.path.size() != y.path.size())
-      return false;
-    for (size_t c = 0; c < x.chunks.size(); ++c)
-      if (x.chunks[c].offsets != y.chunks[c].offsets || x.chunks[c].sizes != y.chunks[c].sizes)
-        return false;
-    for (size_t p = 0; p < x.path.size(); ++p)
-      if (x.path[p]->repr(80) != y.path[p]->repr(80)) return false;
-  }
-  for (size_t i = 0; i < a.storage.size(); ++i) {
-    const auto &x = a.storage[i], &y = b.storage[i];
-    if (x.fqn != y.fqn || x.chunk_offsets != y.chunk_offsets ||
-        x.relative_path != y.relative_path || x.offset != y.offset || x.length != y.length ||
-        x.transformed != y.transformed || x.transforms != y.transforms)
-      return false;
-  }
-  return true;
-}
-
 std::optional<DcpMetadata> generic(std::span<const std::byte> b, const Limits& l = {}) {
   try {
     return internal::read_dcp_metadata_generic(b, "dir/.metadata", l);
@@ -94,7 +69,7 @@ void check(const std::vector<std::byte>& bytes) {
   const std::optional<DcpMetadata> slow = generic(bytes);
   ASSERT_TRUE(fast.has_value());
   ASSERT_TRUE(slow.has_value());
-  EXPECT_TRUE(same(*fast, *slow));
+  EXPECT_TRUE(same_metadata(*fast, *slow));
   size_t accepted = 0;
   for (size_t i = 0; i < bytes.size(); ++i)
     for (uint8_t flip : {0x01, 0x80, 0xff}) {
@@ -106,7 +81,7 @@ void check(const std::vector<std::byte>& bytes) {
       const std::optional<DcpMetadata> g = generic(b);
       ASSERT_TRUE(g.has_value()) << "byte " << i << " ^ " << int(flip)
                                  << ": the generic reader refuses";
-      EXPECT_TRUE(same(*f, *g)) << "byte " << i << " ^ " << int(flip);
+      EXPECT_TRUE(same_metadata(*f, *g)) << "byte " << i << " ^ " << int(flip);
     }
   EXPECT_GT(accepted, 0u);  // changed names and numbers are still read
   for (size_t n = 0; n < bytes.size(); n += 7) {
@@ -115,7 +90,7 @@ void check(const std::vector<std::byte>& bytes) {
     if (f) {
       const std::optional<DcpMetadata> g = generic(head);
       ASSERT_TRUE(g.has_value()) << n << " bytes";
-      EXPECT_TRUE(same(*f, *g)) << n << " bytes";
+      EXPECT_TRUE(same_metadata(*f, *g)) << n << " bytes";
     }
   }
 }
@@ -181,7 +156,7 @@ TEST(DcpDirect, DeclinesShapesItDoesNotRead) {
       err = x.what();
     }
     ASSERT_EQ(r.has_value(), g.has_value()) << err;
-    if (r) EXPECT_TRUE(same(*r, *g));
+    if (r) EXPECT_TRUE(same_metadata(*r, *g));
   }
 }
 
@@ -207,7 +182,7 @@ TEST(DcpDirect, StorageItemsOnASecondThreadAgree) {
   ASSERT_TRUE(slow.has_value());
   ASSERT_EQ(fast->storage.size(), 20001u);
   EXPECT_EQ(fast->storage[20000].offset, 160000u);
-  EXPECT_TRUE(same(*fast, *slow));
+  EXPECT_TRUE(same_metadata(*fast, *slow));
 }
 
 // Near each limit the direct reader declines, and read_dcp_metadata's error is the generic

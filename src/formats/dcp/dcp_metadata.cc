@@ -410,4 +410,29 @@ DcpMetadata read_dcp_metadata(std::span<const std::byte> data, const std::string
   return read_dcp_metadata_generic(data, source, limits);
 }
 
+bool same_metadata(const DcpMetadata& a, const DcpMetadata& b) {
+  if (a.version != b.version || a.mcore_keys != b.mcore_keys ||
+      a.entries.size() != b.entries.size() || a.storage.size() != b.storage.size())
+    return false;
+  for (size_t i = 0; i < a.entries.size(); ++i) {
+    const auto &x = a.entries[i], &y = b.entries[i];
+    if (x.fqn != y.fqn || x.is_bytes != y.is_bytes || x.dtype != y.dtype || x.size != y.size ||
+        x.chunks.size() != y.chunks.size() || x.path.size() != y.path.size())
+      return false;
+    for (size_t c = 0; c < x.chunks.size(); ++c)
+      if (x.chunks[c].offsets != y.chunks[c].offsets || x.chunks[c].sizes != y.chunks[c].sizes)
+        return false;
+    for (size_t p = 0; p < x.path.size(); ++p)
+      if (x.path[p]->repr(80) != y.path[p]->repr(80)) return false;
+  }
+  for (size_t i = 0; i < a.storage.size(); ++i) {
+    const auto &x = a.storage[i], &y = b.storage[i];
+    if (x.fqn != y.fqn || x.chunk_offsets != y.chunk_offsets ||
+        x.relative_path != y.relative_path || x.offset != y.offset || x.length != y.length ||
+        x.transformed != y.transformed || x.transforms != y.transforms)
+      return false;
+  }
+  return true;
+}
+
 }  // namespace ckpt::internal

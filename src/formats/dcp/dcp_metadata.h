@@ -108,4 +108,8 @@ DcpMetadata read_dcp_metadata_generic(std::span<const std::byte> data, const std
 std::optional<DcpMetadata> read_dcp_metadata_direct(std::span<const std::byte> data,
                                                     const Limits& limits);
 
+// True where the two readers' results agree field by field (planner paths by their repr): what
+// the tests and the fuzz target check of the direct reader against the generic one.
+bool same_metadata(const DcpMetadata& a, const DcpMetadata& b);
+
 }  // namespace ckpt::internal
